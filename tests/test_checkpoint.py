@@ -1,0 +1,74 @@
+"""Checkpoints: round trip, atomic writes, clear errors, and PyTorch compatibility."""
+import numpy as np
+import pytest
+
+from mnist_cuda import checkpoint, reference
+from mnist_cuda.checkpoint import CheckpointError
+
+
+def test_roundtrip_with_metadata(tmp_path):
+    state = reference.init_state_dict(seed=7, channels=(4, 6), hidden=9)
+    path = checkpoint.save_checkpoint(tmp_path / "m.npz", state, {"dataset": "mnist", "step": 3})
+    got, meta = checkpoint.load_checkpoint(path, reference.state_dict_spec((4, 6), 9))
+    assert list(got) == list(state)
+    for k in state:
+        assert got[k].dtype == state[k].dtype and np.array_equal(got[k], state[k])
+    assert meta["dataset"] == "mnist" and meta["step"] == 3 and meta["format"] == checkpoint.FORMAT
+    assert [p.name for p in tmp_path.iterdir()] == ["m.npz"]  # no temporary left behind
+
+
+def test_failed_write_keeps_the_old_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "m.npz"
+    state = reference.init_state_dict(seed=1, channels=(2, 3), hidden=4)
+    checkpoint.save_checkpoint(path, state, {"step": 1})
+    before = path.read_bytes()
+
+    def boom(*a, **k):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(np, "savez", boom)
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.save_checkpoint(path, state, {"step": 2})
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["m.npz"]
+
+
+def test_clear_errors(tmp_path):
+    spec = reference.state_dict_spec((4, 6), 9)
+    with pytest.raises(CheckpointError, match="does not exist"):
+        checkpoint.load_checkpoint(tmp_path / "none.npz", spec)
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(CheckpointError, match="not a readable"):
+        checkpoint.load_checkpoint(tmp_path / "junk.npz", spec)
+    with pytest.raises(CheckpointError, match="directory .* does not exist"):
+        checkpoint.save_checkpoint(tmp_path / "no" / "m.npz", {})
+
+    state = reference.init_state_dict(seed=0, channels=(4, 6), hidden=9)
+    other = reference.init_state_dict(seed=0, channels=(4, 8), hidden=9)
+    checkpoint.save_checkpoint(tmp_path / "other.npz", other)
+    with pytest.raises(CheckpointError, match=r"conv2.weight has shape \(8, 4, 3, 3\), the model needs \(6, 4, 3, 3\)"):
+        checkpoint.load_checkpoint(tmp_path / "other.npz", spec)
+    bad = dict(state, **{"fc1.bias": state["fc1.bias"].astype(np.float64)})
+    checkpoint.save_checkpoint(tmp_path / "f64.npz", bad)
+    with pytest.raises(CheckpointError, match="fc1.bias has dtype float64"):
+        checkpoint.load_checkpoint(tmp_path / "f64.npz", spec)
+    partial = {k: v for k, v in state.items() if k != "fc2.bias"}
+    partial["extra"] = np.zeros(1)
+    checkpoint.save_checkpoint(tmp_path / "partial.npz", partial)
+    with pytest.raises(CheckpointError, match="missing fc2.bias; unexpected extra"):
+        checkpoint.load_checkpoint(tmp_path / "partial.npz", spec)
+
+
+def test_torch_loads_our_checkpoint(tmp_path):
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mnist-cuda[torch]')")
+    from mnist_cuda.torch_model import make_torch_model
+
+    state = reference.init_state_dict(seed=2)
+    checkpoint.save_checkpoint(tmp_path / "m.npz", state)
+    got, _ = checkpoint.load_checkpoint(tmp_path / "m.npz", reference.state_dict_spec())
+    net = make_torch_model()
+    net.load_state_dict({k: torch.from_numpy(v) for k, v in got.items()}, strict=True)
+    back = {k: v.numpy() for k, v in net.state_dict().items()}
+    assert list(back) == list(state)
+    for k in state:
+        assert back[k].dtype == state[k].dtype and np.array_equal(back[k], state[k])
