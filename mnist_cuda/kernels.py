@@ -1,0 +1,149 @@
+"""Compile and load the CUDA C kernels of kernels/*.cu, and launch them with checked argument types.
+
+Each .cu file becomes one `cupy.RawModule`, compiled once per process by NVRTC for the device's own
+architecture (CuPy keeps compiled modules in its on-disk cache, so later processes skip NVRTC).
+`#include "common.cuh"` is inlined here, so the cache key covers the header too.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from pathlib import Path
+
+import numpy as np
+
+SOURCE_FILES = ("conv2d.cu", "batchnorm.cu", "activation.cu", "pool.cu", "linear.cu", "loss.cu",
+                "sgd.cu")
+COMPILE_OPTIONS = ("--std=c++17",)
+INSTALL_HINT = ("install the CUDA extra: pip install 'mnist-cuda[cuda12]' "
+                "(or [cuda13] for a CUDA 13 driver); only an NVIDIA driver is needed besides")
+
+
+class GPUUnavailable(RuntimeError):
+    """CuPy or a CUDA device is missing; the message says what and how to install."""
+
+
+def kernel_dir() -> Path:
+    """kernels/ of a source checkout, or the copy a wheel carries inside the package."""
+    packaged = Path(__file__).resolve().parent / "kernels_src"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "kernels"
+
+
+_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.MULTILINE)
+
+
+def read_source(name: str) -> str:
+    """The text of kernels/<name> with local #include "..." headers inlined (each once)."""
+    root, seen = kernel_dir(), set()
+
+    def expand(text: str) -> str:
+        def repl(m):
+            header = m.group(1)
+            if header in seen:
+                return ""
+            seen.add(header)
+            return f"// ---- {header} ----\n" + expand((root / header).read_text()) + f"\n// ---- end {header} ----"
+        return _INCLUDE.sub(repl, text)
+
+    return expand((root / name).read_text())
+
+
+def kernel_names(source: str) -> list[str]:
+    return re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)', source)
+
+
+def compile_check(arch: str = "sm_90") -> dict[str, str]:
+    """Compile every source with NVRTC for `arch` without needing a GPU. Returns {file: error log}
+    for the files that fail (empty when all compile)."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except ImportError as e:
+        raise GPUUnavailable(f"NVRTC is not available ({e}); {INSTALL_HINT}") from None
+    errors = {}
+    for name in SOURCE_FILES:
+        prog = nvrtc.createProgram(read_source(name), name, (), ())
+        try:
+            nvrtc.compileProgram(prog, COMPILE_OPTIONS + (f"-arch={arch}",))
+        except nvrtc.NVRTCError:
+            errors[name] = nvrtc.getProgramLog(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+    return errors
+
+
+def require_gpu():
+    """Import CuPy and check that a CUDA device answers; raise GPUUnavailable with advice if not."""
+    try:
+        import cupy
+    except ImportError:
+        raise GPUUnavailable(f"CuPy is not installed; {INSTALL_HINT}") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError: no driver, insufficient driver, ...
+        hint = (" (no NVIDIA driver here, or one older than this CuPy's CUDA)"
+                if "InsufficientDriver" in str(e) else "")
+        raise GPUUnavailable(f"no usable CUDA GPU: {e}{hint}; this trainer needs an NVIDIA GPU and driver") from None
+    if count == 0:
+        raise GPUUnavailable("no CUDA GPU found; this trainer needs an NVIDIA GPU and driver")
+    return cupy
+
+
+@functools.lru_cache(maxsize=None)
+def _module(name: str):
+    cupy = require_gpu()
+    return cupy.RawModule(code=read_source(name), options=COMPILE_OPTIONS)
+
+
+@functools.lru_cache(maxsize=None)
+def _kernel_index() -> dict[str, str]:
+    index = {}
+    for name in SOURCE_FILES:
+        for k in kernel_names(read_source(name)):
+            index[k] = name
+    return index
+
+
+def get(kernel: str):
+    """The compiled RawKernel by its extern "C" name (compiling its file on first use)."""
+    try:
+        source = _kernel_index()[kernel]
+    except KeyError:
+        raise KeyError(f"no kernel named {kernel!r} in {kernel_dir()}") from None
+    return _module(source).get_function(kernel)
+
+
+def preload():
+    """Compile and load every kernel now (before timing, and before a graph capture, during which
+    loading a module is not allowed)."""
+    for name in _kernel_index():
+        get(name)
+
+
+_ARG_TYPES = (np.int32, np.uint32, np.int64, np.float32)
+
+
+def launch(kernel: str, grid, block, *args, shared_mem: int = 0):
+    """Launch on the current stream. Scalars must be explicit NumPy types (np.int32, np.float32):
+    a bare Python int would be passed as 64 bits and silently corrupt the following arguments."""
+    for i, a in enumerate(args):
+        if not (isinstance(a, _ARG_TYPES) or hasattr(a, "data") and hasattr(a, "dtype") and
+                type(a).__module__.startswith("cupy")):
+            raise TypeError(f"{kernel}: argument {i} is {type(a).__name__}; pass a cupy array, "
+                            "np.int32 or np.float32")
+    grid = grid if isinstance(grid, tuple) else (int(grid),)
+    block = block if isinstance(block, tuple) else (int(block),)
+    get(kernel)(grid, block, args, shared_mem=shared_mem)
+
+
+def launch_1d(kernel: str, n: int, *args, block: int = 256):
+    """One thread per element for n elements."""
+    launch(kernel, (n + block - 1) // block, block, *args)
+
+
+def pinned_empty(shape, dtype) -> np.ndarray:
+    """A NumPy array in page-locked host memory (fast, truly asynchronous host-to-device copies)."""
+    cupy = require_gpu()
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    mem = cupy.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+    return np.frombuffer(mem, dtype, count).reshape(shape)

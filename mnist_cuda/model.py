@@ -1,0 +1,337 @@
+"""The network on the GPU: flat parameter/gradient buffers, layers as views, our kernels for every op.
+
+    Model       parameters (one flat float32 buffer), gradients (another), BN running statistics;
+                state_dict() / load_state_dict() with PyTorch's names, so a checkpoint moves between
+                this model, mnist_cuda.reference and torch.
+    Workspace   everything one batch size needs: activations, pinned staging buffers, the loss log;
+                allocated once, so a training step allocates nothing and can be captured as a graph.
+
+One step = load (async host-to-device copy) -> forward (+ loss) -> backward -> update -> zero-grad,
+all launched on the current stream; nothing waits for the host unless a caller reads the loss.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from . import kernels, reference
+from .kernels import launch, launch_1d
+
+I32, F32 = np.int32, np.float32
+ALIGN = 4  # every parameter view starts on a 16-byte boundary (room for float4 loads)
+REDUCE_THREADS = 256  # block size of the one-block-per-channel reductions
+KERNEL_VERSIONS = ("naive",)
+
+
+def _offsets(shapes: dict[str, tuple]) -> tuple[dict[str, int], int]:
+    offsets, total = {}, 0
+    for name, shape in shapes.items():
+        offsets[name] = total
+        total += -(-int(np.prod(shape)) // ALIGN) * ALIGN
+    return offsets, total
+
+
+class Model:
+    def __init__(self, channels=(32, 64), hidden=128, kernels_version="naive"):
+        if kernels_version not in KERNEL_VERSIONS:
+            raise ValueError(f"unknown kernel version {kernels_version!r}; choose from {KERNEL_VERSIONS}")
+        self.cp = cp = kernels.require_gpu()
+        self.channels, self.hidden, self.version = tuple(channels), hidden, kernels_version
+        self.shapes = reference.param_shapes(self.channels, hidden)
+        offsets, total = _offsets(self.shapes)
+        self.params = cp.zeros(total, dtype=cp.float32)
+        self.grads = cp.zeros(total, dtype=cp.float32)
+        self.p = {k: self.params[o:o + int(np.prod(s))].reshape(s) for (k, s), o in
+                  zip(self.shapes.items(), offsets.values())}
+        self.g = {k: self.grads[o:o + int(np.prod(s))].reshape(s) for (k, s), o in
+                  zip(self.shapes.items(), offsets.values())}
+        # running_mean and running_var of bn1 and bn2, one flat buffer as well
+        c1, c2 = self.channels
+        self.stats = cp.zeros(2 * c1 + 2 * c2, dtype=cp.float32)
+        self.running = {"bn1.running_mean": self.stats[:c1], "bn1.running_var": self.stats[c1:2 * c1],
+                        "bn2.running_mean": self.stats[2 * c1:2 * c1 + c2],
+                        "bn2.running_var": self.stats[2 * c1 + c2:]}
+        self.num_batches_tracked = 0
+        self._workspaces: dict[int, Workspace] = {}
+
+    # ---- state ------------------------------------------------------------------------------
+
+    def state_spec(self):
+        return reference.state_dict_spec(self.channels, self.hidden)
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host copies in torch's order and names (conv1.weight, bn1.weight, ..., fc2.bias)."""
+        self.cp.cuda.runtime.deviceSynchronize()  # training may run on another (non-blocking) stream
+        out = {}
+        for name in self.state_spec():
+            if name.endswith("num_batches_tracked"):
+                out[name] = np.array(self.num_batches_tracked, dtype=np.int64)
+            else:
+                out[name] = (self.p[name] if name in self.p else self.running[name]).get()
+        return out
+
+    def load_state_dict(self, state: dict[str, np.ndarray]):
+        spec = self.state_spec()
+        for name, (shape, dtype) in spec.items():
+            if name not in state:
+                raise KeyError(f"state_dict lacks {name}")
+            value = np.asarray(state[name])
+            if value.shape != tuple(shape):
+                raise ValueError(f"{name}: shape {value.shape}, expected {tuple(shape)}")
+            if name.endswith("num_batches_tracked"):
+                self.num_batches_tracked = int(value)
+            else:
+                target = self.p[name] if name in self.p else self.running[name]
+                target.set(np.ascontiguousarray(value, dtype=np.float32))
+
+    def workspace(self, batch_size: int) -> "Workspace":
+        """The activations and staging buffers for this batch size (made once, then reused)."""
+        if batch_size not in self._workspaces:
+            self._workspaces[batch_size] = Workspace(self, batch_size)
+        return self._workspaces[batch_size]
+
+    # ---- the step ---------------------------------------------------------------------------
+
+    def load(self, ws: "Workspace", slot: int, n: int):
+        """Async copy of n staged samples (pinned host memory) into the fixed device input buffers."""
+        rt, stream = self.cp.cuda.runtime, self.cp.cuda.get_current_stream().ptr
+        sx, sy = ws.stage_x[slot], ws.stage_y[slot]
+        rt.memcpyAsync(ws.x.data.ptr, sx.ctypes.data, n * sx[0].nbytes, rt.memcpyHostToDevice, stream)
+        rt.memcpyAsync(ws.y.data.ptr, sy.ctypes.data, n * sy[0].nbytes, rt.memcpyHostToDevice, stream)
+
+    def forward(self, ws: "Workspace", n: int, train: bool = True):
+        """Logits into ws.logits; in training also the loss (ws.loss, ws.loss_log) and dlogits."""
+        h = ws.block1.forward(ws.x, n, train)
+        h = ws.block2.forward(h, n, train)
+        h = ws.fc1.forward(h, n)
+        ws.head.forward(h, ws.y, n, train)
+
+    def backward(self, ws: "Workspace", n: int):
+        d = ws.head.backward(n)
+        d = ws.fc1.backward(d, n)
+        d = ws.block2.backward(d, n, need_input_grad=True)
+        ws.block1.backward(d, n, need_input_grad=False)
+
+    def update(self, lr: float):
+        launch_1d("sgd_update", self.params.size, self.params, self.grads, F32(lr), I32(self.params.size))
+
+    def zero_grad(self):
+        rt = self.cp.cuda.runtime
+        rt.memsetAsync(self.grads.data.ptr, 0, self.grads.nbytes, self.cp.cuda.get_current_stream().ptr)
+
+    def phases(self, ws: "Workspace", slot: int, lr: float):
+        """The five phases of a training step on ws.batch_size staged samples, as callables."""
+        n = ws.batch_size
+        return (lambda: self.load(ws, slot, n), lambda: self.forward(ws, n, True),
+                lambda: self.backward(ws, n), lambda: self.update(lr), self.zero_grad)
+
+    def train_step(self, ws: "Workspace", slot: int, lr: float, events=None):
+        """One training step, launched kernel by kernel. With events (6 CUDA events) the phase
+        boundaries are recorded for per-phase timing."""
+        if events is not None:
+            events[0].record()
+        for i, phase in enumerate(self.phases(ws, slot, lr)):
+            phase()
+            if events is not None:
+                events[i + 1].record()
+        self.num_batches_tracked += 1
+
+    def capture(self, *work):
+        """Capture the launches of the callables `work` as one CUDA graph (replay: graph.launch)."""
+        cp = self.cp
+        kernels.preload()  # module loading is not allowed while a stream is capturing
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            stream.begin_capture()
+            try:
+                for fn in work:
+                    fn()
+            finally:
+                graph = stream.end_capture()
+        return graph
+
+    def capture_train_step(self, ws: "Workspace", slot: int, lr: float):
+        """The whole step (load included) as one CUDA graph."""
+        return self.capture(*self.phases(ws, slot, lr))
+
+    def capture_phases(self, ws: "Workspace", slot: int, lr: float):
+        """One graph per phase, for per-phase timing of graph replays."""
+        return [self.capture(phase) for phase in self.phases(ws, slot, lr)]
+
+    def replay(self, graph, stream):
+        """One training step by replaying a graph from capture_train_step."""
+        graph.launch(stream)
+        self.num_batches_tracked += 1
+
+    def eval_batch(self, ws: "Workspace", slot: int, n: int):
+        """Forward in eval mode (running statistics) and add the correct predictions to ws.correct."""
+        self.load(ws, slot, n)
+        self.forward(ws, n, train=False)
+        launch("count_correct", 1, REDUCE_THREADS, ws.logits, ws.y, ws.correct, I32(n))
+
+
+# ---------------------------------------------------------------------------------------------
+# Layers. Each owns the activations it needs for one batch size and launches the kernels.
+
+
+class ConvBlock:
+    """conv 3x3 pad 1 (no bias) -> BatchNorm2d -> ReLU -> maxpool 2x2."""
+
+    def __init__(self, model: Model, index: int, c_in: int, c_out: int, size: int, batch: int):
+        cp = model.cp
+        self.m, self.c_in, self.c_out, self.size = model, c_in, c_out, size
+        self.w, self.dw = model.p[f"conv{index}.weight"], model.g[f"conv{index}.weight"]
+        self.gamma, self.beta = model.p[f"bn{index}.weight"], model.p[f"bn{index}.bias"]
+        self.dgamma, self.dbeta = model.g[f"bn{index}.weight"], model.g[f"bn{index}.bias"]
+        self.running_mean = model.running[f"bn{index}.running_mean"]
+        self.running_var = model.running[f"bn{index}.running_var"]
+        full, half = (batch, c_out, size, size), (batch, c_out, size // 2, size // 2)
+        self.a = cp.empty(full, cp.float32)  # conv output
+        self.z = cp.empty(full, cp.float32)  # batchnorm output
+        self.r = cp.empty(full, cp.float32)  # relu output
+        self.out = cp.empty(half, cp.float32)  # pooled
+        self.argmax = cp.empty(half, cp.uint8)
+        self.mean = cp.empty(c_out, cp.float32)
+        self.invstd = cp.empty(c_out, cp.float32)
+        self.d_r = cp.empty(full, cp.float32)  # gradients of the same tensors
+        self.d_z = cp.empty(full, cp.float32)
+        self.d_a = cp.empty(full, cp.float32)
+        self.d_in = cp.empty((batch, c_in, size, size), cp.float32) if index > 1 else None
+        self.x = None
+
+    def forward(self, x, n, train):
+        self.x = x
+        C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
+        N, HW = I32(n), I32(self.size * self.size)
+        full = n * self.c_out * self.size * self.size
+        launch_1d("conv2d_forward_naive", full, x, self.w, self.a, N, C, K, S, S)
+        if train:
+            launch("batchnorm_stats_naive", self.c_out, REDUCE_THREADS, self.a, self.mean, self.invstd,
+                   self.running_mean, self.running_var, N, K, HW, F32(reference.BN_EPS),
+                   F32(reference.BN_MOMENTUM))
+            launch_1d("batchnorm_apply_naive", full, self.a, self.mean, self.invstd, self.gamma,
+                      self.beta, self.z, N, K, HW)
+        else:
+            launch_1d("batchnorm_eval_naive", full, self.a, self.running_mean, self.running_var,
+                      self.gamma, self.beta, self.z, N, K, HW, F32(reference.BN_EPS))
+        launch_1d("relu_forward_naive", full, self.z, self.r, I32(full))
+        launch_1d("maxpool2x2_forward_naive", full // 4, self.r, self.out, self.argmax, N, K, S, S)
+        return self.out
+
+    def backward(self, d_out, n, need_input_grad):
+        C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
+        N, HW = I32(n), I32(self.size * self.size)
+        full = n * self.c_out * self.size * self.size
+        launch_1d("maxpool2x2_backward_naive", full, d_out, self.argmax, self.d_r, N, K, S, S)
+        launch_1d("relu_backward_naive", full, self.d_r, self.r, self.d_z, I32(full))
+        launch("batchnorm_backward_naive", self.c_out, REDUCE_THREADS, self.d_z, self.a, self.mean,
+               self.invstd, self.gamma, self.d_a, self.dgamma, self.dbeta, N, K, HW)
+        launch_1d("conv2d_backward_weight_naive", self.dw.size, self.x, self.d_a, self.dw, N, C, K, S, S)
+        if need_input_grad:
+            launch_1d("conv2d_backward_input_naive", n * self.c_in * self.size * self.size,
+                      self.d_a, self.w, self.d_in, N, C, K, S, S)
+            return self.d_in
+        return None
+
+
+class HiddenLayer:
+    """fc1 -> ReLU over the flattened conv features."""
+
+    def __init__(self, model: Model, n_in: int, n_out: int, batch: int):
+        cp = model.cp
+        self.n_in, self.n_out = n_in, n_out
+        self.w, self.b = model.p["fc1.weight"], model.p["fc1.bias"]
+        self.dw, self.db = model.g["fc1.weight"], model.g["fc1.bias"]
+        self.h = cp.empty((batch, n_out), cp.float32)  # pre-activation
+        self.out = cp.empty((batch, n_out), cp.float32)  # after relu
+        self.d_h = cp.empty((batch, n_out), cp.float32)
+        self.d_in = cp.empty((batch, n_in), cp.float32)
+        self.x = None
+
+    def forward(self, x, n):
+        self.x = x
+        I, O = I32(self.n_in), I32(self.n_out)
+        launch_1d("linear_forward_naive", n * self.n_out, x, self.w, self.b, self.h, I32(n), I, O)
+        launch_1d("relu_forward_naive", n * self.n_out, self.h, self.out, I32(n * self.n_out))
+        return self.out
+
+    def backward(self, d_out, n):
+        I, O = I32(self.n_in), I32(self.n_out)
+        launch_1d("relu_backward_naive", n * self.n_out, d_out, self.out, self.d_h, I32(n * self.n_out))
+        launch_1d("linear_backward_params_naive", self.n_out * (self.n_in + 1), self.x, self.d_h,
+                  self.dw, self.db, I32(n), I, O)
+        launch_1d("linear_backward_input_naive", n * self.n_in, self.d_h, self.w, self.d_in, I32(n), I, O)
+        return self.d_in
+
+
+class Head:
+    """fc2 -> log_softmax -> NLL (mean); the loss kernel also produces dlogits."""
+
+    def __init__(self, model: Model, n_in: int, batch: int, loss_capacity: int):
+        cp = model.cp
+        self.n_in = n_in
+        self.w, self.b = model.p["fc2.weight"], model.p["fc2.bias"]
+        self.dw, self.db = model.g["fc2.weight"], model.g["fc2.bias"]
+        self.logits = cp.empty((batch, 10), cp.float32)
+        self.d_logits = cp.empty((batch, 10), cp.float32)
+        self.d_in = cp.empty((batch, n_in), cp.float32)
+        self.loss = cp.zeros(1, cp.float32)
+        self.loss_log = cp.zeros(loss_capacity, cp.float32)
+        self.loss_count = cp.zeros(1, cp.int32)
+        self.x = None
+
+    def forward(self, x, labels, n, train):
+        self.x = x
+        I = I32(self.n_in)
+        launch_1d("linear_forward_naive", n * 10, x, self.w, self.b, self.logits, I32(n), I, I32(10))
+        if train:
+            launch("cross_entropy_forward_backward", 1, REDUCE_THREADS, self.logits, labels,
+                   self.d_logits, self.loss, self.loss_log, self.loss_count, I32(self.loss_log.size), I32(n))
+
+    def backward(self, n):
+        I = I32(self.n_in)
+        launch_1d("linear_backward_params_naive", 10 * (self.n_in + 1), self.x, self.d_logits,
+                  self.dw, self.db, I32(n), I, I32(10))
+        launch_1d("linear_backward_input_naive", n * self.n_in, self.d_logits, self.w, self.d_in,
+                  I32(n), I, I32(10))
+        return self.d_in
+
+
+class Workspace:
+    """Everything a step at one batch size touches, allocated once."""
+
+    STAGING_SLOTS = 2  # the host fills one pinned slot while the GPU copies from the other
+    LOSS_CAPACITY = 1 << 16
+
+    def __init__(self, model: Model, batch_size: int):
+        if batch_size < 1:
+            raise ValueError("batch size must be at least 1")
+        self.cp = cp = model.cp
+        self.batch_size = B = batch_size
+        c1, c2 = model.channels
+        if B * max(c1, c2) * 28 * 28 >= 2 ** 31:
+            raise ValueError(f"batch size {B} is too large for 32-bit indexing")
+        self.x = cp.empty((B, 1, 28, 28), cp.float32)
+        self.y = cp.zeros(B, cp.int32)
+        self.stage_x = [kernels.pinned_empty((B, 1, 28, 28), np.float32) for _ in range(self.STAGING_SLOTS)]
+        self.stage_y = [kernels.pinned_empty((B,), np.int32) for _ in range(self.STAGING_SLOTS)]
+        self.stage_free = [cp.cuda.Event(disable_timing=True) for _ in range(self.STAGING_SLOTS)]
+        self.block1 = ConvBlock(model, 1, 1, c1, 28, B)
+        self.block2 = ConvBlock(model, 2, c1, c2, 14, B)
+        self.fc1 = HiddenLayer(model, c2 * 49, model.hidden, B)
+        self.head = Head(model, model.hidden, B, self.LOSS_CAPACITY)
+        self.correct = cp.zeros(1, cp.int32)
+
+    @property
+    def logits(self):
+        return self.head.logits
+
+    def losses(self, reset: bool = False) -> np.ndarray:
+        """The losses logged since the last reset. Synchronises the whole device: the steps may run on
+        any stream, and a reset must land before the next step's loss kernel."""
+        self.cp.cuda.runtime.deviceSynchronize()
+        count = int(self.head.loss_count.get()[0])
+        out = self.head.loss_log[:min(count, self.head.loss_log.size)].get()
+        if reset:
+            self.head.loss_count.fill(0)
+            self.cp.cuda.runtime.deviceSynchronize()
+        return out

@@ -1,0 +1,127 @@
+"""The whole training step against the reference, graph replay, determinism, and real training (GPU)."""
+import numpy as np
+import pytest
+
+from conftest import find_mnist_dir
+from mnist_cuda import data, reference
+from mnist_cuda.kernel_checks import rel_err
+
+pytestmark = pytest.mark.gpu
+STEP_TOL = 1e-4
+
+
+def make_model(channels, hidden, seed, version="naive"):
+    from mnist_cuda.model import Model
+    model = Model(channels, hidden, version)
+    model.load_state_dict(reference.init_state_dict(seed, channels, hidden))
+    return model
+
+
+def random_batch(rng, n):
+    return rng.standard_normal((n, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+
+
+def stage(ws, slot, x, y):
+    ws.stage_x[slot][:len(x)] = x
+    ws.stage_y[slot][:len(y)] = y
+
+
+@pytest.mark.parametrize("batch,channels,hidden", [(1, (32, 64), 128), (3, (5, 7), 33), (64, (32, 64), 128),
+                                                   (65, (5, 7), 33)])
+def test_training_step_matches_reference(batch, channels, hidden):
+    import cupy
+    rng = np.random.default_rng()
+    seed = int(rng.integers(1 << 30))
+    model = make_model(channels, hidden, seed)
+    ref = reference.ReferenceModel(reference.init_state_dict(seed, channels, hidden))
+    x, y = random_batch(rng, batch)
+    ws = model.workspace(batch)
+    stage(ws, 0, x, y)
+    model.grads.fill(np.nan)  # every gradient element must be written by backward
+    model.load(ws, 0, batch)
+    model.forward(ws, batch)
+    model.backward(ws, batch)
+    loss, grads, _ = ref.loss_and_grads(x, y)
+    assert abs(float(ws.head.loss.get()[0]) - loss) < STEP_TOL * max(1.0, abs(loss))
+    for name, g in grads.items():
+        assert rel_err(model.g[name].get(), g) < STEP_TOL, name
+    model.update(lr=0.1)
+    model.zero_grad()
+    cupy.cuda.get_current_stream().synchronize()
+    ref.train_step(x, y, lr=0.1)
+    model.num_batches_tracked += 1
+    state = model.state_dict()
+    for name, want in ref.state_dict().items():
+        if name.endswith("tracked"):
+            assert int(state[name]) == int(want) == 1
+        else:
+            assert rel_err(state[name], want) < STEP_TOL, name
+    assert not model.grads.any()  # zero-grad cleared the flat buffer
+
+
+def test_eval_forward_uses_running_stats():
+    rng = np.random.default_rng()
+    model = make_model((32, 64), 128, seed=1)
+    state = model.state_dict()
+    for k in ("bn1.running_mean", "bn2.running_mean"):
+        state[k] = rng.standard_normal(state[k].shape).astype(np.float32)
+    for k in ("bn1.running_var", "bn2.running_var"):
+        state[k] = (rng.random(state[k].shape) + 0.5).astype(np.float32)
+    model.load_state_dict(state)
+    ref = reference.ReferenceModel(state)
+    x, y = random_batch(rng, 37)
+    ws = model.workspace(64)  # a partial batch, as the last evaluation batch is
+    stage(ws, 1, x, y)
+    ws.correct.fill(0)
+    model.eval_batch(ws, 1, 37)
+    logits = ws.logits[:37].get()
+    assert rel_err(logits, ref.forward(x, train=False)[0]) < STEP_TOL
+    assert int(ws.correct.get()[0]) == int((logits.argmax(1) == y).sum())
+
+
+def run_steps(model, batches, lr, graph):
+    import cupy
+    ws = model.workspace(len(batches[0][0]))
+    ws.losses(reset=True)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    graphs = [model.capture_train_step(ws, s, lr) for s in range(2)] if graph else None
+    with stream:
+        for i, (x, y) in enumerate(batches):
+            slot = i % 2
+            ws.stage_free[slot].synchronize()
+            stage(ws, slot, x, y)
+            if graph:
+                model.replay(graphs[slot], stream)
+            else:
+                model.train_step(ws, slot, lr)
+            ws.stage_free[slot].record()
+    stream.synchronize()
+    return ws.losses(), model.params.get()
+
+
+def test_deterministic_and_graph_equals_eager():
+    rng = np.random.default_rng()
+    batches = [random_batch(rng, 64) for _ in range(30)]
+    seed = int(rng.integers(1000))
+    runs = [run_steps(make_model((32, 64), 128, seed), batches, 0.05, graph) for graph in (False, False, True)]
+    for losses, params in runs[1:]:
+        assert np.array_equal(losses, runs[0][0])  # bit for bit
+        assert np.array_equal(params, runs[0][1])
+    assert len(runs[0][0]) == 30 and runs[0][0][-1] < runs[0][0][0]
+
+
+def test_one_epoch_on_mnist_reaches_98_percent():
+    folder = find_mnist_dir()
+    if folder is None:
+        pytest.skip("no MNIST copy found ($MNIST_DATA_DIR, data/mnist or ../shared/mnist)")
+    from mnist_cuda import kernels, train
+    ds = data.load("mnist", data_dir=folder, empty=kernels.pinned_empty, progress=False)
+    model = make_model((32, 64), 128, seed=0)
+    ws = model.workspace(64)
+    trainer = train.Trainer(model, ws, lr=train.DEFAULTS["lr"])
+    for idx in data.batch_indices(data.epoch_order(60000, 0, 0), 64, drop_last=True):
+        trainer.run_step(ds.train_x, ds.train_y, idx)
+    losses = ws.losses()
+    assert len(losses) == 937 and np.all(np.isfinite(losses))
+    accuracy = train.evaluate(model, ws, ds.test_x, ds.test_y)
+    assert accuracy >= 0.98, accuracy

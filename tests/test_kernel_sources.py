@@ -1,0 +1,37 @@
+"""Every kernel source compiles with NVRTC for the H100 (sm_90); no GPU needed, so CI catches syntax
+errors. Also the launch helper's guard against untyped scalars."""
+import numpy as np
+import pytest
+
+from mnist_cuda import kernels
+
+
+def test_every_kernel_compiles_for_sm90():
+    pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'mnist-cuda[cuda12]')")
+    errors = kernels.compile_check("sm_90")
+    assert errors == {}, "\n".join(f"{k}:\n{v}" for k, v in errors.items())
+
+
+def test_compile_check_reports_errors(monkeypatch):
+    pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'mnist-cuda[cuda12]')")
+    real = kernels.read_source
+    monkeypatch.setattr(kernels, "read_source", lambda name: real(name) + ("\nint broken(" if name == "sgd.cu" else ""))
+    errors = kernels.compile_check("sm_90")
+    assert list(errors) == ["sgd.cu"] and "error" in errors["sgd.cu"]
+
+
+def test_header_is_inlined_once():
+    src = kernels.read_source("batchnorm.cu")
+    assert '#include "common.cuh"' not in src and src.count("block_sum(float v)") == 1
+
+
+def test_every_source_file_is_listed():
+    on_disk = sorted(p.name for p in kernels.kernel_dir().glob("*.cu"))
+    assert on_disk == sorted(kernels.SOURCE_FILES)
+
+
+def test_launch_rejects_python_scalars():
+    with pytest.raises(TypeError, match="np.int32"):
+        kernels.launch("sgd_update", 1, 32, 3)
+    with pytest.raises(TypeError, match="argument 1 is float"):
+        kernels.launch("sgd_update", 1, 32, np.int32(1), 0.5)
