@@ -1,0 +1,674 @@
+#!/usr/bin/env python3
+"""Our CUDA kernels against PyTorch: same model, weights, batches, learning rate and batch size.
+
+    python scripts/compare_pytorch.py                  # parity run, then timing at batch 64 and 512
+    python scripts/compare_pytorch.py --show FILE.json # print the tables of a saved result
+
+Parity: both sides train --parity-steps steps from identical weights on identical batches, PyTorch with
+TF32 off (so both compute in fp32); PASS needs every loss within 1e-4 over the first 50 steps and 1e-3
+over all of them. Exit status 1 on FAIL.
+
+Timing, per batch size, after --warmup steps, over --steps steps (median and mean):
+  per phase   load (host-to-device copy), forward (+ loss), backward, update, zero-grad, with CUDA
+              events between the phases and one synchronisation per step;
+  whole step  a training loop with no synchronisation inside (gather the batch on the host, copy,
+              step), one event per step boundary; for every mode of each side:
+                torch:  eager; whole step in one torch.cuda.graph (static input buffers);
+                        torch.compile'd model inside that graph (default when torch.compile works);
+                        torch.compile alone (--compile);
+                ours:   eager launches; whole step as one CUDA graph.
+  epoch       wall clock of one shuffled epoch (permutation, gather, load, every step) per mode.
+PyTorch runs with its defaults for speed (cudnn.benchmark on, cuDNN's TF32 convolutions allowed) and
+SGD's fused implementation where it has one. The headline speed-up is against the fastest PyTorch mode.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))  # runnable from a checkout without installing
+
+from mnist_cuda import data, kernels, reference  # noqa: E402
+from mnist_cuda.train import DEFAULTS  # noqa: E402
+
+PHASES = ("load", "forward", "backward", "update", "zero_grad")
+SCHEMA = "mnist_cuda.compare/1"
+PARITY_TOL = {"first_50": 1e-4, "all": 1e-3}
+TORCH_MODES = ("eager", "graph", "compiled+graph", "compiled")
+OUR_MODES = ("eager", "graph")
+
+
+class Unavailable(Exception):
+    """torch, a CUDA build of it, CuPy or a GPU is missing."""
+
+
+# ---- arguments -------------------------------------------------------------------------------------
+
+
+def _int_list(text):
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive whole numbers like 64,512, got {text!r}")
+    return values
+
+
+def _count(minimum):
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {v}")
+        return v
+    return parse
+
+
+def _lr(text):
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (math.isfinite(v) and v > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return v
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--batch-sizes", type=_int_list, default=[64, 512], help="comma-separated")
+    p.add_argument("--steps", type=_count(1), default=300, help="timed steps per measurement (method: >= 100)")
+    p.add_argument("--warmup", type=_count(0), default=20, help="untimed steps first (method: >= 20)")
+    p.add_argument("--parity-steps", type=_count(0), default=200, help="0 skips the parity run")
+    p.add_argument("--lr", type=_lr, default=DEFAULTS["lr"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", choices=sorted(data.DATASETS), default="mnist")
+    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--kernels", choices=("naive",), default="naive", help="our kernel version")
+    p.add_argument("--compile", action="store_true", help="also time torch.compile without a CUDA graph")
+    p.add_argument("--no-compiled-graph", action="store_true",
+                   help="skip the torch.compile + whole-step CUDA graph mode")
+    p.add_argument("--no-epoch", action="store_true", help="skip the whole-epoch wall-clock runs")
+    p.add_argument("--out", type=Path, default=None,
+                   help="result JSON (default benchmarks/results/compare-<gpu>-<time>.json)")
+    p.add_argument("--png", type=Path, default=None, help="plot (default: the JSON's path with .png)")
+    p.add_argument("--no-png", action="store_true")
+    p.add_argument("--show", type=Path, default=None, metavar="JSON", help="print a saved result and exit")
+    return p
+
+
+# ---- statistics and formatting ---------------------------------------------------------------------
+
+
+def summarize_ms(samples_ms) -> dict:
+    """{median_us, mean_us, n} of a list of milliseconds."""
+    a = np.asarray(samples_ms, dtype=np.float64) * 1000.0
+    return {"median_us": float(np.median(a)), "mean_us": float(a.mean()), "n": int(a.size)}
+
+
+def _us(v):
+    return "-" if v is None else f"{v:,.1f}"
+
+
+def _ratio(a, b):
+    return "-" if a is None or b is None or b <= 0 else f"{a / b:,.1f}x"
+
+
+def format_tables(result: dict) -> str:
+    """The terminal / README tables of a result: per phase and whole step, per batch size."""
+    env = result["env"]
+    lines = [f"{env.get('device', '?')} | driver {env.get('driver', '?')} | CUDA {env.get('cuda_runtime', '?')} | "
+             f"CuPy {env.get('cupy', '?')} | torch {env.get('torch', '?')} | kernels {result['config'].get('kernels')}"]
+    for bs, r in result["batch_sizes"].items():
+        lines += ["", f"batch {bs}: per phase, median us (events between phases, one sync per step)",
+                  "| phase | torch eager | ours eager | speed-up | ours graphs per phase |",
+                  "|---|---:|---:|---:|---:|"]
+        tp, op, og = r["torch"]["phases"], r["ours"]["phases"], r["ours"].get("phase_graphs", {})
+        for ph in PHASES + ("step",):
+            t, o = tp.get(ph, {}).get("median_us"), op.get(ph, {}).get("median_us")
+            g = og.get(ph, {}).get("median_us")
+            lines.append(f"| {ph} | {_us(t)} | {_us(o)} | {_ratio(t, o)} | {_us(g)} |")
+        lines += ["", f"batch {bs}: whole step (no sync inside the loop)",
+                  "| side | mode | median us | mean us | epoch s |", "|---|---|---:|---:|---:|"]
+        for side in ("torch", "ours"):
+            for mode, m in r[side]["modes"].items():
+                if "error" in m:
+                    lines.append(f"| {side} | {mode} | failed: {m['error'][:60]} | | |")
+                    continue
+                extra = f" (compile {m['compile_s']:.1f} s)" if "compile_s" in m else ""
+                lines.append(f"| {side} | {mode}{extra} | {_us(m['median_us'])} | {_us(m['mean_us'])} | "
+                             f"{m['epoch_s']:.3f} |" if m.get("epoch_s") is not None else
+                             f"| {side} | {mode}{extra} | {_us(m['median_us'])} | {_us(m['mean_us'])} | - |")
+        h = r.get("headline")
+        if h:
+            lines.append(f"\nbatch {bs}: ours ({h['ours_mode']}) {_us(h['ours_median_us'])} us vs PyTorch's "
+                         f"fastest ({h['torch_mode']}) {_us(h['torch_median_us'])} us: {h['speedup']:.2f}x faster")
+    par = result.get("parity")
+    if par:
+        lines += ["", f"parity ({par['steps']} steps, batch {par['batch_size']}, TF32 off): "
+                  f"max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e} (tol {PARITY_TOL['first_50']:.0e}), "
+                  f"all {par['max_loss_diff']:.2e} (tol {PARITY_TOL['all']:.0e}); "
+                  f"max relative param/stat diff {par['max_state_rel_diff']:.2e} -> {'PASS' if par['pass'] else 'FAIL'}"]
+    return "\n".join(lines)
+
+
+def validate_result(result: dict):
+    """The JSON's schema; raises ValueError naming the first problem."""
+    def need(obj, key, kind, where):
+        if key not in obj or not isinstance(obj[key], kind):
+            raise ValueError(f"{where}: '{key}' missing or not {kind}")
+        return obj[key]
+    if need(result, "schema", str, "result") != SCHEMA:
+        raise ValueError(f"result: schema is not {SCHEMA}")
+    for k in ("device", "driver", "cuda_runtime", "cupy", "torch"):
+        need(need(result, "env", dict, "result"), k, str, "env")
+    need(result, "config", dict, "result")
+    for bs, r in need(result, "batch_sizes", dict, "result").items():
+        for side, modes in (("torch", TORCH_MODES), ("ours", OUR_MODES)):
+            s = need(r, side, dict, f"batch {bs}")
+            for ph in PHASES + ("step",):
+                for k in ("median_us", "mean_us"):
+                    need(need(need(s, "phases", dict, f"{bs}/{side}"), ph, dict, f"{bs}/{side}/phases"), k,
+                         (int, float), f"{bs}/{side}/phases/{ph}")
+            for mode, m in need(s, "modes", dict, f"{bs}/{side}").items():
+                if mode not in modes:
+                    raise ValueError(f"{bs}/{side}: unknown mode {mode}")
+                if "error" not in m:
+                    need(m, "median_us", (int, float), f"{bs}/{side}/{mode}")
+                    need(m, "mean_us", (int, float), f"{bs}/{side}/{mode}")
+        need(r, "headline", dict, f"batch {bs}")
+    if result.get("parity") is not None:
+        need(result["parity"], "pass", bool, "parity")
+
+
+# ---- environment -------------------------------------------------------------------------------------
+
+
+def require_torch_and_gpu():
+    try:
+        import torch
+    except ImportError:
+        raise Unavailable("PyTorch is not installed; install a CUDA build of torch, e.g. "
+                          "pip install 'mnist-cuda[torch]'") from None
+    if not torch.cuda.is_available():
+        raise Unavailable(f"torch {torch.__version__} sees no CUDA GPU (a CPU-only build, or no GPU/driver)")
+    try:
+        kernels.require_gpu()
+    except kernels.GPUUnavailable as e:
+        raise Unavailable(str(e)) from None
+    return torch
+
+
+def environment(torch) -> dict:
+    import cupy
+    rt = cupy.cuda.runtime
+    props = rt.getDeviceProperties(0)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+
+    def ver(v):
+        return f"{v // 1000}.{v % 1000 // 10}"
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+    except (OSError, IndexError, subprocess.SubprocessError):
+        driver = f"CUDA {ver(rt.driverGetVersion())}"
+    return {"device": name, "driver": driver, "cuda_driver_api": ver(rt.driverGetVersion()),
+            "cuda_runtime": ver(rt.runtimeGetVersion()), "cupy": cupy.__version__, "torch": torch.__version__,
+            "torch_cuda": str(torch.version.cuda), "cudnn": str(torch.backends.cudnn.version()),
+            "python": platform.python_version(), "sm_count": int(props["multiProcessorCount"])}
+
+
+# ---- the two sides -------------------------------------------------------------------------------------
+
+
+class OurSide:
+    """Our model and workspace at one batch size, with its own stream."""
+
+    name = "ours"
+
+    def __init__(self, state, batch, lr, version, channels, hidden):
+        import cupy
+        from mnist_cuda.model import Model
+        self.cp = cupy
+        self.model = Model(channels, hidden, version)
+        self.model.load_state_dict(state)
+        kernels.preload()
+        self.ws = self.model.workspace(batch)
+        self.lr, self.batch = lr, batch
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.graphs = None
+        self.phase_graphs = None
+        self.i = 0
+
+    def stage(self, x, y, idx):
+        slot = self.i % self.ws.STAGING_SLOTS
+        self.ws.stage_free[slot].synchronize()
+        data.gather(x, y, idx, self.ws.stage_x[slot], self.ws.stage_y[slot])
+        return slot
+
+    def new_event(self):
+        return self.cp.cuda.Event()
+
+    def event(self):
+        ev = self.new_event()
+        ev.record(self.stream)
+        return ev
+
+    def elapsed_ms(self, a, b):
+        return self.cp.cuda.get_elapsed_time(a, b)
+
+    def synchronize(self):
+        self.stream.synchronize()
+
+    def step(self, x, y, idx, mode, phase_events=None):
+        slot = self.stage(x, y, idx)
+        with self.stream:
+            if mode == "graph":
+                if self.graphs is None:
+                    self.graphs = [self.model.capture_train_step(self.ws, s, self.lr)
+                                   for s in range(self.ws.STAGING_SLOTS)]
+                self.model.replay(self.graphs[slot], self.stream)
+            elif mode == "phase_graphs":
+                if self.phase_graphs is None:
+                    self.phase_graphs = [self.model.capture_phases(self.ws, s, self.lr)
+                                         for s in range(self.ws.STAGING_SLOTS)]
+                phase_events[0].record(self.stream)
+                for k, g in enumerate(self.phase_graphs[slot]):
+                    g.launch(self.stream)
+                    phase_events[k + 1].record(self.stream)
+                self.model.num_batches_tracked += 1
+            else:
+                self.model.train_step(self.ws, slot, self.lr, phase_events)
+            self.ws.stage_free[slot].record(self.stream)
+        self.i += 1
+
+    def losses(self):
+        return self.ws.losses(reset=True)
+
+    def state_dict(self):
+        return self.model.state_dict()
+
+
+class TorchSide:
+    """design.md's network in torch.nn with torch.optim.SGD, one mode per instance."""
+
+    name = "torch"
+
+    def __init__(self, torch, state, batch, lr, mode, channels, hidden, fused=True, log_losses=False):
+        from mnist_cuda.torch_model import make_torch_model
+        import torch.nn.functional as F
+        self.torch, self.F, self.mode, self.batch = torch, F, mode, batch
+        dev = torch.device("cuda")
+        self.net = make_torch_model(channels, hidden).to(dev)
+        self.net.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+        self.net.train()
+        self.fused = False
+        if fused:
+            try:
+                self.opt = torch.optim.SGD(self.net.parameters(), lr=lr, fused=True)
+                self.fused = True
+            except (TypeError, RuntimeError, ValueError):
+                self.opt = torch.optim.SGD(self.net.parameters(), lr=lr)
+        else:
+            self.opt = torch.optim.SGD(self.net.parameters(), lr=lr)
+        self.forward_fn = self.net
+        self.compile_s = None
+        if mode in ("compiled", "compiled+graph"):
+            self.forward_fn = torch.compile(self.net)
+        self.x = torch.empty((batch, 1, 28, 28), device=dev)  # static input buffers
+        self.y = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self.stage_x = [torch.empty((batch, 1, 28, 28), pin_memory=True) for _ in range(2)]
+        self.stage_y = [torch.empty(batch, dtype=torch.int64, pin_memory=True) for _ in range(2)]
+        self.stage_free = [torch.cuda.Event() for _ in range(2)]
+        self.loss_log = torch.zeros(1 << 16, device=dev) if log_losses else None  # parity only
+        self.n_logged = 0
+        self.graph = None
+        self.i = 0
+
+    def _body(self):
+        """forward + loss, backward, update, zero-grad (grads stay allocated, as in a graph)."""
+        loss = self.F.nll_loss(self.forward_fn(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=False)
+        return loss
+
+    def prepare(self, x, y, order):
+        """Compile / capture before anything is timed (compile time reported apart)."""
+        torch = self.torch
+        if self.mode not in ("graph", "compiled+graph", "compiled"):
+            return
+        idx = order[:self.batch]
+        self.x.copy_(torch.from_numpy(x[idx]))
+        self.y.copy_(torch.from_numpy(y[idx]))
+        t0 = time.perf_counter()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graph requires
+            for _ in range(3):
+                self._body()
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        if self.mode.startswith("compiled"):
+            self.compile_s = time.perf_counter() - t0
+        if self.mode.endswith("graph"):
+            self.graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(self.graph):
+                self.static_loss = self._body()
+        torch.cuda.synchronize()
+
+    def new_event(self):
+        return self.torch.cuda.Event(enable_timing=True)
+
+    def event(self):
+        ev = self.new_event()
+        ev.record()
+        return ev
+
+    def elapsed_ms(self, a, b):
+        return a.elapsed_time(b)
+
+    def synchronize(self):
+        self.torch.cuda.synchronize()
+
+    def step(self, x, y, idx, mode=None, phase_events=None):
+        torch, slot = self.torch, self.i % 2
+        self.stage_free[slot].synchronize()
+        n = data.gather(x, y, idx, self.stage_x[slot].numpy(), self.stage_y[slot].numpy())
+        assert n == self.batch
+        rec = (lambda k: phase_events[k].record()) if phase_events else (lambda k: None)
+        rec(0)
+        self.x.copy_(self.stage_x[slot], non_blocking=True)
+        self.y.copy_(self.stage_y[slot], non_blocking=True)
+        self.stage_free[slot].record()
+        rec(1)
+        if self.graph is not None:
+            self.graph.replay()
+            loss = self.static_loss
+        else:
+            loss = self.F.nll_loss(self.forward_fn(self.x), self.y)
+            rec(2)
+            loss.backward()
+            rec(3)
+            self.opt.step()
+            rec(4)
+            self.opt.zero_grad()  # PyTorch's default (set_to_none=True): its cheapest zero-grad
+            rec(5)
+        if self.loss_log is not None and self.n_logged < self.loss_log.numel():
+            self.loss_log[self.n_logged].copy_(loss.detach(), non_blocking=True)
+            self.n_logged += 1
+        self.i += 1
+
+    def losses(self):
+        out = self.loss_log[:self.n_logged].cpu().numpy()
+        self.n_logged = 0
+        return out
+
+    def state_dict(self):
+        return {k: v.detach().cpu().numpy() for k, v in self.net.state_dict().items()}
+
+
+# ---- measurements -------------------------------------------------------------------------------------
+
+
+def batches(order, batch, count):
+    """count batches of indices, cycling through epochs of `order` (seeded reshuffles)."""
+    out, n, epoch = [], len(order), 0
+    while len(out) < count:
+        perm = order if epoch == 0 else np.random.default_rng([epoch, 7]).permutation(n)
+        out += list(data.batch_indices(perm, batch, drop_last=True))
+        epoch += 1
+    return out[:count]
+
+
+def measure_phases(side, x, y, order, warmup, steps, mode="eager"):
+    """Per-phase times: six events per step, one synchronisation per step."""
+    idxs = batches(order, side.batch, warmup + steps)
+    samples = []
+    for i, idx in enumerate(idxs):
+        events = [side.new_event() for _ in range(len(PHASES) + 1)]
+        side.step(x, y, idx, mode, phase_events=events)
+        side.synchronize()
+        if i >= warmup:
+            samples.append([side.elapsed_ms(events[k], events[k + 1]) for k in range(len(PHASES))])
+    a = np.asarray(samples)
+    out = {ph: summarize_ms(a[:, k]) for k, ph in enumerate(PHASES)}
+    out["step"] = summarize_ms(a.sum(axis=1))
+    return out
+
+
+def measure_loop(side, x, y, order, warmup, steps, mode):
+    """Whole-step times of a loop with no synchronisation inside: one event per step boundary."""
+    idxs = batches(order, side.batch, warmup + steps)
+    for idx in idxs[:warmup]:
+        side.step(x, y, idx, mode)
+    side.synchronize()
+    marks = [side.event()]
+    for idx in idxs[warmup:]:
+        side.step(x, y, idx, mode)
+        marks.append(side.event())
+    side.synchronize()
+    per_step = [side.elapsed_ms(a, b) for a, b in zip(marks, marks[1:])]
+    out = summarize_ms(per_step)
+    out["mean_us"] = side.elapsed_ms(marks[0], marks[-1]) * 1000.0 / steps
+    return out
+
+
+def measure_epoch(side, x, y, seed, mode):
+    """Wall clock of one epoch: shuffle, gather, load and every step, until the GPU is done."""
+    side.synchronize()
+    t0 = time.perf_counter()
+    order = data.epoch_order(len(x), seed, 1)
+    for idx in data.batch_indices(order, side.batch, drop_last=True):
+        side.step(x, y, idx, mode)
+    side.synchronize()
+    return time.perf_counter() - t0
+
+
+def run_parity(torch, ds, state, args, channels, hidden) -> dict:
+    """Train both sides from identical weights on identical batches, fp32 on both."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    batch = args.batch_sizes[0]
+    ours = OurSide(state, batch, args.lr, args.kernels, channels, hidden)
+    theirs = TorchSide(torch, state, batch, args.lr, "eager", channels, hidden, log_losses=True)
+    order = data.epoch_order(len(ds.train_x), args.seed, 0)
+    idxs = batches(order, batch, args.parity_steps)
+    ours.losses()
+    for idx in idxs:
+        ours.step(ds.train_x, ds.train_y, idx, "eager")
+        theirs.step(ds.train_x, ds.train_y64, idx)
+    ours.synchronize()
+    lo, lt = ours.losses().astype(np.float64), theirs.losses().astype(np.float64)
+    diff = np.abs(lo - lt)
+    so, st = ours.state_dict(), theirs.state_dict()
+    rel = {k: float(np.linalg.norm(so[k].astype(np.float64) - st[k]) / max(np.linalg.norm(st[k].astype(np.float64)), 1e-30))
+           for k in so if not k.endswith("num_batches_tracked")}
+    first = float(diff[:50].max())
+    result = {"steps": args.parity_steps, "batch_size": batch, "tf32": False,
+              "max_loss_diff_first_50": first, "max_loss_diff": float(diff.max()),
+              "max_state_rel_diff": max(rel.values()), "state_rel_diff": rel,
+              "tolerances": PARITY_TOL, "losses_ours": lo.tolist(), "losses_torch": lt.tolist(),
+              "num_batches_tracked": [int(so["bn1.num_batches_tracked"]), int(st["bn1.num_batches_tracked"])]}
+    result["pass"] = bool(first <= PARITY_TOL["first_50"] and result["max_loss_diff"] <= PARITY_TOL["all"]
+                          and np.all(np.isfinite(diff)))
+    return result
+
+
+def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.deterministic = False
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's default for convolutions
+    torch.backends.cuda.matmul.allow_tf32 = False  # and for matmul
+    order = data.epoch_order(len(ds.train_x), args.seed, 0)
+    out = {}
+
+    ours = OurSide(state, batch, args.lr, args.kernels, channels, hidden)
+    log(f"batch {batch}: ours, per phase")
+    o = {"phases": measure_phases(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps),
+         "phase_graphs": measure_phases(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, "phase_graphs"),
+         "modes": {}}
+    for mode in OUR_MODES:
+        log(f"batch {batch}: ours, whole step, {mode}")
+        m = measure_loop(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, mode)
+        if not args.no_epoch:
+            m["epoch_s"] = measure_epoch(ours, ds.train_x, ds.train_y, args.seed, mode)
+        o["modes"][mode] = m
+    out["ours"] = o
+
+    log(f"batch {batch}: torch eager, per phase")
+    eager = TorchSide(torch, state, batch, args.lr, "eager", channels, hidden)
+    t = {"phases": measure_phases(eager, ds.train_x, ds.train_y64, order, args.warmup, args.steps),
+         "modes": {}, "optimizer": "SGD(fused=True)" if eager.fused else "SGD(foreach)",
+         "tf32": {"cudnn": True, "matmul": False}, "cudnn_benchmark": True}
+    modes = ["eager", "graph"] + ([] if args.no_compiled_graph else ["compiled+graph"]) + (
+        ["compiled"] if args.compile else [])
+    for mode in modes:
+        log(f"batch {batch}: torch, whole step, {mode}")
+        try:
+            side = eager if mode == "eager" else TorchSide(torch, state, batch, args.lr, mode, channels, hidden)
+            side.prepare(ds.train_x, ds.train_y64, order)
+            m = measure_loop(side, ds.train_x, ds.train_y64, order, args.warmup, args.steps, mode)
+            if not args.no_epoch:
+                m["epoch_s"] = measure_epoch(side, ds.train_x, ds.train_y64, args.seed, mode)
+            if side.compile_s is not None:
+                m["compile_s"] = side.compile_s
+        except Exception as e:  # a mode that does not work on this machine is reported, not fatal
+            m = {"error": f"{type(e).__name__}: {e}".splitlines()[0][:300]}
+        t["modes"][mode] = m
+    out["torch"] = t
+
+    fastest_t = min(((k, v) for k, v in t["modes"].items() if "error" not in v), key=lambda kv: kv[1]["median_us"])
+    fastest_o = min(o["modes"].items(), key=lambda kv: kv[1]["median_us"])
+    out["headline"] = {"torch_mode": fastest_t[0], "torch_median_us": fastest_t[1]["median_us"],
+                       "ours_mode": fastest_o[0], "ours_median_us": fastest_o[1]["median_us"],
+                       "speedup": fastest_t[1]["median_us"] / fastest_o[1]["median_us"]}
+    return out
+
+
+def plot(result, path: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    bss = list(result["batch_sizes"])
+    fig, axes = plt.subplots(1, len(bss) + 1, figsize=(5 * (len(bss) + 1), 4))
+    for ax, bs in zip(axes, bss):
+        r = result["batch_sizes"][bs]
+        xs = np.arange(len(PHASES))
+        ax.bar(xs - 0.2, [r["torch"]["phases"][p]["median_us"] for p in PHASES], 0.4, label="torch eager")
+        ax.bar(xs + 0.2, [r["ours"]["phases"][p]["median_us"] for p in PHASES], 0.4, label="ours eager")
+        ax.set_xticks(xs, PHASES, rotation=20)
+        ax.set_ylabel("median us")
+        ax.set_yscale("log")
+        ax.set_title(f"batch {bs}: per phase")
+        ax.legend()
+    ax = axes[-1]
+    par = result.get("parity")
+    if par:
+        ax.plot(par["losses_torch"], label="torch (fp32)")
+        ax.plot(par["losses_ours"], "--", label="ours")
+        ax.set_title(f"parity: loss per step ({'PASS' if par['pass'] else 'FAIL'})")
+        ax.set_xlabel("step")
+        ax.legend()
+    fig.suptitle(result["env"]["device"])
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _slug(text):
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def write_json_atomic(path: Path, obj):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(obj, indent=1) + "\n")
+    tmp.replace(path)
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    prog = "compare_pytorch.py"
+    if args.show is not None:
+        try:
+            result = json.loads(args.show.read_text())
+            validate_result(result)
+        except (OSError, ValueError) as e:
+            print(f"{prog}: cannot show {args.show}: {e}", file=sys.stderr)
+            return 2
+        print(format_tables(result))
+        return 0
+    try:
+        torch = require_torch_and_gpu()
+    except Unavailable as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 2
+    if args.steps < 100 or args.warmup < 20:
+        print(f"{prog}: note: fewer than 100 timed or 20 warm-up steps: a smoke run, not a benchmark",
+              file=sys.stderr)
+
+    def log(msg):
+        print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+    try:
+        ds = data.load(args.dataset, args.data_dir, empty=kernels.pinned_empty)
+    except data.DataError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    ds.train_y64 = ds.train_y.astype(np.int64)  # torch's nll_loss wants int64 labels
+    channels, hidden = (32, 64), 128
+    state = reference.init_state_dict(args.seed, channels, hidden)
+    env = environment(torch)
+    result = {"schema": SCHEMA, "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": "python scripts/compare_pytorch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "env": env,
+              "config": {"lr": args.lr, "seed": args.seed, "dataset": args.dataset, "steps": args.steps,
+                         "warmup": args.warmup, "kernels": args.kernels, "channels": list(channels),
+                         "hidden": hidden, "batch_sizes": args.batch_sizes},
+              "batch_sizes": {}, "parity": None}
+    if args.parity_steps:
+        log(f"parity: {args.parity_steps} steps at batch {args.batch_sizes[0]}")
+        result["parity"] = run_parity(torch, ds, state, args, channels, hidden)
+    for batch in args.batch_sizes:
+        result["batch_sizes"][str(batch)] = run_timing(torch, ds, state, args, channels, hidden, batch, log)
+
+    out = args.out or REPO / "benchmarks" / "results" / (
+        f"compare-{_slug(env['device'])}-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    write_json_atomic(out, result)
+    print(format_tables(result))
+    print(f"\nresult: {out}")
+    if not args.no_png:
+        png = args.png or out.with_suffix(".png")
+        try:
+            plot(result, png)
+            print(f"plot:   {png}")
+        except ImportError:
+            print("plot:   skipped (matplotlib not installed: pip install 'mnist-cuda[plot]')")
+    if result["parity"] is not None and not result["parity"]["pass"]:
+        print(f"{prog}: parity FAILED", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

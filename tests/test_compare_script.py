@@ -1,0 +1,118 @@
+"""scripts/compare_pytorch.py: arguments, result schema, tables and error messages (CPU); a short real
+run on the GPU."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, find_mnist_dir
+
+SCRIPT = REPO / "scripts" / "compare_pytorch.py"
+
+
+@pytest.fixture(scope="module")
+def cmp():
+    spec = importlib.util.spec_from_file_location("compare_pytorch", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_script(*args, pre="pass", timeout=900):
+    code = f"import sys, runpy; {pre}; sys.argv = ['compare_pytorch.py', *{list(args)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def sample_result(cmp, parity_pass=True):
+    """A result with the script's own structure, built from made-up timings (tests the formatting only)."""
+    phases = lambda base: {**{p: {"median_us": base * (i + 1), "mean_us": base * (i + 1.5), "n": 100}
+                              for i, p in enumerate(cmp.PHASES)}, "step": {"median_us": base * 15, "mean_us": base * 16, "n": 100}}
+    bs = {
+        "torch": {"phases": phases(100.0), "modes": {"eager": {"median_us": 2700.0, "mean_us": 2800.0, "epoch_s": 2.6},
+                                                     "graph": {"median_us": 440.0, "mean_us": 450.0, "epoch_s": 0.43},
+                                                     "compiled+graph": {"median_us": 330.0, "mean_us": 335.0, "epoch_s": 0.33, "compile_s": 41.0},
+                                                     "compiled": {"error": "RuntimeError: no triton"}}},
+        "ours": {"phases": phases(10.0), "phase_graphs": phases(5.0),
+                 "modes": {"eager": {"median_us": 300.0, "mean_us": 310.0, "epoch_s": 0.3},
+                           "graph": {"median_us": 66.0, "mean_us": 67.0, "epoch_s": 0.07}}},
+        "headline": {"torch_mode": "compiled+graph", "torch_median_us": 330.0, "ours_mode": "graph",
+                     "ours_median_us": 66.0, "speedup": 5.0},
+    }
+    return {"schema": cmp.SCHEMA, "env": {"device": "Test GPU", "driver": "1.0", "cuda_runtime": "13.0",
+                                          "cupy": "14", "torch": "2.11"},
+            "config": {"kernels": "naive"}, "batch_sizes": {"64": bs},
+            "parity": {"steps": 200, "batch_size": 64, "max_loss_diff_first_50": 2e-6, "max_loss_diff": 5e-5,
+                       "max_state_rel_diff": 1e-5, "pass": parity_pass}}
+
+
+def test_arguments(cmp):
+    p = cmp.build_parser()
+    a = p.parse_args([])
+    assert a.batch_sizes == [64, 512] and a.steps == 300 and a.warmup == 20 and a.parity_steps == 200
+    assert p.parse_args(["--batch-sizes", "1,65"]).batch_sizes == [1, 65]
+    for bad in (["--batch-sizes", "0"], ["--batch-sizes", "a,b"], ["--steps", "0"], ["--lr", "-1"],
+                ["--warmup", "-1"], ["--kernels", "turbo"]):
+        with pytest.raises(SystemExit):
+            p.parse_args(bad)
+
+
+def test_bad_arguments_exit_2_with_usage():
+    r = run_script("--batch-sizes", "0")
+    assert r.returncode == 2 and "usage:" in r.stderr and "--batch-sizes" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_schema_accepts_a_complete_result_and_names_what_is_missing(cmp):
+    result = sample_result(cmp)
+    cmp.validate_result(result)
+    json.loads(json.dumps(result))  # plain JSON
+    del result["batch_sizes"]["64"]["ours"]["phases"]["backward"]
+    with pytest.raises(ValueError, match="backward"):
+        cmp.validate_result(result)
+    with pytest.raises(ValueError, match="schema"):
+        cmp.validate_result({**sample_result(cmp), "schema": "other"})
+
+
+def test_tables(cmp):
+    text = cmp.format_tables(sample_result(cmp))
+    assert "| forward | 200.0 | 20.0 | 10.0x | 10.0 |" in text
+    assert "| torch | compiled+graph (compile 41.0 s) | 330.0 | 335.0 | 0.330 |" in text
+    assert "failed: RuntimeError: no triton" in text
+    assert "PyTorch's fastest (compiled+graph) 330.0 us: 5.00x faster" in text
+    assert "-> PASS" in text and "-> FAIL" in cmp.format_tables(sample_result(cmp, parity_pass=False))
+
+
+def test_show_prints_a_saved_result(cmp, tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps(sample_result(cmp)))
+    r = run_script("--show", str(path))
+    assert r.returncode == 0 and "Test GPU" in r.stdout and "| load |" in r.stdout
+    path.write_text("{}")
+    r = run_script("--show", str(path))
+    assert r.returncode == 2 and "cannot show" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_torch_is_one_clear_line():
+    r = run_script(pre="sys.modules['torch'] = None")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert "PyTorch is not installed" in r.stderr and "pip install" in r.stderr
+
+
+@pytest.mark.gpu
+def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
+    pytest.importorskip("torch", reason="torch is not installed")
+    folder = find_mnist_dir()
+    if folder is None:
+        pytest.skip("no MNIST copy found ($MNIST_DATA_DIR, data/mnist or ../shared/mnist)")
+    out = tmp_path / "r.json"
+    r = run_script("--data-dir", str(folder), "--batch-sizes", "64", "--steps", "30", "--warmup", "5",
+                   "--parity-steps", "60", "--no-compiled-graph", "--out", str(out))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "-> PASS" in r.stdout
+    result = json.loads(out.read_text())
+    cmp.validate_result(result)
+    assert result["parity"]["pass"] and set(result["batch_sizes"]["64"]["torch"]["modes"]) == {"eager", "graph"}
+    assert out.with_suffix(".png").stat().st_size > 1000 or "matplotlib not installed" in r.stdout
