@@ -74,3 +74,126 @@ extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float
         dx[at] = scale * (count * dy[at] - db - (x[at] - m) * is * dg);
     }
 }
+
+// ---------------------------------------------------------------------------------------------------
+// fast: the second block's BatchNorm fused with ReLU and max pooling (x = conv2's output [N,C,S,S],
+// S even). Reductions are split into parts of imgs_per_block images (about 64 parts), one warp per
+// channel; the last block of the launch combines the parts in a fixed order (last_block_done).
+
+// Per (part, channel) mean and M2 (two passes over the part), then merged and finalized by the last
+// block. grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2].
+extern "C" __global__ void __launch_bounds__(256)
+batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
+                     unsigned int* counter, const float* gamma, const float* beta, float eps, float momentum,
+                     float* save_mean, float* save_invstd, float* scale, float* shift, float* running_mean,
+                     float* running_var) {
+    const int lane = threadIdx.x % 32, c = blockIdx.y * 8 + threadIdx.x / 32;
+    const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
+    if (c < C) {
+        float sum = 0.0f;
+        for (int n = first; n < last; n++)
+            for (int p = lane; p < HW; p += 32) sum += x[(n * C + c) * HW + p];
+        const float mean = warp_sum(sum) / ((last - first) * HW);
+        float m2 = 0.0f;
+        for (int n = first; n < last; n++)
+            for (int p = lane; p < HW; p += 32) {
+                const float d = x[(n * C + c) * HW + p] - mean;
+                m2 += d * d;
+            }
+        m2 = warp_sum(m2);
+        if (lane == 0) {
+            partial[(blockIdx.x * C + c) * 2] = mean;
+            partial[(blockIdx.x * C + c) * 2 + 1] = m2;
+        }
+    }
+    if (!last_block_done(counter)) return;
+    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, C, gamma, beta, eps, momentum,
+                             save_mean, save_invstd, scale, shift, running_mean, running_var);
+}
+
+// Evaluation: the affine form y = x*scale + shift from the running statistics. C threads.
+extern "C" __global__ void batchnorm_eval_scale_shift(const float* gamma, const float* beta,
+                                                      const float* running_mean, const float* running_var,
+                                                      float eps, int C, float* scale, float* shift) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    const float s = gamma[c] * rsqrtf(running_var[c] + eps);
+    scale[c] = s;
+    shift[c] = beta[c] - running_mean[c] * s;
+}
+
+// pooled = maxpool2x2(relu(x*scale + shift)) with the window position; one thread per pooled pixel,
+// reading its window as two float2 rows.
+extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const float* scale, const float* shift,
+                                                       int N, int C, int S, float* pooled, unsigned char* argmax) {
+    const int So = S / 2;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * C * So * So) return;
+    const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
+    const float* row = x + (nc * S + 2 * ph) * S + 2 * pw;
+    const float2 top = *reinterpret_cast<const float2*>(row), bottom = *reinterpret_cast<const float2*>(row + S);
+    const float s = scale[c], b = shift[c];
+    int at;
+    pooled[idx] = relu_max4(fmaf(top.x, s, b), fmaf(top.y, s, b), fmaf(bottom.x, s, b), fmaf(bottom.y, s, b), &at);
+    argmax[idx] = (unsigned char)at;
+}
+
+// dbeta = sum dz, dgamma = sum dz*xhat, where dz (the gradient at BN's output) is nonzero only at each
+// window's argmax where the ReLU passed: the sums run over pooled pixels. grid (parts, ceil(C/8)).
+extern "C" __global__ void __launch_bounds__(256)
+batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const float* save_invstd,
+                               const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
+                               int C, int S, int imgs_per_block, float* partial, unsigned int* counter,
+                               float* dgamma, float* dbeta) {
+    const int lane = threadIdx.x % 32, c = blockIdx.y * 8 + threadIdx.x / 32, So = S / 2;
+    const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
+    float sdz = 0.0f, sdzx = 0.0f;
+    if (c < C) {
+        const float mean = save_mean[c], invstd = save_invstd[c];
+        for (int n = first; n < last; n++)
+            for (int t = lane; t < So * So; t += 32) {
+                const int at = (n * C + c) * So * So + t;
+                if (!(pooled[at] > 0.0f)) continue;
+                const int pos = argmax[at];
+                const int h = 2 * (t / So) + pos / 2, w = 2 * (t % So) + pos % 2;
+                const float dz = d_pooled[at];
+                sdz += dz;
+                sdzx += dz * (x[((n * C + c) * S + h) * S + w] - mean) * invstd;
+            }
+    }
+    sdz = warp_sum(sdz);
+    sdzx = warp_sum(sdzx);
+    if (c < C && lane == 0) {
+        partial[(blockIdx.x * C + c) * 2] = sdz;
+        partial[(blockIdx.x * C + c) * 2 + 1] = sdzx;
+    }
+    if (!last_block_done(counter)) return;
+    sum_parts_pairs(partial, gridDim.x, C, dbeta, dgamma);
+}
+
+// dx = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
+// from the pooled gradient: one thread per 2x2 window, writing its four elements.
+extern "C" __global__ void batchnorm_backward_apply_fast(const float* x, const float* save_mean,
+                                                         const float* save_invstd, const float* gamma,
+                                                         const float* dgamma, const float* dbeta,
+                                                         const float* d_pooled, const float* pooled,
+                                                         const unsigned char* argmax, int N, int C, int S,
+                                                         float* dx) {
+    const int So = S / 2;
+    int idx = blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= N * C * So * So) return;
+    const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
+    const float count = (float)N * S * S, mean = save_mean[c], invstd = save_invstd[c];
+    const float k = gamma[c] * invstd / count, db = dbeta[c], dg = dgamma[c];
+    const float dz = pooled[idx] > 0.0f ? d_pooled[idx] : 0.0f;
+    const int at = argmax[idx];
+    const int base = (nc * S + 2 * ph) * S + 2 * pw;
+    float out[4];
+#pragma unroll
+    for (int p = 0; p < 4; p++) {
+        const float xhat = (x[base + (p / 2) * S + p % 2] - mean) * invstd;
+        out[p] = k * (count * (p == at ? dz : 0.0f) - db - xhat * dg);
+    }
+    *reinterpret_cast<float2*>(dx + base) = make_float2(out[0], out[1]);
+    *reinterpret_cast<float2*>(dx + base + S) = make_float2(out[2], out[3]);
+}

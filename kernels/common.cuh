@@ -26,3 +26,104 @@ __device__ __forceinline__ float block_sum(float v) {
     v = lane < warps ? partial[lane] : 0.0f;
     return warp_sum(v);
 }
+
+// The last-block idiom. Every block of a launch writes its partial result, then calls this; exactly
+// one block, the last to finish, gets true and combines all partials in a fixed order (so the result
+// does not depend on which block happened to finish last: still deterministic). Only the integer
+// counter uses an atomic. The last block resets it to 0, ready for the next launch or graph replay.
+// Every thread of the block must call it. Read other blocks' partials with __ldcg (from L2).
+__device__ __forceinline__ bool last_block_done(unsigned int* counter) {
+    __shared__ bool is_last;
+    __threadfence();  // this thread's partial writes are visible device-wide before we count
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
+        is_last = atomicAdd(counter, 1u) == blocks - 1;
+        if (is_last) *counter = 0u;
+    }
+    __syncthreads();
+    if (is_last) __threadfence();
+    return is_last;
+}
+
+// BatchNorm's training statistics of channel c are known: save what backward needs, the affine form
+// y = x*scale + shift used by the fused forward, and PyTorch's running-statistics update.
+__device__ __forceinline__ void batchnorm_finalize(int c, float mean, float var, float count,
+                                                   const float* gamma, const float* beta, float eps,
+                                                   float momentum, float* save_mean, float* save_invstd,
+                                                   float* scale, float* shift, float* running_mean,
+                                                   float* running_var) {
+    const float invstd = rsqrtf(var + eps);
+    save_mean[c] = mean;
+    save_invstd[c] = invstd;
+    scale[c] = gamma[c] * invstd;
+    shift[c] = beta[c] - mean * gamma[c] * invstd;
+    const float unbiased = count > 1.0f ? var * count / (count - 1.0f) : var;
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean;
+    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * unbiased;
+}
+
+// ReLU that lets NaN through, as PyTorch's does (fmaxf(NaN, 0) would return 0 and hide a divergence).
+__device__ __forceinline__ float relu(float v) { return (v > 0.0f || isnan(v)) ? v : 0.0f; }
+
+// relu then 2x2 max pool of four values in window order (0,0),(0,1),(1,0),(1,1): the first maximum
+// wins, like PyTorch, and a NaN wins over numbers. Returns the pooled value; *at gets the position 0..3.
+__device__ __forceinline__ float relu_max4(float v0, float v1, float v2, float v3, int* at) {
+    const float r[4] = {relu(v0), relu(v1), relu(v2), relu(v3)};
+    float best = r[0];
+    int best_at = 0;
+#pragma unroll
+    for (int p = 1; p < 4; p++)
+        if (r[p] > best || (isnan(r[p]) && !isnan(best))) { best = r[p]; best_at = p; }
+    *at = best_at;
+    return best;
+}
+
+// In the last block: BatchNorm statistics per channel from per-(part, channel) pairs (mean, M2) in
+// partial [parts, C, 2]; part b holds images [b*imgs_per_block, ...) of hw values each. This is the
+// parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n, M2 = sum(M2_b + n_b (mean_b -
+// mean)^2), stable because each part's deviations were taken from its own mean. One warp per channel,
+// lanes over parts, fixed order. Then batchnorm_finalize.
+__device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw,
+                                         int C, const float* gamma, const float* beta, float eps,
+                                         float momentum, float* save_mean, float* save_invstd, float* scale,
+                                         float* shift, float* running_mean, float* running_var) {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const float total = (float)N * hw;
+    for (int c = threadIdx.x / 32; c < C; c += warps) {
+        float s = 0.0f;
+        for (int b = lane; b < parts; b += 32) {
+            const float n_b = (float)(min(N, (b + 1) * imgs_per_block) - b * imgs_per_block) * hw;
+            s += n_b * __ldcg(&partial[(b * C + c) * 2]);
+        }
+        const float mean = warp_sum(s) / total;
+        float q = 0.0f;
+        for (int b = lane; b < parts; b += 32) {
+            const float n_b = (float)(min(N, (b + 1) * imgs_per_block) - b * imgs_per_block) * hw;
+            const float d = __ldcg(&partial[(b * C + c) * 2]) - mean;
+            q += __ldcg(&partial[(b * C + c) * 2 + 1]) + n_b * d * d;
+        }
+        const float m2 = warp_sum(q);
+        if (lane == 0)
+            batchnorm_finalize(c, mean, m2 / total, total, gamma, beta, eps, momentum, save_mean, save_invstd,
+                               scale, shift, running_mean, running_var);
+    }
+}
+
+// In the last block: out0[c] = sum_b partial[b, c, 0], out1[c] = sum_b partial[b, c, 1] (fixed order).
+__device__ void sum_parts_pairs(const float* partial, int parts, int C, float* out0, float* out1) {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int c = threadIdx.x / 32; c < C; c += warps) {
+        float s0 = 0.0f, s1 = 0.0f;
+        for (int b = lane; b < parts; b += 32) {
+            s0 += __ldcg(&partial[(b * C + c) * 2]);
+            s1 += __ldcg(&partial[(b * C + c) * 2 + 1]);
+        }
+        s0 = warp_sum(s0);
+        s1 = warp_sum(s1);
+        if (lane == 0) {
+            out0[c] = s0;
+            out1[c] = s1;
+        }
+    }
+}

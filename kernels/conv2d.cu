@@ -63,3 +63,88 @@ extern "C" __global__ void conv2d_backward_weight_naive(const float* x, const fl
         }
     dw[idx] = acc;
 }
+
+// ---------------------------------------------------------------------------------------------------
+// fast: implicit GEMM on the shared tiled core (gemm.cuh). The spatial size is a compile-time constant
+// (14: conv2's) so the index arithmetic is multiplies and shifts, not divisions.
+#include "gemm.cuh"
+
+#define CONV2_SIZE 14
+
+// Forward as C[k][q] = sum_{c,tap} w[k, c*9+tap] * im2col(x)[c*9+tap, q], q = a pixel of some image.
+template <int S>
+__device__ void conv2d_forward_tiled(const float* x, const float* w, float* y, int N, int C, int K) {
+    const int npix = N * S * S, m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
+    float acc[4][4];
+    gemm_tile<true, true>(Dense{w, K, C * 9, C * 9, 1}, Im2col<S, false>{x, C, npix}, m0, n0, 0, C * 9, acc);
+    gemm_store(acc, m0, n0, [&](int k, int q, float v) {
+        if (k < K && q < npix) y[((q / (S * S)) * K + k) * (S * S) + q % (S * S)] = v;
+    });
+}
+
+// Element (c, k*9 + tap) of w [K, C, 3, 3]: the weights as seen from input channel c.
+struct WeightsByInput {
+    const float* w;
+    int C, K;
+    __device__ float operator()(int c, int kk) const {
+        return (c < C && kk < K * 9) ? w[((kk / 9) * C + c) * 9 + kk % 9] : 0.0f;
+    }
+};
+
+// Input gradient as C[c][q] = sum_{k,tap} w[k, c, tap] * im2col_flipped(dy)[k*9+tap, q].
+template <int S>
+__device__ void conv2d_backward_input_tiled(const float* dy, const float* w, float* dx, int N, int C, int K) {
+    const int npix = N * S * S, m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
+    float acc[4][4];
+    gemm_tile<true, true>(WeightsByInput{w, C, K}, Im2col<S, true>{dy, K, npix}, m0, n0, 0, K * 9, acc);
+    gemm_store(acc, m0, n0, [&](int c, int q, float v) {
+        if (c < C && q < npix) dx[((q / (S * S)) * C + c) * (S * S) + q % (S * S)] = v;
+    });
+}
+
+// Element (k, q) of y [N, K, S, S] read as a K x (N*S*S) matrix: channel k's pixels of every image.
+template <int S>
+struct PixelsOfChannel {
+    const float* y;
+    int K, npix;
+    __device__ float operator()(int k, int q) const {
+        return (k < K && q < npix) ? y[((q / (S * S)) * K + k) * (S * S) + q % (S * S)] : 0.0f;
+    }
+};
+
+// Weight gradient as C[k][c*9+tap] = sum_q dy[k, q] * im2col(x)[c*9+tap, q]: a reduction over every
+// pixel of the batch, cut into gridDim.z splits (one partial result each, summed by splitk_reduce).
+template <int S>
+__device__ void conv2d_backward_weight_tiled(const float* x, const float* dy, float* partial, int N, int C,
+                                             int K, int k_per_split) {
+    const int npix = N * S * S, m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
+    int k_begin, k_end;
+    split_range(blockIdx.z, k_per_split, npix, &k_begin, &k_end);
+    float acc[4][4];
+    gemm_tile<true, false>(PixelsOfChannel<S>{dy, K, npix},
+                           Transposed<Im2col<S, false>>{Im2col<S, false>{x, C, npix}}, m0, n0, k_begin, k_end, acc);
+    float* out = partial + (size_t)blockIdx.z * K * C * 9;
+    gemm_store(acc, m0, n0, [&](int k, int kk, float v) {
+        if (k < K && kk < C * 9) out[k * C * 9 + kk] = v;
+    });
+}
+
+// Entry points with the naive kernels' arguments; H == W == 14 (checked by the caller).
+// grid (ceil(N*196/64), ceil(K/64))
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+conv2d_forward_fast(const float* x, const float* w, float* y, int N, int C, int K, int H, int W) {
+    conv2d_forward_tiled<CONV2_SIZE>(x, w, y, N, C, K);
+}
+
+// grid (ceil(N*196/64), ceil(C/64))
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+conv2d_backward_input_fast(const float* dy, const float* w, float* dx, int N, int C, int K, int H, int W) {
+    conv2d_backward_input_tiled<CONV2_SIZE>(dy, w, dx, N, C, K);
+}
+
+// grid (ceil(C*9/64), ceil(K/64), splits); partial [splits, K, C*9]
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+conv2d_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
+                            int W, int k_per_split) {
+    conv2d_backward_weight_tiled<CONV2_SIZE>(x, dy, partial, N, C, K, k_per_split);
+}

@@ -5,3 +5,18 @@ extern "C" __global__ void sgd_update(float* params, const float* grads, float l
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) params[i] -= lr * grads[i];
 }
+
+// fast: the update and zero-grad in one pass, four floats at a time (the flat buffers are padded to
+// a multiple of 4 and 16-byte aligned): p -= lr * g; g = 0.
+extern "C" __global__ void sgd_update_zero_grad(float4* params, float4* grads, float lr, int n4) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n4) return;
+    float4 p = params[i];
+    const float4 g = grads[i];
+    p.x -= lr * g.x;
+    p.y -= lr * g.y;
+    p.z -= lr * g.z;
+    p.w -= lr * g.w;
+    params[i] = p;
+    grads[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+}

@@ -15,7 +15,8 @@ from typing import Callable
 import numpy as np
 
 from . import reference as ref
-from .kernels import launch, launch_1d
+from . import kernels
+from .kernels import ceil_div, launch, launch_1d
 
 I32, F32 = np.int32, np.float32
 EPS, MOMENTUM = F32(ref.BN_EPS), F32(ref.BN_MOMENTUM)
@@ -38,6 +39,7 @@ class Prepared:
     outputs: dict
     expected: dict
     work: tuple[float, float]
+    compare: dict = dataclasses.field(default_factory=dict)  # name -> fn(got, want) -> error, if not default
 
 
 @dataclasses.dataclass
@@ -84,7 +86,11 @@ def conv_forward_case(layer, version="naive"):
         N, C, K, S = _geometry(d, layer)
         x, w = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
         xd, wd, y = _dev(x), _dev(w), _poison((N, K, S, S))
-        run = lambda: launch_1d(f"conv2d_forward_{version}", y.size, xd, wd, y, I32(N), I32(C), I32(K), I32(S), I32(S))
+        args = (xd, wd, y, I32(N), I32(C), I32(K), I32(S), I32(S))
+        if version == "naive":
+            run = lambda: launch_1d("conv2d_forward_naive", y.size, *args)
+        else:
+            run = lambda: launch("conv2d_forward_fast", (ceil_div(N * S * S, 64), ceil_div(K, 64)), 256, *args)
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
     return Case(f"conv2d_forward_{version}[conv{layer}]", make)
@@ -95,8 +101,11 @@ def conv_backward_input_case(version="naive"):
         N, C, K, S = _geometry(d, 2)
         x, w, dy = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3)), _f32(rng, (N, K, S, S))
         dyd, wd, dx = _dev(dy), _dev(w), _poison((N, C, S, S))
-        run = lambda: launch_1d(f"conv2d_backward_input_{version}", dx.size, dyd, wd, dx,
-                                I32(N), I32(C), I32(K), I32(S), I32(S))
+        args = (dyd, wd, dx, I32(N), I32(C), I32(K), I32(S), I32(S))
+        if version == "naive":
+            run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
+        else:
+            run = lambda: launch("conv2d_backward_input_fast", (ceil_div(N * S * S, 64), ceil_div(C, 64)), 256, *args)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)
@@ -107,8 +116,18 @@ def conv_backward_weight_case(layer, version="naive"):
         N, C, K, S = _geometry(d, layer)
         x, w, dy = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3)), _f32(rng, (N, K, S, S))
         xd, dyd, dw = _dev(x), _dev(dy), _poison((K, C, 3, 3))
-        run = lambda: launch_1d(f"conv2d_backward_weight_{version}", dw.size, xd, dyd, dw,
-                                I32(N), I32(C), I32(K), I32(S), I32(S))
+        if version == "naive":
+            run = lambda: launch_1d("conv2d_backward_weight_naive", dw.size, xd, dyd, dw,
+                                    I32(N), I32(C), I32(K), I32(S), I32(S))
+        else:
+            tiles = ceil_div(C * 9, 64) * ceil_div(K, 64)
+            splits, k_per_split = kernels.split_k(N * S * S, tiles)
+            partial = _poison(splits * dw.size)
+
+            def run():
+                launch("conv2d_backward_weight_fast", (ceil_div(C * 9, 64), ceil_div(K, 64), splits), 256, xd, dyd,
+                       partial, I32(N), I32(C), I32(K), I32(S), I32(S), I32(k_per_split))
+                _reduce(partial, splits, dw)
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dy, dw)))
     return Case(f"conv2d_backward_weight_{version}[conv{layer}]", make)
@@ -125,7 +144,7 @@ def bn_stats_case(layer):
         xd, mean, invstd, rmd, rvd = _dev(x), _poison(K), _poison(K), _dev(rm), _dev(rv)
         run = lambda: launch("batchnorm_stats_naive", K, 256, xd, mean, invstd, rmd, rvd,
                              I32(N), I32(K), I32(S * S), EPS, MOMENTUM)
-        _, (_, want_invstd, want_mean, var) = ref.batchnorm_forward_train(x.astype(np.float64), 1.0, 0.0)
+        _, (_, want_invstd, want_mean, var) = ref.batchnorm_forward_train(x.astype(np.float64), np.ones(K), np.zeros(K))
         want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64),
                                                         want_mean, var, N * S * S)
         # the running stats are updated in place, so run() must not be repeated without resetting
@@ -160,7 +179,7 @@ def bn_backward_case(layer):
     def make(rng, d):
         N, _, K, S = _geometry(d, layer)
         x, dy, gamma = _f32(rng, (N, K, S, S), 2.0, 0.5), _f32(rng, (N, K, S, S)), _f32(rng, K)
-        _, cache = ref.batchnorm_forward_train(x.astype(np.float64), gamma, 0.0)
+        _, cache = ref.batchnorm_forward_train(x.astype(np.float64), gamma, np.zeros(K))
         mean, invstd = cache[2].astype(np.float32), cache[1].astype(np.float32)
         dx, dgamma, dbeta = _poison(x.shape), _poison(K), _poison(K)
         args = [_dev(a) for a in (dy, x, mean, invstd, gamma)]
@@ -285,7 +304,233 @@ def sgd_case():
     return Case("sgd_update", make)
 
 
-def all_cases() -> list[Case]:
+# ---- fast-version kernels -----------------------------------------------------------------------------
+
+
+def _reduce(partial, splits, out, bias=None, relu=False, count=None):
+    count = out.size if count is None else count
+    launch_1d("splitk_reduce", count, partial, I32(splits), I32(count), partial if bias is None else bias,
+              I32(out.shape[-1]), I32(bias is not None), I32(relu), out)
+
+
+def argmax_near_ties(windows):
+    """A comparison for a fused kernel's argmax: it computes the pooled values itself in float32, so a
+    window whose two largest values are within rounding may pick either. Accept a different choice only
+    where its reference value is within 1e-5 of the window's maximum."""
+    def compare(got, want):
+        got, want = got.reshape(want.shape).astype(np.int64), want.astype(np.int64)
+        if np.array_equal(got, want):
+            return 0.0
+        if got.min() < 0 or got.max() > 3:
+            return float("inf")
+        picked = np.take_along_axis(windows, got[..., None], -1)[..., 0]
+        best = windows.max(axis=-1)
+        ok = (got == want) | (np.abs(best - picked) <= 1e-5 * np.maximum(1.0, np.abs(best)))
+        return 0.0 if ok.all() else float("inf")
+    return compare
+
+
+def _pool_reference(z):
+    """relu then maxpool of float64 z: (pooled, argmax, windows)."""
+    r = ref.relu_forward(z)
+    pooled, argmax = ref.maxpool_forward(r)
+    return pooled, argmax, ref._pool_windows(r)
+
+
+def _bn_batch_stats(a):
+    mean, var = a.mean(axis=(0, 2, 3)), a.var(axis=(0, 2, 3))
+    return mean, var, 1 / np.sqrt(var + ref.BN_EPS)
+
+
+def bn_stats_fast_case(layer):
+    """conv1_bn_stats_fast (layer 1: statistics of conv1 recomputed from x) or batchnorm_stats_fast."""
+    def make(rng, d):
+        N, C_in, K, S = _geometry(d, layer)
+        x = _f32(rng, (N, C_in if layer == 1 else K, S, S), 2.0, 0.5)  # block 1: images; block 2: conv output
+        w = _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        gamma, beta, rm, rv = _f32(rng, K), _f32(rng, K), _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
+        a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
+        mean, var, invstd = _bn_batch_stats(a)
+        want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64), mean, var,
+                                                        N * S * S)
+        parts, per_part = kernels.parts_of(N)
+        partial, counter = _poison(parts * K * 2), _dev(np.zeros(1), np.uint32)
+        outs = {k: _poison(K) for k in ("mean", "invstd", "scale", "shift")}
+        rmd, rvd, gd, bd = _dev(rm), _dev(rv), _dev(gamma), _dev(beta)
+        tail = (gd, bd, EPS, MOMENTUM, outs["mean"], outs["invstd"], outs["scale"], outs["shift"], rmd, rvd)
+        if layer == 1:
+            xd, wd = _dev(x), _dev(w)
+            run = lambda: launch("conv1_bn_stats_fast", (parts, ceil_div(K, 8)), 256, xd, wd, I32(N), I32(K),
+                                 I32(per_part), partial, counter, *tail)
+            work = (2.0 * 2 * a.size * 9, _bytes(x))
+        else:
+            xd = _dev(x)
+            run = lambda: launch("batchnorm_stats_fast", (parts, ceil_div(K, 8)), 256, xd, I32(N), I32(K),
+                                 I32(S * S), I32(per_part), partial, counter, *tail)
+            work = (3.0 * x.size, 2 * _bytes(x))
+        scale = gamma * invstd
+        return Prepared(run, {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
+                        {"mean": mean, "invstd": invstd, "scale": scale, "shift": beta - mean * scale,
+                         "running_mean": want_rm, "running_var": want_rv, "counter": [0]}, work)
+    return Case(f"{'conv1_bn_stats' if layer == 1 else 'batchnorm_stats'}_fast[bn{layer}]", make)
+
+
+def bn_relu_pool_fast_case(layer):
+    """conv1_bn_relu_pool_fast (layer 1) or batchnorm_relu_maxpool_fast: pooled = maxpool(relu(a*scale+shift))."""
+    def make(rng, d):
+        N, C_in, K, S = _geometry(d, layer)
+        x, w = _f32(rng, (N, C_in if layer == 1 else K, S, S)), _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        scale, shift = _f32(rng, K), _f32(rng, K, 0.5)
+        a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
+        pooled, argmax, windows = _pool_reference(a * scale[:, None, None] + shift[:, None, None])
+        y, am = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
+        xd, sd, hd = _dev(x), _dev(scale), _dev(shift)
+        if layer == 1:
+            wd = _dev(w)
+            run = lambda: launch("conv1_bn_relu_pool_fast", (N, ceil_div(K, 8)), 256, xd, wd, sd, hd, I32(N), I32(K),
+                                 y, am)
+            work = (2.0 * a.size * 9, _bytes(x) + pooled.nbytes / 2)
+        else:
+            run = lambda: launch_1d("batchnorm_relu_maxpool_fast", y.size, xd, sd, hd, I32(N), I32(K), I32(S), y, am)
+            work = (3.0 * x.size, _bytes(x) + pooled.nbytes / 2 + argmax.nbytes)
+        return Prepared(run, {"pooled": y, "argmax": am}, {"pooled": pooled, "argmax": argmax}, work,
+                        compare={"argmax": argmax_near_ties(windows)})
+    return Case(f"{'conv1_bn_relu_pool' if layer == 1 else 'batchnorm_relu_maxpool'}_fast[block{layer}]", make)
+
+
+def block_backward_fast_case(layer):
+    """The BN backward of a block from its pooled gradient: layer 1 runs conv1_bn_backward_reduce_fast +
+    conv1_backward_weight_fast (-> dgamma, dbeta, dw); layer 2 runs batchnorm_backward_reduce_fast +
+    batchnorm_backward_apply_fast (-> dgamma, dbeta, dx)."""
+    def make(rng, d):
+        N, C_in, K, S = _geometry(d, layer)
+        x, w = _f32(rng, (N, C_in if layer == 1 else K, S, S), 1.5, 0.3), _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        gamma, beta = _f32(rng, K), _f32(rng, K, 0.5)
+        a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
+        z, cache = ref.batchnorm_forward_train(a, gamma.astype(np.float64), beta.astype(np.float64))
+        r = ref.relu_forward(z)
+        pooled, argmax = ref.maxpool_forward(r)
+        d_pooled = _f32(rng, pooled.shape)
+        dz = ref.relu_backward(ref.maxpool_backward(d_pooled.astype(np.float64), argmax, r.shape), r)
+        da, dgamma, dbeta = ref.batchnorm_backward(dz, gamma.astype(np.float64), cache)
+        mean, invstd = cache[2].astype(np.float32), cache[1].astype(np.float32)
+        parts, per_part = kernels.parts_of(N)
+        partial, counters = _poison(parts * K * 9), _dev(np.zeros(2), np.uint32)
+        dg, db = _poison(K), _poison(K)
+        common = [_dev(v) for v in (mean, invstd)]
+        pooled_in = (_dev(d_pooled), _dev(pooled), _dev(argmax, np.uint8))
+        xd, wd, gd = _dev(x), _dev(w), _dev(gamma)
+        if layer == 1:
+            dw = _poison(w.shape)
+
+            def run():
+                launch("conv1_bn_backward_reduce_fast", (parts, ceil_div(K, 8)), 256, xd, wd, *common, *pooled_in,
+                       I32(N), I32(K), I32(per_part), partial, counters[0:1], dg, db)
+                launch("conv1_backward_weight_fast", (parts, ceil_div(K, 8)), 256, xd, wd, *common, gd, dg, db,
+                       *pooled_in, I32(N), I32(K), I32(per_part), partial, counters[1:2], dw)
+            _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
+            return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
+                            {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": [0, 0]},
+                            (2.0 * a.size * 9 * 3, _bytes(x) + 3 * pooled.nbytes))
+        dx = _poison(x.shape)
+
+        def run():
+            launch("batchnorm_backward_reduce_fast", (parts, ceil_div(K, 8)), 256, xd, *common, *pooled_in,
+                   I32(N), I32(K), I32(S), I32(per_part), partial, counters[0:1], dg, db)
+            launch_1d("batchnorm_backward_apply_fast", pooled.size, xd, *common, gd, dg, db, *pooled_in,
+                      I32(N), I32(K), I32(S), dx)
+        return Prepared(run, {"dgamma": dg, "dbeta": db, "dx": dx, "counters": counters},
+                        {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": [0, 0]},
+                        (8.0 * x.size, 2 * _bytes(x) + 3 * pooled.nbytes))
+    return Case(f"block{layer}_bn_backward_fast", make)
+
+
+def linear_fast_case(part):
+    """fc1's products on the tiled core: forward (+ bias + ReLU via splitk_reduce), input and weight
+    gradients (split-K where the batch is long enough)."""
+    def make(rng, d):
+        N, I, O = _linear_geometry(d, "fc1")
+        x, w, b, dy = _f32(rng, (N, I)), _f32(rng, (O, I), 1 / np.sqrt(I)), _f32(rng, O), _f32(rng, (N, O))
+        x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
+        xd, wd, bd, dyd = _dev(x), _dev(w), _dev(b), _dev(dy)
+        if part == "forward":
+            y = _poison((N, O))
+            splits, k_per_split = kernels.split_k(I, ceil_div(O, 64) * ceil_div(N, 64))
+            partial = _poison(splits * N * O)
+
+            def run():
+                launch("linear_forward_fast", (ceil_div(O, 64), ceil_div(N, 64), splits), 256, xd, wd, partial,
+                       I32(N), I32(I), I32(O), I32(k_per_split))
+                _reduce(partial, splits, y, bias=bd, relu=True)
+            return Prepared(run, {"y": y}, {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
+                            (2.0 * N * I * O, _bytes(x, w, y)))
+        dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
+        if part == "input":
+            dx = _poison((N, I))
+            run = lambda: launch("linear_backward_input_fast", (ceil_div(I, 64), ceil_div(N, 64)), 256, dyd, wd, dx,
+                                 I32(N), I32(I), I32(O))
+            return Prepared(run, {"dx": dx}, {"dx": dx_want}, (2.0 * N * I * O, _bytes(dy, w, dx)))
+        dw = _poison((O, I))
+        splits, k_per_split = kernels.split_k(N, ceil_div(I, 64) * ceil_div(O, 64))
+        partial = _poison(splits * O * I) if splits > 1 else dw
+
+        def run():
+            launch("linear_backward_weight_fast", (ceil_div(I, 64), ceil_div(O, 64), splits), 256, xd, dyd, partial,
+                   I32(N), I32(I), I32(O), I32(k_per_split))
+            if splits > 1:
+                _reduce(partial, splits, dw)
+        return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
+    return Case(f"linear_{part}_fast[fc1]", make)
+
+
+def head_fast_case():
+    def make(rng, d):
+        import cupy
+        N, H = d.batch, d.hidden
+        h = np.maximum(_f32(rng, (N, H)), 0)  # relu outputs: about half are 0
+        w, b = _f32(rng, (10, H), 1 / np.sqrt(H)), _f32(rng, 10)
+        labels = rng.integers(0, 10, N).astype(np.int32)
+        h64 = h.astype(np.float64)
+        logits = ref.linear_forward(h64, w.astype(np.float64), b)
+        loss, dlogits = ref.nll_loss(logits, labels)
+        dh, dw, db = ref.linear_backward(h64, w.astype(np.float64), dlogits)
+        d_pre = ref.relu_backward(dh, h64)
+        blocks = ceil_div(N, 32)
+        outs = {"logits": _poison((N, 10)), "d_pre": _poison((N, H)), "dw": _poison((10, H)), "db": _poison(10),
+                "d_bias_fc1": _poison(H), "loss": _poison(1)}
+        log, count, counter = _poison(3), cupy.array([1], dtype=cupy.int32), _dev(np.zeros(1), np.uint32)
+        partial = _poison(blocks * (11 * H + 11))
+        args = (_dev(h), _dev(w), _dev(b), _dev(labels, np.int32))
+        run = lambda: launch("head_forward_backward_fast", blocks, 256, *args, I32(N), I32(H), I32(1), outs["logits"],
+                             outs["d_pre"], partial, counter, outs["dw"], outs["db"], outs["d_bias_fc1"],
+                             outs["loss"], log, count, I32(3))
+        return Prepared(run, {**outs, "logged": log[1:2], "count": count, "counter": counter},
+                        {"logits": logits, "d_pre": d_pre, "dw": dw, "db": db, "d_bias_fc1": d_pre.sum(0),
+                         "loss": [loss], "logged": [loss], "count": [2], "counter": [0]},
+                        (8.0 * N * H * 10, _bytes(h) * 2))
+    return Case("head_forward_backward_fast", make)
+
+
+def sgd_fast_case():
+    def make(rng, d):
+        n = sum(-(-int(np.prod(s)) // 4) * 4 for s in ref.param_shapes((d.c1, d.c2), d.hidden).values())
+        p, g = _f32(rng, n), _f32(rng, n)
+        pd, gd = _dev(p), _dev(g)
+        run = lambda: launch_1d("sgd_update_zero_grad", n // 4, pd, gd, F32(0.05), I32(n // 4))
+        return Prepared(run, {"params": pd, "grads": gd},
+                        {"params": p.astype(np.float64) - np.float32(0.05) * g.astype(np.float64), "grads": np.zeros(n)},
+                        (2.0 * n, 4 * _bytes(p)))
+    return Case("sgd_update_zero_grad", make)
+
+
+def fast_cases() -> list[Case]:
+    return ([conv_forward_case(2, "fast"), conv_backward_input_case("fast"), conv_backward_weight_case(2, "fast")]
+            + [bn_stats_fast_case(layer) for layer in (1, 2)] + [bn_relu_pool_fast_case(layer) for layer in (1, 2)]
+            + [block_backward_fast_case(layer) for layer in (1, 2)]
+            + [linear_fast_case(part) for part in ("forward", "input", "weight")] + [head_fast_case(), sgd_fast_case()])
+
+
+def naive_cases() -> list[Case]:
     cases = []
     for layer in (1, 2):
         cases += [conv_forward_case(layer), conv_backward_weight_case(layer), bn_stats_case(layer),
@@ -298,6 +543,10 @@ def all_cases() -> list[Case]:
     return cases
 
 
+def all_cases() -> list[Case]:
+    return naive_cases() + fast_cases()
+
+
 def check(prepared: Prepared) -> dict[str, float]:
     """Run once and return {output: relative error} (exact comparison for integer outputs)."""
     import cupy
@@ -306,7 +555,9 @@ def check(prepared: Prepared) -> dict[str, float]:
     errors = {}
     for name, out in prepared.outputs.items():
         got, want = out.get(), np.asarray(prepared.expected[name])
-        if got.dtype.kind in "iu":
+        if name in prepared.compare:
+            errors[name] = prepared.compare[name](got, want)
+        elif got.dtype.kind in "iu":
             errors[name] = 0.0 if np.array_equal(got.ravel(), want.ravel()) else float("inf")
         else:
             errors[name] = rel_err(got, want)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-SOURCE_FILES = ("conv2d.cu", "batchnorm.cu", "activation.cu", "pool.cu", "linear.cu", "loss.cu",
-                "sgd.cu")
+SOURCE_FILES = ("conv2d.cu", "conv1_fused.cu", "batchnorm.cu", "activation.cu", "pool.cu", "linear.cu",
+                "loss.cu", "reduce.cu", "sgd.cu")
 COMPILE_OPTIONS = ("--std=c++17",)
 INSTALL_HINT = ("install the CUDA extra: pip install 'mnist-cuda[cuda12]' "
                 "(or [cuda13] for a CUDA 13 driver); only an NVIDIA driver is needed besides")
@@ -42,7 +42,8 @@ def read_source(name: str) -> str:
             if header in seen:
                 return ""
             seen.add(header)
-            return f"// ---- {header} ----\n" + expand((root / header).read_text()) + f"\n// ---- end {header} ----"
+            text = (root / header).read_text().replace("#pragma once", "")  # inlined once already
+            return f"// ---- {header} ----\n" + expand(text) + f"\n// ---- end {header} ----"
         return _INCLUDE.sub(repl, text)
 
     return expand((root / name).read_text())
@@ -147,3 +148,39 @@ def pinned_empty(shape, dtype) -> np.ndarray:
     count = int(np.prod(shape, dtype=np.int64))
     mem = cupy.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
     return np.frombuffer(mem, dtype, count).reshape(shape)
+
+
+# ---- launch geometry of the fast kernels (mirrors the constants in kernels/gemm.cuh) -----------------
+
+TILE, TILE_K, GEMM_THREADS = 64, 16, 256
+MAX_PARTS = 64  # per-part reductions (BatchNorm, conv1) use at most this many parts
+MAX_SPLITS = 64
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
+
+
+def split_k(k_total: int, tiles: int) -> tuple[int, int]:
+    """Cut a product's reduction of length k_total into splits (each a multiple of TILE_K long, at
+    least 4 steps) so that tiles * splits fills the GPU about four times. Returns (splits, k_per_split)."""
+    steps = ceil_div(k_total, TILE_K)
+    splits = max(1, min(steps // 4, MAX_SPLITS, 4 * sm_count() // max(tiles, 1)))
+    k_per_split = ceil_div(steps, splits) * TILE_K
+    return ceil_div(k_total, k_per_split), k_per_split
+
+
+def max_splits(k_total: int) -> int:
+    """An upper bound of split_k's splits for any reduction of length <= k_total (to size scratch)."""
+    return max(1, min(MAX_SPLITS, ceil_div(k_total, TILE_K) // 4))
+
+
+def parts_of(n: int) -> tuple[int, int]:
+    """(parts, images per part) for reductions over a batch of n images."""
+    per_part = ceil_div(n, MAX_PARTS)
+    return ceil_div(n, per_part), per_part

@@ -14,12 +14,12 @@ from __future__ import annotations
 import numpy as np
 
 from . import kernels, reference
-from .kernels import launch, launch_1d
+from .kernels import ceil_div, launch, launch_1d, parts_of, split_k
 
 I32, F32 = np.int32, np.float32
 ALIGN = 4  # every parameter view starts on a 16-byte boundary (room for float4 loads)
 REDUCE_THREADS = 256  # block size of the one-block-per-channel reductions
-KERNEL_VERSIONS = ("naive",)
+KERNEL_VERSIONS = ("naive", "fast")
 
 
 def _offsets(shapes: dict[str, tuple]) -> tuple[dict[str, int], int]:
@@ -112,9 +112,15 @@ class Model:
         ws.block1.backward(d, n, need_input_grad=False)
 
     def update(self, lr: float):
-        launch_1d("sgd_update", self.params.size, self.params, self.grads, F32(lr), I32(self.params.size))
+        if self.version == "fast":  # the update also zeroes the gradients (ALIGN keeps the size a multiple of 4)
+            n4 = self.params.size // 4
+            launch_1d("sgd_update_zero_grad", n4, self.params, self.grads, F32(lr), I32(n4))
+        else:
+            launch_1d("sgd_update", self.params.size, self.params, self.grads, F32(lr), I32(self.params.size))
 
     def zero_grad(self):
+        if self.version == "fast":
+            return  # done by sgd_update_zero_grad in update()
         rt = self.cp.cuda.runtime
         rt.memsetAsync(self.grads.data.ptr, 0, self.grads.nbytes, self.cp.cuda.get_current_stream().ptr)
 
@@ -296,6 +302,211 @@ class Head:
         return self.d_in
 
 
+# ---------------------------------------------------------------------------------------------------
+# The fast version: fused kernels (see kernels/conv1_fused.cu, batchnorm.cu, gemm.cuh, loss.cu). Same
+# interface as the layers above, fewer launches, and intermediate tensors that are never written.
+
+
+class _BatchNormParams:
+    """The views and per-batch statistics one BatchNorm layer needs, plus scratch for its reductions."""
+
+    def _init_bn(self, model: Model, index: int, channels: int, scratch: int):
+        cp = model.cp
+        self.w, self.dw = model.p[f"conv{index}.weight"], model.g[f"conv{index}.weight"]
+        self.gamma, self.beta = model.p[f"bn{index}.weight"], model.p[f"bn{index}.bias"]
+        self.dgamma, self.dbeta = model.g[f"bn{index}.weight"], model.g[f"bn{index}.bias"]
+        self.running_mean = model.running[f"bn{index}.running_mean"]
+        self.running_var = model.running[f"bn{index}.running_var"]
+        self.mean, self.invstd, self.scale, self.shift = (cp.empty(channels, cp.float32) for _ in range(4))
+        self.partial = cp.empty(scratch, cp.float32)  # per-part sums; each launch consumes its own
+        self.counters = cp.zeros(4, cp.uint32)  # last-block counters, one per kernel that needs one
+
+    def _eval_scale_shift(self, channels):
+        launch_1d("batchnorm_eval_scale_shift", channels, self.gamma, self.beta, self.running_mean,
+                  self.running_var, F32(reference.BN_EPS), I32(channels), self.scale, self.shift)
+
+
+class Conv1BlockFast(_BatchNormParams):
+    """conv1 (one input channel) -> BN -> ReLU -> maxpool, fused; conv1's output is recomputed, never
+    stored (kernels/conv1_fused.cu)."""
+
+    def __init__(self, model: Model, c_out: int, batch: int):
+        self.c_out, self.m = c_out, model
+        self._init_bn(model, 1, c_out, kernels.MAX_PARTS * c_out * 9)
+        half = (batch, c_out, 14, 14)
+        self.out = model.cp.empty(half, model.cp.float32)
+        self.argmax = model.cp.empty(half, model.cp.uint8)
+        self.x = None
+
+    def forward(self, x, n, train):
+        self.x = x
+        C, groups = self.c_out, ceil_div(self.c_out, 8)
+        parts, per_part = parts_of(n)
+        if train:
+            launch("conv1_bn_stats_fast", (parts, groups), 256, x, self.w, I32(n), I32(C), I32(per_part),
+                   self.partial, self.counters[0:1], self.gamma, self.beta, F32(reference.BN_EPS),
+                   F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.scale, self.shift,
+                   self.running_mean, self.running_var)
+        else:
+            self._eval_scale_shift(C)
+        launch("conv1_bn_relu_pool_fast", (n, groups), 256, x, self.w, self.scale, self.shift, I32(n), I32(C),
+               self.out, self.argmax)
+        return self.out
+
+    def backward(self, d_out, n, need_input_grad):
+        assert not need_input_grad, "the input images need no gradient"
+        C, groups = self.c_out, ceil_div(self.c_out, 8)
+        parts, per_part = parts_of(n)
+        launch("conv1_bn_backward_reduce_fast", (parts, groups), 256, self.x, self.w, self.mean, self.invstd,
+               d_out, self.out, self.argmax, I32(n), I32(C), I32(per_part), self.partial, self.counters[1:2],
+               self.dgamma, self.dbeta)
+        launch("conv1_backward_weight_fast", (parts, groups), 256, self.x, self.w, self.mean, self.invstd,
+               self.gamma, self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), I32(C), I32(per_part),
+               self.partial, self.counters[2:3], self.dw)
+        return None
+
+
+class ConvBlockFast(_BatchNormParams):
+    """conv (implicit GEMM) -> BN statistics -> BN+ReLU+maxpool fused; backward: BN reductions over the
+    pooled gradient, BN's input gradient, then the convolution's weight (split-K) and input gradients."""
+
+    def __init__(self, model: Model, index: int, c_in: int, c_out: int, size: int, batch: int):
+        if size != 14:
+            raise ValueError("the fast convolution kernels are compiled for conv2's 14x14")
+        cp = model.cp
+        self.m, self.c_in, self.c_out, self.size = model, c_in, c_out, size
+        self._init_bn(model, index, c_out, kernels.MAX_PARTS * c_out * 2)
+        full, half = (batch, c_out, size, size), (batch, c_out, size // 2, size // 2)
+        self.a = cp.empty(full, cp.float32)  # conv output
+        self.d_a = cp.empty(full, cp.float32)
+        self.out = cp.empty(half, cp.float32)
+        self.argmax = cp.empty(half, cp.uint8)
+        self.d_in = cp.empty((batch, c_in, size, size), cp.float32)
+        self.w_partial = cp.empty(kernels.max_splits(batch * size * size) * c_out * c_in * 9, cp.float32)
+        self.x = None
+
+    def _weight_tiles(self):
+        return ceil_div(self.c_in * 9, kernels.TILE) * ceil_div(self.c_out, kernels.TILE)
+
+    def forward(self, x, n, train):
+        self.x = x
+        C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
+        parts, per_part = parts_of(n)
+        launch("conv2d_forward_fast", (ceil_div(n * HW, kernels.TILE), ceil_div(self.c_out, kernels.TILE)),
+               kernels.GEMM_THREADS, x, self.w, self.a, I32(n), C, K, S, S)
+        if train:
+            launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
+                   I32(per_part), self.partial, self.counters[0:1], self.gamma, self.beta,
+                   F32(reference.BN_EPS), F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.scale,
+                   self.shift, self.running_mean, self.running_var)
+        else:
+            self._eval_scale_shift(self.c_out)
+        launch_1d("batchnorm_relu_maxpool_fast", self.out[:n].size, self.a, self.scale, self.shift, I32(n), K, S,
+                  self.out, self.argmax)
+        return self.out
+
+    def backward(self, d_out, n, need_input_grad):
+        C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
+        parts, per_part = parts_of(n)
+        launch("batchnorm_backward_reduce_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, self.mean,
+               self.invstd, d_out, self.out, self.argmax, I32(n), K, S, I32(per_part), self.partial,
+               self.counters[1:2], self.dgamma, self.dbeta)
+        launch_1d("batchnorm_backward_apply_fast", self.out[:n].size, self.a, self.mean, self.invstd, self.gamma,
+                  self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
+        splits, k_per_split = split_k(n * HW, self._weight_tiles())
+        target = self.dw if splits == 1 else self.w_partial
+        launch("conv2d_backward_weight_fast", (ceil_div(self.c_in * 9, kernels.TILE),
+                                               ceil_div(self.c_out, kernels.TILE), splits),
+               kernels.GEMM_THREADS, self.x, self.d_a, target, I32(n), C, K, S, S, I32(k_per_split))
+        if splits > 1:
+            _splitk_reduce(self.w_partial, splits, self.dw)
+        if need_input_grad:
+            launch("conv2d_backward_input_fast", (ceil_div(n * HW, kernels.TILE), ceil_div(self.c_in, kernels.TILE)),
+                   kernels.GEMM_THREADS, self.d_a, self.w, self.d_in, I32(n), C, K, S, S)
+            return self.d_in
+        return None
+
+
+def _splitk_reduce(partial, splits, out, bias=None, relu=False, count=None):
+    """out = sum of the splits' partial results (+ bias by column, then ReLU)."""
+    count = out.size if count is None else count
+    cols = out.shape[-1]
+    launch_1d("splitk_reduce", count, partial, I32(splits), I32(count), partial if bias is None else bias,
+              I32(cols), I32(bias is not None), I32(relu), out)
+
+
+class HiddenLayerFast:
+    """fc1 -> ReLU: a split-K product, then a reduction that adds the bias and applies the ReLU.
+    backward() takes the gradient at the pre-activation (HeadFast applies the ReLU mask)."""
+
+    def __init__(self, model: Model, n_in: int, n_out: int, batch: int):
+        cp = model.cp
+        self.n_in, self.n_out = n_in, n_out
+        self.w, self.b = model.p["fc1.weight"], model.p["fc1.bias"]
+        self.dw = model.g["fc1.weight"]
+        self.out = cp.empty((batch, n_out), cp.float32)
+        self.d_in = cp.empty((batch, n_in), cp.float32)
+        self.partial = cp.empty(max(kernels.max_splits(n_in) * batch * n_out,
+                                    kernels.max_splits(batch) * n_out * n_in), cp.float32)
+        self.x = None
+
+    def _tiles(self, n):
+        return ceil_div(self.n_out, kernels.TILE) * ceil_div(n, kernels.TILE)
+
+    def _weight_tiles(self):
+        return ceil_div(self.n_in, kernels.TILE) * ceil_div(self.n_out, kernels.TILE)
+
+    def forward(self, x, n):
+        self.x = x
+        I, O = I32(self.n_in), I32(self.n_out)
+        splits, k_per_split = split_k(self.n_in, self._tiles(n))
+        launch("linear_forward_fast", (ceil_div(self.n_out, kernels.TILE), ceil_div(n, kernels.TILE), splits),
+               kernels.GEMM_THREADS, x, self.w, self.partial, I32(n), I, O, I32(k_per_split))
+        _splitk_reduce(self.partial, splits, self.out, bias=self.b, relu=True, count=n * self.n_out)
+        return self.out
+
+    def backward(self, d_pre, n):
+        I, O = I32(self.n_in), I32(self.n_out)
+        splits, k_per_split = split_k(n, self._weight_tiles())
+        launch("linear_backward_weight_fast", (ceil_div(self.n_in, kernels.TILE), ceil_div(self.n_out, kernels.TILE),
+                                               splits),
+               kernels.GEMM_THREADS, self.x, d_pre, self.dw if splits == 1 else self.partial, I32(n), I, O,
+               I32(k_per_split))
+        if splits > 1:
+            _splitk_reduce(self.partial, splits, self.dw)
+        launch("linear_backward_input_fast", (ceil_div(self.n_in, kernels.TILE), ceil_div(n, kernels.TILE)),
+               kernels.GEMM_THREADS, d_pre, self.w, self.d_in, I32(n), I, O)
+        return self.d_in
+
+
+class HeadFast:
+    """fc2 -> log_softmax -> NLL and all of their backward in one kernel (kernels/loss.cu), which also
+    produces fc1's bias gradient and the gradient at fc1's pre-activation."""
+
+    HEAD_SAMPLES = 32
+
+    def __init__(self, model: Model, n_in: int, batch: int, loss_capacity: int):
+        cp = model.cp
+        self.n_in = n_in
+        self.w, self.b = model.p["fc2.weight"], model.p["fc2.bias"]
+        self.dw, self.db, self.d_bias_fc1 = model.g["fc2.weight"], model.g["fc2.bias"], model.g["fc1.bias"]
+        self.logits = cp.empty((batch, 10), cp.float32)
+        self.d_pre = cp.empty((batch, n_in), cp.float32)
+        self.partial = cp.empty(ceil_div(batch, self.HEAD_SAMPLES) * (11 * n_in + 11), cp.float32)
+        self.counter = cp.zeros(1, cp.uint32)
+        self.loss = cp.zeros(1, cp.float32)
+        self.loss_log = cp.zeros(loss_capacity, cp.float32)
+        self.loss_count = cp.zeros(1, cp.int32)
+
+    def forward(self, x, labels, n, train):
+        launch("head_forward_backward_fast", ceil_div(n, self.HEAD_SAMPLES), 256, x, self.w, self.b, labels,
+               I32(n), I32(self.n_in), I32(train), self.logits, self.d_pre, self.partial, self.counter, self.dw,
+               self.db, self.d_bias_fc1, self.loss, self.loss_log, self.loss_count, I32(self.loss_log.size))
+
+    def backward(self, n):
+        return self.d_pre  # computed with the loss in forward()
+
+
 class Workspace:
     """Everything a step at one batch size touches, allocated once."""
 
@@ -315,10 +526,16 @@ class Workspace:
         self.stage_x = [kernels.pinned_empty((B, 1, 28, 28), np.float32) for _ in range(self.STAGING_SLOTS)]
         self.stage_y = [kernels.pinned_empty((B,), np.int32) for _ in range(self.STAGING_SLOTS)]
         self.stage_free = [cp.cuda.Event(disable_timing=True) for _ in range(self.STAGING_SLOTS)]
-        self.block1 = ConvBlock(model, 1, 1, c1, 28, B)
-        self.block2 = ConvBlock(model, 2, c1, c2, 14, B)
-        self.fc1 = HiddenLayer(model, c2 * 49, model.hidden, B)
-        self.head = Head(model, model.hidden, B, self.LOSS_CAPACITY)
+        if model.version == "fast":
+            self.block1 = Conv1BlockFast(model, c1, B)
+            self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B)
+            self.fc1 = HiddenLayerFast(model, c2 * 49, model.hidden, B)
+            self.head = HeadFast(model, model.hidden, B, self.LOSS_CAPACITY)
+        else:
+            self.block1 = ConvBlock(model, 1, 1, c1, 28, B)
+            self.block2 = ConvBlock(model, 2, c1, c2, 14, B)
+            self.fc1 = HiddenLayer(model, c2 * 49, model.hidden, B)
+            self.head = Head(model, model.hidden, B, self.LOSS_CAPACITY)
         self.correct = cp.zeros(1, cp.int32)
 
     @property

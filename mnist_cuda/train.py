@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint, data, kernels, reference
+from .model import KERNEL_VERSIONS
 
 PHASES = ("load", "forward", "backward", "update", "zero_grad")
 PHASE_SAMPLE_EVERY = 50
@@ -94,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stop after N steps in all (0: only write the initial checkpoint to --save)")
     p.add_argument("--metrics", type=Path, default=None, metavar="PATH",
                    help="JSON lines: every step's loss, every epoch's test accuracy")
-    p.add_argument("--kernels", choices=("naive",), default="naive", help="kernel version")
+    p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast",
+                   help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones")
     p.add_argument("--eager", action="store_true",
                    help="launch the kernels one by one instead of replaying a CUDA graph of the step")
     p.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -26,13 +26,17 @@ def stage(ws, slot, x, y):
     ws.stage_y[slot][:len(y)] = y
 
 
+VERSIONS = ("naive", "fast")
+
+
+@pytest.mark.parametrize("version", VERSIONS)
 @pytest.mark.parametrize("batch,channels,hidden", [(1, (32, 64), 128), (3, (5, 7), 33), (64, (32, 64), 128),
                                                    (65, (5, 7), 33)])
-def test_training_step_matches_reference(batch, channels, hidden):
+def test_training_step_matches_reference(batch, channels, hidden, version):
     import cupy
     rng = np.random.default_rng()
     seed = int(rng.integers(1 << 30))
-    model = make_model(channels, hidden, seed)
+    model = make_model(channels, hidden, seed, version)
     ref = reference.ReferenceModel(reference.init_state_dict(seed, channels, hidden))
     x, y = random_batch(rng, batch)
     ws = model.workspace(batch)
@@ -59,9 +63,10 @@ def test_training_step_matches_reference(batch, channels, hidden):
     assert not model.grads.any()  # zero-grad cleared the flat buffer
 
 
-def test_eval_forward_uses_running_stats():
+@pytest.mark.parametrize("version", VERSIONS)
+def test_eval_forward_uses_running_stats(version):
     rng = np.random.default_rng()
-    model = make_model((32, 64), 128, seed=1)
+    model = make_model((32, 64), 128, seed=1, version=version)
     state = model.state_dict()
     for k in ("bn1.running_mean", "bn2.running_mean"):
         state[k] = rng.standard_normal(state[k].shape).astype(np.float32)
@@ -99,24 +104,26 @@ def run_steps(model, batches, lr, graph):
     return ws.losses(), model.params.get()
 
 
-def test_deterministic_and_graph_equals_eager():
+@pytest.mark.parametrize("version", VERSIONS)
+def test_deterministic_and_graph_equals_eager(version):
     rng = np.random.default_rng()
     batches = [random_batch(rng, 64) for _ in range(30)]
     seed = int(rng.integers(1000))
-    runs = [run_steps(make_model((32, 64), 128, seed), batches, 0.05, graph) for graph in (False, False, True)]
+    runs = [run_steps(make_model((32, 64), 128, seed, version), batches, 0.05, graph) for graph in (False, False, True)]
     for losses, params in runs[1:]:
         assert np.array_equal(losses, runs[0][0])  # bit for bit
         assert np.array_equal(params, runs[0][1])
     assert len(runs[0][0]) == 30 and runs[0][0][-1] < runs[0][0][0]
 
 
-def test_one_epoch_on_mnist_reaches_98_percent():
+@pytest.mark.parametrize("version", VERSIONS)
+def test_one_epoch_on_mnist_reaches_98_percent(version):
     folder = find_mnist_dir()
     if folder is None:
         pytest.skip("no MNIST copy found ($MNIST_DATA_DIR, data/mnist or ../shared/mnist)")
     from mnist_cuda import kernels, train
     ds = data.load("mnist", data_dir=folder, empty=kernels.pinned_empty, progress=False)
-    model = make_model((32, 64), 128, seed=0)
+    model = make_model((32, 64), 128, seed=0, version=version)
     ws = model.workspace(64)
     trainer = train.Trainer(model, ws, lr=train.DEFAULTS["lr"])
     for idx in data.batch_indices(data.epoch_order(60000, 0, 0), 64, drop_last=True):

@@ -1,0 +1,15 @@
+// reduce.cu: the second half of a split-K matrix product. The k range of a product was cut into
+// `splits` pieces, each block writing its own partial result; here they are summed in split order
+// (deterministic), with an optional bias (indexed by column) and ReLU.
+#include "common.cuh"
+
+// out[i] = sum_z partial[z*count + i] (+ bias[i % cols]) (then relu), one thread per output element
+extern "C" __global__ void splitk_reduce(const float* partial, int splits, int count, const float* bias,
+                                         int cols, int has_bias, int apply_relu, float* out) {
+    int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    float s = 0.0f;
+    for (int z = 0; z < splits; z++) s += partial[(size_t)z * count + i];
+    if (has_bias) s += bias[i % cols];
+    out[i] = apply_relu ? relu(s) : s;
+}
