@@ -49,8 +49,12 @@ def read_source(name: str) -> str:
     return expand((root / name).read_text())
 
 
+_KERNEL = re.compile(r'extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(')
+
+
 def kernel_names(source: str) -> list[str]:
-    return re.findall(r'extern\s+"C"\s+__global__\s+void\s+(\w+)', source)
+    """The extern "C" __global__ entry points of a source (with or without __launch_bounds__)."""
+    return _KERNEL.findall(source)
 
 
 def compile_check(arch: str = "sm_90") -> dict[str, str]:

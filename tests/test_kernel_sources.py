@@ -35,3 +35,21 @@ def test_launch_rejects_python_scalars():
         kernels.launch("sgd_update", 1, 32, 3)
     with pytest.raises(TypeError, match="argument 1 is float"):
         kernels.launch("sgd_update", 1, 32, np.int32(1), 0.5)
+
+
+def test_every_global_function_is_indexed_by_its_name():
+    for name in kernels.SOURCE_FILES:
+        src = kernels.read_source(name)
+        names = kernels.kernel_names(src)
+        assert len(names) == src.count("__global__"), name
+        assert not any(n.startswith("__") for n in names), names
+
+
+def test_every_launched_kernel_exists():
+    import re
+    defined = {k for f in kernels.SOURCE_FILES for k in kernels.kernel_names(kernels.read_source(f))}
+    root = kernels.kernel_dir().parent
+    launched = set()
+    for path in [root / "mnist_cuda" / "model.py", root / "mnist_cuda" / "kernel_checks.py"]:
+        launched |= set(re.findall(r'launch(?:_1d)?\(\s*"(\w+)"', path.read_text()))
+    assert len(launched) > 30 and launched <= defined, launched - defined
