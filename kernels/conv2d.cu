@@ -76,8 +76,9 @@ template <int S>
 __device__ void conv2d_forward_tiled(const float* x, const float* w, float* y, int N, int C, int K) {
     const int npix = N * S * S, m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     float acc[4][4];
-    gemm_tile<true, true>(Dense{w, K, C * 9, C * 9, 1}, Im2col<S, false>{x, C, npix}, m0, n0, 0, C * 9, acc);
-    gemm_store(acc, m0, n0, [&](int k, int q, float v) {
+    gemm_tile<TILE_M, TILE_N, true, true>(Dense{w, K, C * 9, C * 9, 1}, Im2col<S, false>{x, C, npix}, m0, n0, 0,
+                                          C * 9, acc);
+    gemm_store<TILE_N>(acc, m0, n0, [&](int k, int q, float v) {
         if (k < K && q < npix) y[((q / (S * S)) * K + k) * (S * S) + q % (S * S)] = v;
     });
 }
@@ -91,13 +92,17 @@ struct WeightsByInput {
     }
 };
 
-// Input gradient as C[c][q] = sum_{k,tap} w[k, c, tap] * im2col_flipped(dy)[k*9+tap, q].
+// Input gradient as C[c][q] = sum_{k,tap} w[k, c, tap] * im2col_flipped(dy)[k*9+tap, q]. C has only
+// C_in (32) rows, so the tile is 32 x 128: a 64-row tile would leave half its threads idle.
+#define DGRAD_TILE_M 32
+#define DGRAD_TILE_N 128
 template <int S>
 __device__ void conv2d_backward_input_tiled(const float* dy, const float* w, float* dx, int N, int C, int K) {
-    const int npix = N * S * S, m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
+    const int npix = N * S * S, m0 = blockIdx.y * DGRAD_TILE_M, n0 = blockIdx.x * DGRAD_TILE_N;
     float acc[4][4];
-    gemm_tile<true, true>(WeightsByInput{w, C, K}, Im2col<S, true>{dy, K, npix}, m0, n0, 0, K * 9, acc);
-    gemm_store(acc, m0, n0, [&](int c, int q, float v) {
+    gemm_tile<DGRAD_TILE_M, DGRAD_TILE_N, true, true>(WeightsByInput{w, C, K}, Im2col<S, true>{dy, K, npix}, m0,
+                                                      n0, 0, K * 9, acc);
+    gemm_store<DGRAD_TILE_N>(acc, m0, n0, [&](int c, int q, float v) {
         if (c < C && q < npix) dx[((q / (S * S)) * C + c) * (S * S) + q % (S * S)] = v;
     });
 }
@@ -121,10 +126,11 @@ __device__ void conv2d_backward_weight_tiled(const float* x, const float* dy, fl
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, npix, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<true, false>(PixelsOfChannel<S>{dy, K, npix},
-                           Transposed<Im2col<S, false>>{Im2col<S, false>{x, C, npix}}, m0, n0, k_begin, k_end, acc);
+    gemm_tile<TILE_M, TILE_N, true, false>(PixelsOfChannel<S>{dy, K, npix},
+                                           Transposed<Im2col<S, false>>{Im2col<S, false>{x, C, npix}}, m0, n0,
+                                           k_begin, k_end, acc);
     float* out = partial + (size_t)blockIdx.z * K * C * 9;
-    gemm_store(acc, m0, n0, [&](int k, int kk, float v) {
+    gemm_store<TILE_N>(acc, m0, n0, [&](int k, int kk, float v) {
         if (k < K && kk < C * 9) out[k * C * 9 + kk] = v;
     });
 }
@@ -136,7 +142,7 @@ conv2d_forward_fast(const float* x, const float* w, float* y, int N, int C, int 
     conv2d_forward_tiled<CONV2_SIZE>(x, w, y, N, C, K);
 }
 
-// grid (ceil(N*196/64), ceil(C/64))
+// grid (ceil(N*196/128), ceil(C/32))
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 conv2d_backward_input_fast(const float* dy, const float* w, float* dx, int N, int C, int K, int H, int W) {
     conv2d_backward_input_tiled<CONV2_SIZE>(dy, w, dx, N, C, K);

@@ -2,8 +2,8 @@
 //
 //   C[m][n] = sum_k A(m, k) * B(k, n)
 //
-// A block of GEMM_THREADS threads computes one TILE_M x TILE_N tile of C; each thread keeps a 4x4
-// sub-tile in registers. The operands pass through shared memory TILE_K steps of k at a time, so each
+// A block of GEMM_THREADS threads computes one TM x TN tile of C (64 x 64, or 32 x 128 where C has only
+// 32 rows); each thread keeps a 4x4 sub-tile in registers. The operands pass through shared memory TILE_K steps of k at a time, so each
 // element loaded from global memory is used 64 times. A and B are *loaders*: small structs whose
 // operator() returns one element (0 outside the problem). The same core therefore serves dense
 // matrices (Dense) and convolutions whose im2col matrix is gathered on the fly (Im2col: an "implicit
@@ -53,31 +53,68 @@ struct Transposed {
     __device__ float operator()(int i, int j) const { return inner(j, i); }
 };
 
-// Accumulate the block's tile, rows m0.., columns n0.., over k in [k_begin, k_end).
-template <bool A_K_CONTIGUOUS, bool B_N_CONTIGUOUS, class LoadA, class LoadB>
+// Accumulate the block's TM x TN tile (rows m0.., columns n0..) over k in [k_begin, k_end).
+// (TM/4) x (TN/4) = GEMM_THREADS threads, each owning a 4x4 sub-tile. The next k-step's elements are
+// fetched into registers before the current step's arithmetic, so global-memory latency overlaps the
+// multiply-adds (one shared-memory buffer, two barriers per step).
+template <int TM, int TN, bool A_K_CONTIGUOUS, bool B_N_CONTIGUOUS, class LoadA, class LoadB>
 __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0, int n0, int k_begin,
                                           int k_end, float acc[4][4]) {
-    __shared__ __align__(16) float As[TILE_K][TILE_M + TILE_PAD];
-    __shared__ __align__(16) float Bs[TILE_K][TILE_N + TILE_PAD];
-    const int tid = threadIdx.x, row = (tid / 16) * 4, col = (tid % 16) * 4;
+    static_assert((TM / 4) * (TN / 4) == GEMM_THREADS, "one 4x4 sub-tile per thread");
+    constexpr int A_PER_THREAD = TM * TILE_K / GEMM_THREADS, B_PER_THREAD = TN * TILE_K / GEMM_THREADS;
+    __shared__ __align__(16) float As[TILE_K][TM + TILE_PAD];
+    __shared__ __align__(16) float Bs[TILE_K][TN + TILE_PAD];
+    const int tid = threadIdx.x, row = (tid / (TN / 4)) * 4, col = (tid % (TN / 4)) * 4;
+    float a_next[A_PER_THREAD], b_next[B_PER_THREAD];
+
+    // Which element of the A (TM x TILE_K) and B (TILE_K x TN) slices is this thread's r-th:
+    // consecutive threads take consecutive addresses of the operand's contiguous index.
+    auto a_slot = [&](int r, int* m, int* k) {
+        const int e = tid + r * GEMM_THREADS;
+        *m = A_K_CONTIGUOUS ? e / TILE_K : e % TM;
+        *k = A_K_CONTIGUOUS ? e % TILE_K : e / TM;
+    };
+    auto b_slot = [&](int r, int* k, int* n) {
+        const int e = tid + r * GEMM_THREADS;
+        *n = B_N_CONTIGUOUS ? e % TN : e / TILE_K;
+        *k = B_N_CONTIGUOUS ? e / TN : e % TILE_K;
+    };
+    auto fetch = [&](int k0) {  // global memory -> registers
+#pragma unroll
+        for (int r = 0; r < A_PER_THREAD; r++) {
+            int m, k;
+            a_slot(r, &m, &k);
+            a_next[r] = k0 + k < k_end ? A(m0 + m, k0 + k) : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < B_PER_THREAD; r++) {
+            int k, n;
+            b_slot(r, &k, &n);
+            b_next[r] = k0 + k < k_end ? B(k0 + k, n0 + n) : 0.0f;
+        }
+    };
+
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-
+    if (k_begin < k_end) fetch(k_begin);
     for (int k0 = k_begin; k0 < k_end; k0 += TILE_K) {
-        // stage a TILE_M x TILE_K slice of A and a TILE_K x TILE_N slice of B: 4 elements each per thread
+        __syncthreads();  // the previous step's slices have been read by everyone
 #pragma unroll
-        for (int r = 0; r < TILE_M * TILE_K / GEMM_THREADS; r++) {
-            const int e = tid + r * GEMM_THREADS;
-            const int am = A_K_CONTIGUOUS ? e / TILE_K : e % TILE_M;
-            const int ak = A_K_CONTIGUOUS ? e % TILE_K : e / TILE_M;
-            As[ak][am] = k0 + ak < k_end ? A(m0 + am, k0 + ak) : 0.0f;
-            const int bn = B_N_CONTIGUOUS ? e % TILE_N : e / TILE_K;
-            const int bk = B_N_CONTIGUOUS ? e / TILE_N : e % TILE_K;
-            Bs[bk][bn] = k0 + bk < k_end ? B(k0 + bk, n0 + bn) : 0.0f;
+        for (int r = 0; r < A_PER_THREAD; r++) {
+            int m, k;
+            a_slot(r, &m, &k);
+            As[k][m] = a_next[r];
+        }
+#pragma unroll
+        for (int r = 0; r < B_PER_THREAD; r++) {
+            int k, n;
+            b_slot(r, &k, &n);
+            Bs[k][n] = b_next[r];
         }
         __syncthreads();
+        if (k0 + TILE_K < k_end) fetch(k0 + TILE_K);  // in flight during the arithmetic below
         // 4x4 outer products: per k, one float4 of A and one of B feed 16 FMAs
 #pragma unroll
         for (int k = 0; k < TILE_K; k++) {
@@ -89,15 +126,14 @@ __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0
 #pragma unroll
                 for (int j = 0; j < 4; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
         }
-        __syncthreads();
     }
 }
 
 // Hand each of this thread's accumulators to store(m, n, value) with its row and column in C; the
 // store decides where (and whether: m or n past the end) the value goes.
-template <class Store>
+template <int TN, class Store>
 __device__ __forceinline__ void gemm_store(const float acc[4][4], int m0, int n0, Store store) {
-    const int row = m0 + (threadIdx.x / 16) * 4, col = n0 + (threadIdx.x % 16) * 4;
+    const int row = m0 + (threadIdx.x / (TN / 4)) * 4, col = n0 + (threadIdx.x % (TN / 4)) * 4;
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll

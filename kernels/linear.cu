@@ -55,9 +55,9 @@ linear_forward_fast(const float* x, const float* w, float* partial, int N, int I
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, I, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<true, false>(Dense{x, N, I, I, 1}, Dense{w, I, O, 1, I}, m0, n0, k_begin, k_end, acc);
+    gemm_tile<TILE_M, TILE_N, true, false>(Dense{x, N, I, I, 1}, Dense{w, I, O, 1, I}, m0, n0, k_begin, k_end, acc);
     float* out = partial + (size_t)blockIdx.z * N * O;
-    gemm_store(acc, m0, n0, [&](int n, int o, float v) {
+    gemm_store<TILE_N>(acc, m0, n0, [&](int n, int o, float v) {
         if (n < N && o < O) out[n * O + o] = v;
     });
 }
@@ -67,8 +67,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
 linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     float acc[4][4];
-    gemm_tile<true, true>(Dense{dy, N, O, O, 1}, Dense{w, O, I, I, 1}, m0, n0, 0, O, acc);
-    gemm_store(acc, m0, n0, [&](int n, int i, float v) {
+    gemm_tile<TILE_M, TILE_N, true, true>(Dense{dy, N, O, O, 1}, Dense{w, O, I, I, 1}, m0, n0, 0, O, acc);
+    gemm_store<TILE_N>(acc, m0, n0, [&](int n, int i, float v) {
         if (n < N && i < I) dx[n * I + i] = v;
     });
 }
@@ -81,9 +81,10 @@ linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, 
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, N, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<false, true>(Dense{dy, O, N, 1, O}, Dense{x, N, I, I, 1}, m0, n0, k_begin, k_end, acc);
+    gemm_tile<TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, N, I, I, 1}, m0, n0, k_begin, k_end,
+                                           acc);
     float* dst = out + (size_t)blockIdx.z * O * I;
-    gemm_store(acc, m0, n0, [&](int o, int i, float v) {
+    gemm_store<TILE_N>(acc, m0, n0, [&](int o, int i, float v) {
         if (o < O && i < I) dst[o * I + i] = v;
     });
 }

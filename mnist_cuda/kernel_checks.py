@@ -105,7 +105,8 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
-            run = lambda: launch("conv2d_backward_input_fast", (ceil_div(N * S * S, 64), ceil_div(C, 64)), 256, *args)
+            grid = (ceil_div(N * S * S, kernels.DGRAD_TILE_N), ceil_div(C, kernels.DGRAD_TILE_M))
+            run = lambda: launch("conv2d_backward_input_fast", grid, 256, *args)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)

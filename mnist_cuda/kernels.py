@@ -157,6 +157,7 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 # ---- launch geometry of the fast kernels (mirrors the constants in kernels/gemm.cuh) -----------------
 
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
+DGRAD_TILE_M, DGRAD_TILE_N = 32, 128  # conv2d_backward_input_fast's tile (kernels/conv2d.cu)
 MAX_PARTS = 64  # per-part reductions (BatchNorm, conv1) use at most this many parts
 MAX_SPLITS = 64
 

@@ -421,7 +421,8 @@ class ConvBlockFast(_BatchNormParams):
         if splits > 1:
             _splitk_reduce(self.w_partial, splits, self.dw)
         if need_input_grad:
-            launch("conv2d_backward_input_fast", (ceil_div(n * HW, kernels.TILE), ceil_div(self.c_in, kernels.TILE)),
+            launch("conv2d_backward_input_fast", (ceil_div(n * HW, kernels.DGRAD_TILE_N),
+                                                  ceil_div(self.c_in, kernels.DGRAD_TILE_M)),
                    kernels.GEMM_THREADS, self.d_a, self.w, self.d_in, I32(n), C, K, S, S)
             return self.d_in
         return None

