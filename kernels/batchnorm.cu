@@ -37,7 +37,7 @@ extern "C" __global__ void batchnorm_apply_naive(const float* x, const float* me
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * HW) return;
     int c = (idx / HW) % C;
-    y[idx] = (x[idx] - mean[c]) * invstd[c] * gamma[c] + beta[c];
+    y[idx] = batchnorm_apply(x[idx], mean[c], invstd[c], gamma[c], beta[c]);
 }
 
 // Evaluation: the same with the running statistics.
@@ -48,7 +48,7 @@ extern "C" __global__ void batchnorm_eval_naive(const float* x, const float* run
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * HW) return;
     int c = (idx / HW) % C;
-    y[idx] = (x[idx] - running_mean[c]) * rsqrtf(running_var[c] + eps) * gamma[c] + beta[c];
+    y[idx] = batchnorm_apply(x[idx], running_mean[c], rsqrtf(running_var[c] + eps), gamma[c], beta[c]);
 }
 
 // Backward through the batch statistics, one block per channel:
@@ -84,9 +84,8 @@ extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float
 // block. grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2].
 extern "C" __global__ void __launch_bounds__(256)
 batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
-                     unsigned int* counter, const float* gamma, const float* beta, float eps, float momentum,
-                     float* save_mean, float* save_invstd, float* scale, float* shift, float* running_mean,
-                     float* running_var) {
+                     unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
+                     float* running_mean, float* running_var) {
     const int lane = threadIdx.x % 32, c = blockIdx.y * 8 + threadIdx.x / 32;
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     if (c < C) {
@@ -107,34 +106,35 @@ batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, f
         }
     }
     if (!last_block_done(counter)) return;
-    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, C, gamma, beta, eps, momentum,
-                             save_mean, save_invstd, scale, shift, running_mean, running_var);
+    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, C, eps, momentum, save_mean, save_invstd,
+                             running_mean, running_var);
 }
 
-// Evaluation: the affine form y = x*scale + shift from the running statistics. C threads.
-extern "C" __global__ void batchnorm_eval_scale_shift(const float* gamma, const float* beta,
-                                                      const float* running_mean, const float* running_var,
-                                                      float eps, int C, float* scale, float* shift) {
+// Evaluation: the statistics the fused forward kernels normalise with become the running ones:
+// mean = running_mean, invstd = 1/sqrt(running_var + eps). C threads.
+extern "C" __global__ void batchnorm_eval_stats(const float* running_mean, const float* running_var, float eps,
+                                                int C, float* mean, float* invstd) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
-    const float s = gamma[c] * rsqrtf(running_var[c] + eps);
-    scale[c] = s;
-    shift[c] = beta[c] - running_mean[c] * s;
+    mean[c] = running_mean[c];
+    invstd[c] = rsqrtf(running_var[c] + eps);
 }
 
-// pooled = maxpool2x2(relu(x*scale + shift)) with the window position; one thread per pooled pixel,
+// pooled = maxpool2x2(relu(batchnorm(x))) with the window position; one thread per pooled pixel,
 // reading its window as two float2 rows.
-extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const float* scale, const float* shift,
-                                                       int N, int C, int S, float* pooled, unsigned char* argmax) {
+extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const float* mean, const float* invstd,
+                                                       const float* gamma, const float* beta, int N, int C, int S,
+                                                       float* pooled, unsigned char* argmax) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
     const float* row = x + (nc * S + 2 * ph) * S + 2 * pw;
     const float2 top = *reinterpret_cast<const float2*>(row), bottom = *reinterpret_cast<const float2*>(row + S);
-    const float s = scale[c], b = shift[c];
+    const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
     int at;
-    pooled[idx] = relu_max4(fmaf(top.x, s, b), fmaf(top.y, s, b), fmaf(bottom.x, s, b), fmaf(bottom.y, s, b), &at);
+    pooled[idx] = relu_max4(batchnorm_apply(top.x, m, is, g, b), batchnorm_apply(top.y, m, is, g, b),
+                            batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
     argmax[idx] = (unsigned char)at;
 }
 

@@ -46,18 +46,21 @@ __device__ __forceinline__ bool last_block_done(unsigned int* counter) {
     return is_last;
 }
 
-// BatchNorm's training statistics of channel c are known: save what backward needs, the affine form
-// y = x*scale + shift used by the fused forward, and PyTorch's running-statistics update.
-__device__ __forceinline__ void batchnorm_finalize(int c, float mean, float var, float count,
-                                                   const float* gamma, const float* beta, float eps,
+// BatchNorm's output for one element, in the same order of operations as PyTorch and the reference.
+// (The cheaper x*scale + shift rounds differently, and on MNIST that matters: a channel's uniform
+// background can sit within rounding of zero, and then the ReLU after it flips for a whole region.)
+__device__ __forceinline__ float batchnorm_apply(float x, float mean, float invstd, float gamma, float beta) {
+    return (x - mean) * invstd * gamma + beta;
+}
+
+// BatchNorm's training statistics of channel c are known: save the mean and 1/std (forward's
+// normalisation and backward's xhat) and apply PyTorch's running-statistics update.
+__device__ __forceinline__ void batchnorm_finalize(int c, float mean, float var, float count, float eps,
                                                    float momentum, float* save_mean, float* save_invstd,
-                                                   float* scale, float* shift, float* running_mean,
-                                                   float* running_var) {
+                                                   float* running_mean, float* running_var) {
     const float invstd = rsqrtf(var + eps);
     save_mean[c] = mean;
     save_invstd[c] = invstd;
-    scale[c] = gamma[c] * invstd;
-    shift[c] = beta[c] - mean * gamma[c] * invstd;
     const float unbiased = count > 1.0f ? var * count / (count - 1.0f) : var;
     running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean;
     running_var[c] = (1.0f - momentum) * running_var[c] + momentum * unbiased;
@@ -85,9 +88,8 @@ __device__ __forceinline__ float relu_max4(float v0, float v1, float v2, float v
 // mean)^2), stable because each part's deviations were taken from its own mean. One warp per channel,
 // lanes over parts, fixed order. Then batchnorm_finalize.
 __device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw,
-                                         int C, const float* gamma, const float* beta, float eps,
-                                         float momentum, float* save_mean, float* save_invstd, float* scale,
-                                         float* shift, float* running_mean, float* running_var) {
+                                         int C, float eps, float momentum, float* save_mean, float* save_invstd,
+                                         float* running_mean, float* running_var) {
     const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
     const float total = (float)N * hw;
     for (int c = threadIdx.x / 32; c < C; c += warps) {
@@ -105,8 +107,8 @@ __device__ void batchnorm_merge_finalize(const float* partial, int parts, int im
         }
         const float m2 = warp_sum(q);
         if (lane == 0)
-            batchnorm_finalize(c, mean, m2 / total, total, gamma, beta, eps, momentum, save_mean, save_invstd,
-                               scale, shift, running_mean, running_var);
+            batchnorm_finalize(c, mean, m2 / total, total, eps, momentum, save_mean, save_invstd, running_mean,
+                               running_var);
     }
 }
 

@@ -51,13 +51,12 @@ __device__ __forceinline__ void part_images(int b, int imgs_per_block, int N, in
 }
 
 // Per (part, channel): mean and M2 of conv1's output over the part's images (two passes, recomputing
-// conv1); the last block merges the parts and finalizes BatchNorm (mean, invstd, scale/shift, running
+// conv1); the last block merges the parts and finalizes BatchNorm (mean, invstd and the running
 // statistics). grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2].
 extern "C" __global__ void __launch_bounds__(256)
 conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_block, float* partial,
-                    unsigned int* counter, const float* gamma, const float* beta, float eps, float momentum,
-                    float* save_mean, float* save_invstd, float* scale, float* shift, float* running_mean,
-                    float* running_var) {
+                    unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
+                    float* running_mean, float* running_var) {
     __shared__ float img[P1 * P1];
     const int lane = threadIdx.x % 32, c = blockIdx.y * WARPS + threadIdx.x / 32;
     int first, last;
@@ -91,15 +90,15 @@ conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_b
         partial[(blockIdx.x * C + c) * 2 + 1] = m2;
     }
     if (!last_block_done(counter)) return;
-    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, S1 * S1, C, gamma, beta, eps, momentum,
-                             save_mean, save_invstd, scale, shift, running_mean, running_var);
+    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, S1 * S1, C, eps, momentum, save_mean,
+                             save_invstd, running_mean, running_var);
 }
 
-// pooled[n,c,ph,pw] = max over the 2x2 window of relu(a*scale[c] + shift[c]), with the window position.
+// pooled[n,c,ph,pw] = max over the 2x2 window of relu(batchnorm(a)), with the window position.
 // grid (N, ceil(C/8)), 256 threads: thread t < 196 is pooled pixel t, looping over the block's channels.
 extern "C" __global__ void __launch_bounds__(256)
-conv1_bn_relu_pool_fast(const float* x, const float* w, const float* scale, const float* shift, int N, int C,
-                        float* pooled, unsigned char* argmax) {
+conv1_bn_relu_pool_fast(const float* x, const float* w, const float* mean, const float* invstd, const float* gamma,
+                        const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
     __shared__ float img[P1 * P1];
     const int n = blockIdx.x, t = threadIdx.x;
     load_padded_image(x, n, img);
@@ -109,11 +108,12 @@ conv1_bn_relu_pool_fast(const float* x, const float* w, const float* scale, cons
     for (int c = blockIdx.y * WARPS; c < min(C, (blockIdx.y + 1) * WARPS); c++) {
         float w9[9];
         load_weights(w, c, w9);
-        const float s = scale[c], b = shift[c];
+        const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
         int at;
-        const float v = relu_max4(fmaf(conv1_at(img, row, col, w9), s, b), fmaf(conv1_at(img, row, col + 1, w9), s, b),
-                                  fmaf(conv1_at(img, row + 1, col, w9), s, b),
-                                  fmaf(conv1_at(img, row + 1, col + 1, w9), s, b), &at);
+        const float v = relu_max4(batchnorm_apply(conv1_at(img, row, col, w9), m, is, g, b),
+                                  batchnorm_apply(conv1_at(img, row, col + 1, w9), m, is, g, b),
+                                  batchnorm_apply(conv1_at(img, row + 1, col, w9), m, is, g, b),
+                                  batchnorm_apply(conv1_at(img, row + 1, col + 1, w9), m, is, g, b), &at);
         pooled[(n * C + c) * POOLED1 * POOLED1 + t] = v;
         argmax[(n * C + c) * POOLED1 * POOLED1 + t] = (unsigned char)at;
     }

@@ -356,9 +356,9 @@ def bn_stats_fast_case(layer):
                                                         N * S * S)
         parts, per_part = kernels.parts_of(N)
         partial, counter = _poison(parts * K * 2), _dev(np.zeros(1), np.uint32)
-        outs = {k: _poison(K) for k in ("mean", "invstd", "scale", "shift")}
-        rmd, rvd, gd, bd = _dev(rm), _dev(rv), _dev(gamma), _dev(beta)
-        tail = (gd, bd, EPS, MOMENTUM, outs["mean"], outs["invstd"], outs["scale"], outs["shift"], rmd, rvd)
+        outs = {k: _poison(K) for k in ("mean", "invstd")}
+        rmd, rvd = _dev(rm), _dev(rv)
+        tail = (EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd)
         if layer == 1:
             xd, wd = _dev(x), _dev(w)
             run = lambda: launch("conv1_bn_stats_fast", (parts, ceil_div(K, 8)), 256, xd, wd, I32(N), I32(K),
@@ -369,30 +369,30 @@ def bn_stats_fast_case(layer):
             run = lambda: launch("batchnorm_stats_fast", (parts, ceil_div(K, 8)), 256, xd, I32(N), I32(K),
                                  I32(S * S), I32(per_part), partial, counter, *tail)
             work = (3.0 * x.size, 2 * _bytes(x))
-        scale = gamma * invstd
         return Prepared(run, {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
-                        {"mean": mean, "invstd": invstd, "scale": scale, "shift": beta - mean * scale,
-                         "running_mean": want_rm, "running_var": want_rv, "counter": [0]}, work)
+                        {"mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv,
+                         "counter": [0]}, work)
     return Case(f"{'conv1_bn_stats' if layer == 1 else 'batchnorm_stats'}_fast[bn{layer}]", make)
 
 
 def bn_relu_pool_fast_case(layer):
-    """conv1_bn_relu_pool_fast (layer 1) or batchnorm_relu_maxpool_fast: pooled = maxpool(relu(a*scale+shift))."""
+    """conv1_bn_relu_pool_fast (layer 1) or batchnorm_relu_maxpool_fast: pooled = maxpool(relu(bn(a)))."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         x, w = _f32(rng, (N, C_in if layer == 1 else K, S, S)), _f32(rng, (K, C_in, 3, 3), 1 / 3)
-        scale, shift = _f32(rng, K), _f32(rng, K, 0.5)
+        mean, invstd, gamma, beta = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5, _f32(rng, K), _f32(rng, K, 0.5)
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
-        pooled, argmax, windows = _pool_reference(a * scale[:, None, None] + shift[:, None, None])
+        bn = [v.astype(np.float64)[:, None, None] for v in (mean, invstd, gamma, beta)]
+        pooled, argmax, windows = _pool_reference((a - bn[0]) * bn[1] * bn[2] + bn[3])
         y, am = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
-        xd, sd, hd = _dev(x), _dev(scale), _dev(shift)
+        xd, stats = _dev(x), [_dev(v) for v in (mean, invstd, gamma, beta)]
         if layer == 1:
             wd = _dev(w)
-            run = lambda: launch("conv1_bn_relu_pool_fast", (N, ceil_div(K, 8)), 256, xd, wd, sd, hd, I32(N), I32(K),
+            run = lambda: launch("conv1_bn_relu_pool_fast", (N, ceil_div(K, 8)), 256, xd, wd, *stats, I32(N), I32(K),
                                  y, am)
             work = (2.0 * a.size * 9, _bytes(x) + pooled.nbytes / 2)
         else:
-            run = lambda: launch_1d("batchnorm_relu_maxpool_fast", y.size, xd, sd, hd, I32(N), I32(K), I32(S), y, am)
+            run = lambda: launch_1d("batchnorm_relu_maxpool_fast", y.size, xd, *stats, I32(N), I32(K), I32(S), y, am)
             work = (3.0 * x.size, _bytes(x) + pooled.nbytes / 2 + argmax.nbytes)
         return Prepared(run, {"pooled": y, "argmax": am}, {"pooled": pooled, "argmax": argmax}, work,
                         compare={"argmax": argmax_near_ties(windows)})

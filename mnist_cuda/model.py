@@ -317,13 +317,17 @@ class _BatchNormParams:
         self.dgamma, self.dbeta = model.g[f"bn{index}.weight"], model.g[f"bn{index}.bias"]
         self.running_mean = model.running[f"bn{index}.running_mean"]
         self.running_var = model.running[f"bn{index}.running_var"]
-        self.mean, self.invstd, self.scale, self.shift = (cp.empty(channels, cp.float32) for _ in range(4))
+        self.mean, self.invstd = cp.empty(channels, cp.float32), cp.empty(channels, cp.float32)
         self.partial = cp.empty(scratch, cp.float32)  # per-part sums; each launch consumes its own
         self.counters = cp.zeros(4, cp.uint32)  # last-block counters, one per kernel that needs one
 
-    def _eval_scale_shift(self, channels):
-        launch_1d("batchnorm_eval_scale_shift", channels, self.gamma, self.beta, self.running_mean,
-                  self.running_var, F32(reference.BN_EPS), I32(channels), self.scale, self.shift)
+    def _eval_stats(self, channels):
+        """Evaluation normalises with the running statistics: put them where the forward kernels look."""
+        launch_1d("batchnorm_eval_stats", channels, self.running_mean, self.running_var, F32(reference.BN_EPS),
+                  I32(channels), self.mean, self.invstd)
+
+    def _bn_args(self):
+        return self.mean, self.invstd, self.gamma, self.beta
 
 
 class Conv1BlockFast(_BatchNormParams):
@@ -344,12 +348,11 @@ class Conv1BlockFast(_BatchNormParams):
         parts, per_part = parts_of(n)
         if train:
             launch("conv1_bn_stats_fast", (parts, groups), 256, x, self.w, I32(n), I32(C), I32(per_part),
-                   self.partial, self.counters[0:1], self.gamma, self.beta, F32(reference.BN_EPS),
-                   F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.scale, self.shift,
-                   self.running_mean, self.running_var)
+                   self.partial, self.counters[0:1], F32(reference.BN_EPS), F32(reference.BN_MOMENTUM),
+                   self.mean, self.invstd, self.running_mean, self.running_var)
         else:
-            self._eval_scale_shift(C)
-        launch("conv1_bn_relu_pool_fast", (n, groups), 256, x, self.w, self.scale, self.shift, I32(n), I32(C),
+            self._eval_stats(C)
+        launch("conv1_bn_relu_pool_fast", (n, groups), 256, x, self.w, *self._bn_args(), I32(n), I32(C),
                self.out, self.argmax)
         return self.out
 
@@ -396,12 +399,11 @@ class ConvBlockFast(_BatchNormParams):
                kernels.GEMM_THREADS, x, self.w, self.a, I32(n), C, K, S, S)
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
-                   I32(per_part), self.partial, self.counters[0:1], self.gamma, self.beta,
-                   F32(reference.BN_EPS), F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.scale,
-                   self.shift, self.running_mean, self.running_var)
+                   I32(per_part), self.partial, self.counters[0:1], F32(reference.BN_EPS),
+                   F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.running_mean, self.running_var)
         else:
-            self._eval_scale_shift(self.c_out)
-        launch_1d("batchnorm_relu_maxpool_fast", self.out[:n].size, self.a, self.scale, self.shift, I32(n), K, S,
+            self._eval_stats(self.c_out)
+        launch_1d("batchnorm_relu_maxpool_fast", self.out[:n].size, self.a, *self._bn_args(), I32(n), K, S,
                   self.out, self.argmax)
         return self.out
 

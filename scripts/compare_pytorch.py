@@ -112,6 +112,7 @@ def build_parser():
     p.add_argument("--no-compiled-graph", action="store_true",
                    help="skip the torch.compile + whole-step CUDA graph mode")
     p.add_argument("--no-epoch", action="store_true", help="skip the whole-epoch wall-clock runs")
+    p.add_argument("--parity-only", action="store_true", help="only the parity run (no timing, no files)")
     p.add_argument("--out", type=Path, default=None,
                    help="result JSON (default benchmarks/results/compare-<gpu>-<time>.json)")
     p.add_argument("--png", type=Path, default=None, help="plot (default: the JSON's path with .png)")
@@ -656,6 +657,14 @@ def main(argv=None) -> int:
     if args.parity_steps:
         log(f"parity: {args.parity_steps} steps at batch {args.batch_sizes[0]}")
         result["parity"] = run_parity(torch, ds, state, args, channels, hidden)
+    if args.parity_only:
+        if result["parity"] is None:
+            parser.error("argument --parity-only: needs --parity-steps > 0")
+        par = result["parity"]
+        print(f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par['lr']}, kernels {args.kernels}, "
+              f"TF32 off): max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e}, all {par['max_loss_diff']:.2e}"
+              f" -> {'PASS' if par['pass'] else 'FAIL'}")
+        return 0 if par["pass"] else 1
     for batch in args.batch_sizes:
         result["batch_sizes"][str(batch)] = run_timing(torch, ds, state, args, channels, hidden, batch, log)
 
