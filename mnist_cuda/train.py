@@ -30,27 +30,20 @@ class TrainingDiverged(Exception):
     pass
 
 
-def _positive_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
-    return v
+def int_at_least(minimum):
+    """An argparse type: a whole number >= minimum (the error names the flag via argparse)."""
+    def parse(text):
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if v < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {v}")
+        return v
+    return parse
 
 
-def _nonnegative_int(text):
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {v}")
-    return v
-
-
-def _learning_rate(text):
+def learning_rate(text):
     try:
         v = float(text)
     except ValueError:
@@ -81,18 +74,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default=d["dataset"])
     p.add_argument("--data-dir", type=Path, default=None,
                    help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
-    p.add_argument("--epochs", type=_positive_int, default=d["epochs"])
-    p.add_argument("--batch-size", type=_positive_int, default=d["batch_size"])
-    p.add_argument("--lr", type=_learning_rate, default=d["lr"], help="SGD learning rate")
+    p.add_argument("--epochs", type=int_at_least(1), default=d["epochs"])
+    p.add_argument("--batch-size", type=int_at_least(1), default=d["batch_size"])
+    p.add_argument("--lr", type=learning_rate, default=d["lr"], help="SGD learning rate")
     p.add_argument("--seed", type=int, default=d["seed"], help="seeds initialisation and shuffling")
     p.add_argument("--channels", type=_channels, default=_channels(d["channels"]), metavar="C1,C2",
                    help="output channels of conv1 and conv2")
-    p.add_argument("--hidden", type=_positive_int, default=d["hidden"], help="fc1 width")
+    p.add_argument("--hidden", type=int_at_least(1), default=d["hidden"], help="fc1 width")
     p.add_argument("--save", type=Path, default=None, metavar="PATH",
                    help="write a checkpoint (.npz) here after every epoch and at the end")
     p.add_argument("--init", type=Path, default=None, metavar="PATH", help="start from this checkpoint")
     p.add_argument("--no-shuffle", action="store_true", help="visit the training set in file order")
-    p.add_argument("--steps", type=_nonnegative_int, default=None, metavar="N",
+    p.add_argument("--steps", type=int_at_least(0), default=None, metavar="N",
                    help="stop after N steps in all (0: only write the initial checkpoint to --save)")
     p.add_argument("--metrics", type=Path, default=None, metavar="PATH",
                    help="JSON lines: every step's loss, every epoch's test accuracy")

@@ -47,7 +47,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # runnable from a checkout without installing
 
 from mnist_cuda import data, kernels, reference  # noqa: E402
-from mnist_cuda.train import DEFAULTS, KERNEL_VERSIONS  # noqa: E402
+from mnist_cuda.train import DEFAULTS, KERNEL_VERSIONS, int_at_least, learning_rate  # noqa: E402
 
 PHASES = ("load", "forward", "backward", "update", "zero_grad")
 SCHEMA = "mnist_cuda.compare/1"
@@ -73,37 +73,15 @@ def _int_list(text):
     return values
 
 
-def _count(minimum):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {v}")
-        return v
-    return parse
-
-
-def _lr(text):
-    try:
-        v = float(text)
-    except ValueError:
-        v = float("nan")
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
-    return v
-
-
 def build_parser():
     p = argparse.ArgumentParser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch-sizes", type=_int_list, default=[64, 512], help="comma-separated")
-    p.add_argument("--steps", type=_count(1), default=300, help="timed steps per measurement (method: >= 100)")
-    p.add_argument("--warmup", type=_count(0), default=20, help="untimed steps first (method: >= 20)")
-    p.add_argument("--parity-steps", type=_count(0), default=200, help="0 skips the parity run")
-    p.add_argument("--lr", type=_lr, default=DEFAULTS["lr"], help="learning rate of the timed runs")
-    p.add_argument("--parity-lr", type=_lr, default=0.002, help="learning rate of the parity run (see above)")
+    p.add_argument("--steps", type=int_at_least(1), default=300, help="timed steps per measurement (method: >= 100)")
+    p.add_argument("--warmup", type=int_at_least(0), default=20, help="untimed steps first (method: >= 20)")
+    p.add_argument("--parity-steps", type=int_at_least(0), default=200, help="0 skips the parity run")
+    p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
+    p.add_argument("--parity-lr", type=learning_rate, default=0.002, help="learning rate of the parity run (see above)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default="mnist")
     p.add_argument("--data-dir", type=Path, default=None)
