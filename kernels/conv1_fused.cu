@@ -44,15 +44,36 @@ __device__ __forceinline__ void load_weights(const float* w, int c, float* w9) {
     for (int t = 0; t < 9; t++) w9[t] = w[c * 9 + t];
 }
 
+// Stage what the backward needs of image n's pooled outputs, for the block's channels c0..c0+7:
+// dz[cl][t], the gradient reaching pooled pixel t's window, and at[cl][t], the window position it
+// reaches (its argmax), or NO_POSITION where the ReLU blocked it (pooled <= 0). All threads load
+// together, coalesced: one memory latency per image instead of one per pixel.
+#define NO_POSITION 4
+__device__ __forceinline__ void load_pooled_grad(const float* d_pooled, const float* pooled,
+                                                 const unsigned char* argmax, int n, int C, int c0,
+                                                 float dz[WARPS][POOLED1 * POOLED1],
+                                                 unsigned char at[WARPS][POOLED1 * POOLED1]) {
+    for (int i = threadIdx.x; i < WARPS * POOLED1 * POOLED1; i += blockDim.x) {
+        const int cl = i / (POOLED1 * POOLED1), t = i % (POOLED1 * POOLED1);
+        if (c0 + cl >= C) break;
+        const int idx = (n * C + c0 + cl) * POOLED1 * POOLED1 + t;
+        const bool passed = pooled[idx] > 0.0f;
+        dz[cl][t] = passed ? d_pooled[idx] : 0.0f;
+        at[cl][t] = passed ? argmax[idx] : NO_POSITION;
+    }
+}
+
 // The images of block part b: [first, last).
 __device__ __forceinline__ void part_images(int b, int imgs_per_block, int N, int* first, int* last) {
     *first = b * imgs_per_block;
     *last = min(N, *first + imgs_per_block);
 }
 
-// Per (part, channel): mean and M2 of conv1's output over the part's images (two passes, recomputing
-// conv1); the last block merges the parts and finalizes BatchNorm (mean, invstd and the running
-// statistics). grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2].
+// Per (part, channel): mean and M2 of conv1's output over the part's images. Each image is staged
+// once; its mean and squared deviations from that mean are two passes over shared memory, merged
+// into the part's running (mean, M2) with Chan's formula, in image order. The last block merges the
+// parts and finalizes BatchNorm (mean, invstd and the running statistics).
+// grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2].
 extern "C" __global__ void __launch_bounds__(256)
 conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_block, float* partial,
                     unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
@@ -63,28 +84,25 @@ conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_b
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
     float w9[9];
     if (c < C) load_weights(w, c, w9);
-    const float count = (float)((last - first) * S1 * S1);
-    float sum = 0.0f;  // pass 1: the part's mean
+    float mean = 0.0f, m2 = 0.0f, count = 0.0f;  // over the part's images so far
     for (int n = first; n < last; n++) {
         __syncthreads();
         load_padded_image(x, n, img);
         __syncthreads();
-        if (c < C)
-            for (int p = lane; p < S1 * S1; p += 32) sum += conv1_at(img, p / S1, p % S1, w9);
+        if (c >= C) continue;
+        float sum = 0.0f;
+        for (int p = lane; p < S1 * S1; p += 32) sum += conv1_at(img, p / S1, p % S1, w9);
+        const float image_mean = warp_sum(sum) / (S1 * S1);
+        float sq = 0.0f;
+        for (int p = lane; p < S1 * S1; p += 32) {
+            const float d = conv1_at(img, p / S1, p % S1, w9) - image_mean;
+            sq += d * d;
+        }
+        const float image_m2 = warp_sum(sq), total = count + S1 * S1, delta = image_mean - mean;
+        mean += delta * (S1 * S1) / total;
+        m2 += image_m2 + delta * delta * count * (S1 * S1) / total;
+        count = total;
     }
-    const float mean = warp_sum(sum) / count;
-    float m2 = 0.0f;  // pass 2: squared deviations from it
-    for (int n = first; n < last; n++) {
-        __syncthreads();
-        load_padded_image(x, n, img);
-        __syncthreads();
-        if (c < C)
-            for (int p = lane; p < S1 * S1; p += 32) {
-                const float d = conv1_at(img, p / S1, p % S1, w9) - mean;
-                m2 += d * d;
-            }
-    }
-    m2 = warp_sum(m2);
     if (c < C && lane == 0) {
         partial[(blockIdx.x * C + c) * 2] = mean;
         partial[(blockIdx.x * C + c) * 2 + 1] = m2;
@@ -128,7 +146,9 @@ conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_
                               int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                               float* dbeta) {
     __shared__ float img[P1 * P1];
-    const int lane = threadIdx.x % 32, c = blockIdx.y * WARPS + threadIdx.x / 32;
+    __shared__ float dz[WARPS][POOLED1 * POOLED1];
+    __shared__ unsigned char at[WARPS][POOLED1 * POOLED1];
+    const int lane = threadIdx.x % 32, cl = threadIdx.x / 32, c = blockIdx.y * WARPS + cl;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
     float w9[9], mean = 0.0f, invstd = 0.0f;
@@ -141,15 +161,15 @@ conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_
     for (int n = first; n < last; n++) {
         __syncthreads();
         load_padded_image(x, n, img);
+        load_pooled_grad(d_pooled, pooled, argmax, n, C, blockIdx.y * WARPS, dz, at);
         __syncthreads();
         if (c >= C) continue;
         for (int t = lane; t < POOLED1 * POOLED1; t += 32) {
-            const int at = (n * C + c) * POOLED1 * POOLED1 + t;
-            if (!(pooled[at] > 0.0f)) continue;
-            const int pos = argmax[at], row = 2 * (t / POOLED1) + pos / 2, col = 2 * (t % POOLED1) + pos % 2;
-            const float dz = d_pooled[at];
-            sdz += dz;
-            sdzx += dz * (conv1_at(img, row, col, w9) - mean) * invstd;
+            const int pos = at[cl][t];
+            if (pos == NO_POSITION) continue;
+            const int row = 2 * (t / POOLED1) + pos / 2, col = 2 * (t % POOLED1) + pos % 2;
+            sdz += dz[cl][t];
+            sdzx += dz[cl][t] * (conv1_at(img, row, col, w9) - mean) * invstd;
         }
     }
     sdz = warp_sum(sdz);
@@ -172,7 +192,9 @@ conv1_backward_weight_fast(const float* x, const float* w, const float* save_mea
                            const float* pooled, const unsigned char* argmax, int N, int C, int imgs_per_block,
                            float* partial, unsigned int* counter, float* dw) {
     __shared__ float img[P1 * P1];
-    const int lane = threadIdx.x % 32, c = blockIdx.y * WARPS + threadIdx.x / 32;
+    __shared__ float dz[WARPS][POOLED1 * POOLED1];
+    __shared__ unsigned char at[WARPS][POOLED1 * POOLED1];
+    const int lane = threadIdx.x % 32, cl = threadIdx.x / 32, c = blockIdx.y * WARPS + cl;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
     const float count = (float)N * S1 * S1;
@@ -191,14 +213,14 @@ conv1_backward_weight_fast(const float* x, const float* w, const float* save_mea
     for (int n = first; n < last; n++) {
         __syncthreads();
         load_padded_image(x, n, img);
+        load_pooled_grad(d_pooled, pooled, argmax, n, C, blockIdx.y * WARPS, dz, at);
         __syncthreads();
         if (c >= C) continue;
         for (int p = lane; p < S1 * S1; p += 32) {
-            const int row = p / S1, col = p % S1;
-            const int at = (n * C + c) * POOLED1 * POOLED1 + (row / 2) * POOLED1 + col / 2;
-            const float dz = (argmax[at] == (row % 2) * 2 + col % 2 && pooled[at] > 0.0f) ? d_pooled[at] : 0.0f;
+            const int row = p / S1, col = p % S1, t = (row / 2) * POOLED1 + col / 2;
+            const float dz_here = at[cl][t] == (row % 2) * 2 + col % 2 ? dz[cl][t] : 0.0f;
             const float xhat = (conv1_at(img, row, col, w9) - mean) * invstd;
-            const float da = k * (count * dz - db - xhat * dg);
+            const float da = k * (count * dz_here - db - xhat * dg);
             const float* patch = img + row * P1 + col;
 #pragma unroll
             for (int t = 0; t < 9; t++) acc[t] = fmaf(da, patch[(t / 3) * P1 + t % 3], acc[t]);
@@ -212,6 +234,7 @@ conv1_backward_weight_fast(const float* x, const float* w, const float* save_mea
     if (!last_block_done(counter)) return;
     for (int i = threadIdx.x; i < C * 9; i += blockDim.x) {
         float s = 0.0f;
+#pragma unroll 8  // independent loads in flight together
         for (int b = 0; b < gridDim.x; b++) s += __ldcg(&partial[b * C * 9 + i]);
         dw[i] = s;
     }

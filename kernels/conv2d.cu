@@ -78,42 +78,58 @@ __device__ void conv2d_forward_tiled(const float* x, const float* w, float* y, i
     float acc[4][4];
     gemm_tile<TILE_M, TILE_N, true, true>(Dense{w, K, C * 9, C * 9, 1}, Im2col<S, false>{x, C, npix}, m0, n0, 0,
                                           C * 9, acc);
-    gemm_store<TILE_N>(acc, m0, n0, [&](int k, int q, float v) {
+    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int k, int q, float v) {
         if (k < K && q < npix) y[((q / (S * S)) * K + k) * (S * S) + q % (S * S)] = v;
     });
 }
 
-// Element (c, k*9 + tap) of w [K, C, 3, 3]: the weights as seen from input channel c.
+// w [K, C, 3, 3] as seen from input channel c: line c, element k*9 + tap is w[k, c, tap].
 struct WeightsByInput {
     const float* w;
     int C, K;
-    __device__ float operator()(int c, int kk) const {
-        return (c < C && kk < K * 9) ? w[((kk / 9) * C + c) * 9 + kk % 9] : 0.0f;
+    struct Line {
+        const float* p;
+        bool valid;
+    };
+    __device__ Line line(int c) const { return {w + (c < C ? c * 9 : 0), c < C}; }
+    __device__ float at(const Line& l, int kk) const {
+        return (l.valid && kk < K * 9) ? l.p[(kk / 9) * C * 9 + kk % 9] : 0.0f;
     }
 };
 
 // Input gradient as C[c][q] = sum_{k,tap} w[k, c, tap] * im2col_flipped(dy)[k*9+tap, q]. C has only
-// C_in (32) rows, so the tile is 32 x 128: a 64-row tile would leave half its threads idle.
+// C_in (32) rows, so the tile is 32 x 128: a 64-row tile would leave half its threads idle. At small
+// batches there are fewer tiles than SMs, so the k range is cut into gridDim.z splits (partial
+// results summed by splitk_reduce), as for the weight gradient.
 #define DGRAD_TILE_M 32
 #define DGRAD_TILE_N 128
 template <int S>
-__device__ void conv2d_backward_input_tiled(const float* dy, const float* w, float* dx, int N, int C, int K) {
+__device__ void conv2d_backward_input_tiled(const float* dy, const float* w, float* partial, int N, int C, int K,
+                                            int k_per_split) {
     const int npix = N * S * S, m0 = blockIdx.y * DGRAD_TILE_M, n0 = blockIdx.x * DGRAD_TILE_N;
+    int k_begin, k_end;
+    split_range(blockIdx.z, k_per_split, K * 9, &k_begin, &k_end);
     float acc[4][4];
     gemm_tile<DGRAD_TILE_M, DGRAD_TILE_N, true, true>(WeightsByInput{w, C, K}, Im2col<S, true>{dy, K, npix}, m0,
-                                                      n0, 0, K * 9, acc);
-    gemm_store<DGRAD_TILE_N>(acc, m0, n0, [&](int c, int q, float v) {
-        if (c < C && q < npix) dx[((q / (S * S)) * C + c) * (S * S) + q % (S * S)] = v;
+                                                      n0, k_begin, k_end, acc);
+    float* out = partial + (size_t)blockIdx.z * N * C * S * S;
+    gemm_store<DGRAD_TILE_M, DGRAD_TILE_N>(acc, m0, n0, [&](int c, int q, float v) {
+        if (c < C && q < npix) out[((q / (S * S)) * C + c) * (S * S) + q % (S * S)] = v;
     });
 }
 
-// Element (k, q) of y [N, K, S, S] read as a K x (N*S*S) matrix: channel k's pixels of every image.
+// y [N, K, S, S] by channel: line k, element q = n*S*S + p (a pixel of the batch) is y[n, k, p].
 template <int S>
 struct PixelsOfChannel {
     const float* y;
     int K, npix;
-    __device__ float operator()(int k, int q) const {
-        return (k < K && q < npix) ? y[((q / (S * S)) * K + k) * (S * S) + q % (S * S)] : 0.0f;
+    struct Line {
+        const float* p;
+        bool valid;
+    };
+    __device__ Line line(int k) const { return {y + (k < K ? k * S * S : 0), k < K}; }
+    __device__ float at(const Line& l, int q) const {
+        return (l.valid && q < npix) ? l.p[(q / (S * S)) * K * S * S + q % (S * S)] : 0.0f;
     }
 };
 
@@ -127,29 +143,31 @@ __device__ void conv2d_backward_weight_tiled(const float* x, const float* dy, fl
     split_range(blockIdx.z, k_per_split, npix, &k_begin, &k_end);
     float acc[4][4];
     gemm_tile<TILE_M, TILE_N, true, false>(PixelsOfChannel<S>{dy, K, npix},
-                                           Transposed<Im2col<S, false>>{Im2col<S, false>{x, C, npix}}, m0, n0,
+                                           Im2colByTap<S>{x, C, npix}, m0, n0,
                                            k_begin, k_end, acc);
     float* out = partial + (size_t)blockIdx.z * K * C * 9;
-    gemm_store<TILE_N>(acc, m0, n0, [&](int k, int kk, float v) {
+    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int k, int kk, float v) {
         if (k < K && kk < C * 9) out[k * C * 9 + kk] = v;
     });
 }
 
 // Entry points with the naive kernels' arguments; H == W == 14 (checked by the caller).
 // grid (ceil(N*196/64), ceil(K/64))
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 conv2d_forward_fast(const float* x, const float* w, float* y, int N, int C, int K, int H, int W) {
     conv2d_forward_tiled<CONV2_SIZE>(x, w, y, N, C, K);
 }
 
-// grid (ceil(N*196/128), ceil(C/32))
+// grid (ceil(N*196/128), ceil(C/32), splits); partial [splits, N, C, H, W] (with one split: dx itself).
+// Two blocks per SM: at 80 registers its 32x128 tile spills.
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-conv2d_backward_input_fast(const float* dy, const float* w, float* dx, int N, int C, int K, int H, int W) {
-    conv2d_backward_input_tiled<CONV2_SIZE>(dy, w, dx, N, C, K);
+conv2d_backward_input_fast(const float* dy, const float* w, float* partial, int N, int C, int K, int H, int W,
+                           int k_per_split) {
+    conv2d_backward_input_tiled<CONV2_SIZE>(dy, w, partial, N, C, K, k_per_split);
 }
 
 // grid (ceil(C*9/64), ceil(K/64), splits); partial [splits, K, C*9]
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 conv2d_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
                             int W, int k_per_split) {
     conv2d_backward_weight_tiled<CONV2_SIZE>(x, dy, partial, N, C, K, k_per_split);

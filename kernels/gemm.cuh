@@ -3,11 +3,11 @@
 //   C[m][n] = sum_k A(m, k) * B(k, n)
 //
 // A block of GEMM_THREADS threads computes one TM x TN tile of C (64 x 64, or 32 x 128 where C has only
-// 32 rows); each thread keeps a 4x4 sub-tile in registers. The operands pass through shared memory TILE_K steps of k at a time, so each
-// element loaded from global memory is used 64 times. A and B are *loaders*: small structs whose
-// operator() returns one element (0 outside the problem). The same core therefore serves dense
-// matrices (Dense) and convolutions whose im2col matrix is gathered on the fly (Im2col: an "implicit
-// GEMM", nothing is materialised). A_K_CONTIGUOUS / B_N_CONTIGUOUS say which index of the operand is
+// 32 rows) on the tensor cores, 16 values per thread in registers. The operands pass through shared
+// memory TILE_K steps of k at a time, so each element loaded from global memory is used TM or TN times.
+// A and B are *loaders*: small structs whose methods return elements (0 outside the problem). The same core therefore serves dense matrices
+// (Dense) and convolutions whose im2col matrix is gathered on the fly (Im2col: an "implicit GEMM",
+// nothing is materialised). A_K_CONTIGUOUS / B_N_CONTIGUOUS say which index of the operand is
 // adjacent in memory, so that consecutive threads load adjacent addresses (coalesced loads).
 //
 // Each output is a sum over k in a fixed order: results are deterministic.
@@ -17,55 +17,126 @@
 #define TILE_N 64
 #define TILE_K 16
 #define GEMM_THREADS 256
-#define TILE_PAD 4  // rows of 68 floats: column-wise stores spread over banks, rows stay 16-byte aligned
+#define GEMM_MIN_BLOCKS 3  // per SM: caps registers at 80 so that 24 warps hide each other's latency
+                           // (measured 7-10% faster at batch 512 than the 2 blocks of ~92 registers)
+#define TILE_PAD 8  // rows of TM+8 floats (a multiple of 8 banks, but not of 32): the lanes of a fragment
+                    // load, rows k+t and columns m+g, hit banks 8t+g, all different
 
-// Element (i, j) of a matrix with strides (si, sj); 0 outside rows x cols.
+// Operands. gemm_tile reads A as rows A(m, k) and B as columns B(k, n): each thread loads the same
+// few rows (or columns) at every k-step, only k moves. So an operand is described by its *lines*
+// (A's rows, B's columns): line(j) does the index arithmetic that depends on j once, before the
+// k loop, and at(line, k) is the per-element remainder. Both return 0 outside the problem.
+
+// Line j, element k: p[j*sj + k*sk]; lines x len elements.
 struct Dense {
     const float* p;
-    int rows, cols, si, sj;
-    __device__ float operator()(int i, int j) const {
-        return (i < rows && j < cols) ? p[i * si + j * sj] : 0.0f;
-    }
+    int lines, len, sj, sk;
+    struct Line {
+        const float* p;
+        bool valid;
+    };
+    __device__ Line line(int j) const { return {p + (j < lines ? j * sj : 0), j < lines}; }
+    __device__ float at(const Line& l, int k) const { return l.valid && k < len ? l.p[k * sk] : 0.0f; }
 };
 
-// The im2col matrix of x [N, C, S, S] for a 3x3 convolution with zero padding 1:
-// element (k = c*9 + tap, q = n*S*S + h*S + w) is x[n, c, h + tap/3 - 1, w + tap%3 - 1].
+// The im2col matrix of x [N, C, S, S] for a 3x3 convolution with zero padding 1, by pixel:
+// line q = n*S*S + h*S + w, element k = c*9 + tap is x[n, c, h + tap/3 - 1, w + tap%3 - 1].
 // FLIPPED reads the kernel tap mirrored, x[n, c, h + 1 - tap/3, w + 1 - tap%3]: the input gradient of a
 // convolution is a convolution of the output gradient with the flipped kernel.
+// A line is where image n's channel 0 has pixel (h, w), and a bit mask of the taps inside the image.
 template <int S, bool FLIPPED>
 struct Im2col {
     const float* x;
     int C, npix;  // npix = N*S*S
-    __device__ float operator()(int k, int q) const {
-        if (k >= C * 9 || q >= npix) return 0.0f;
-        const int n = q / (S * S), p = q % (S * S), h = p / S, w = p % S;
-        const int c = k / 9, tap = k % 9;
-        const int ih = FLIPPED ? h + 1 - tap / 3 : h + tap / 3 - 1;
-        const int iw = FLIPPED ? w + 1 - tap % 3 : w + tap % 3 - 1;
-        return (ih >= 0 && ih < S && iw >= 0 && iw < S) ? x[((n * C + c) * S + ih) * S + iw] : 0.0f;
+    struct Line {
+        const float* p;
+        unsigned taps;
+    };
+    __device__ static int dh(int tap) { return FLIPPED ? 1 - tap / 3 : tap / 3 - 1; }
+    __device__ static int dw(int tap) { return FLIPPED ? 1 - tap % 3 : tap % 3 - 1; }
+    __device__ Line line(int q) const {
+        if (q >= npix) return {x, 0u};
+        const int n = q / (S * S), h = q % (S * S) / S, w = q % S;
+        unsigned taps = 0;
+#pragma unroll
+        for (int tap = 0; tap < 9; tap++)
+            if (h + dh(tap) >= 0 && h + dh(tap) < S && w + dw(tap) >= 0 && w + dw(tap) < S) taps |= 1u << tap;
+        return {x + n * C * S * S + h * S + w, taps};
+    }
+    __device__ float at(const Line& l, int k) const {
+        const int c = k / 9, tap = k - 9 * c;
+        return (k < C * 9 && (l.taps >> tap & 1u)) ? l.p[c * S * S + dh(tap) * S + dw(tap)] : 0.0f;
     }
 };
 
-// The same matrix with its indices swapped.
-template <class L>
-struct Transposed {
-    L inner;
-    __device__ float operator()(int i, int j) const { return inner(j, i); }
+// The same matrix by tap, for the weight gradient: line c*9 + tap, element q (a pixel of the batch).
+template <int S>
+struct Im2colByTap {
+    const float* x;
+    int C, npix;
+    struct Line {
+        const float* p;  // x[0, c, dh, dw]
+        int dh, dw;
+        bool valid;
+    };
+    __device__ Line line(int kk) const {
+        const int c = kk / 9, tap = kk % 9, dh = tap / 3 - 1, dw = tap % 3 - 1;
+        return {x + (kk < C * 9 ? c * S * S + dh * S + dw : 0), dh, dw, kk < C * 9};
+    }
+    __device__ float at(const Line& l, int q) const {
+        const int n = q / (S * S), p = q % (S * S), ih = p / S + l.dh, iw = p % S + l.dw;
+        return (l.valid && q < npix && ih >= 0 && ih < S && iw >= 0 && iw < S) ? l.p[n * C * S * S + p] : 0.0f;
+    }
+};
+
+// Tensor cores. mma.sync m16n8k8 multiplies a 16x8 tile of A by an 8x8 tile of B into a 16x8 tile of
+// C, spread over the 32 lanes of a warp. With lane = 4*g + t (g = lane/4, t = lane%4), PTX's fragment
+// layout for TF32 is: a[r] = A(g + 8*(r%2), t + 4*(r/2)); b[r] = B(t + 4*r, g);
+// c[r] = C(g + 8*(r/2), 2*t + r%2).
+//
+// TF32 keeps 10 of float32's 23 mantissa bits. To keep float32 accuracy ("3xTF32"), each operand is
+// split into a TF32 "big" part (its low 13 mantissa bits cleared: one AND) and the exact remainder
+// "small" = v - big, and a*b = big*big + big*small + small*big (small*small, ~2^-22 relative, is
+// dropped). The tensor core reads only the top 19 bits of small, a further ~2^-22 relative. Three
+// tensor-core products still cost far fewer instructions than float32 FMAs.
+__device__ __forceinline__ void split_tf32(float v, unsigned* big, unsigned* small) {
+    *big = __float_as_uint(v) & 0xffffe000u;
+    *small = __float_as_uint(v - __uint_as_float(*big));
+}
+
+__device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The 8 warps of a block form a 2 x 4 grid over its TM x TN tile; each warp owns (TM/2) x (TN/4) of
+// it as MI x NI mma tiles of 16 x 8, and each lane holds 4 values of each: acc[mi*NI + ni][r].
+template <int TM, int TN>
+struct WarpTiles {
+    static constexpr int MI = TM / 2 / 16, NI = TN / 4 / 8;
+    static_assert(MI * NI == 4, "16 accumulators per thread");
+    static_assert(GEMM_THREADS == 256, "8 warps");
+    __device__ static int row0() { return (threadIdx.x / 32 / 4) * (TM / 2); }  // the warp's first row
+    __device__ static int col0() { return (threadIdx.x / 32 % 4) * (TN / 4); }
 };
 
 // Accumulate the block's TM x TN tile (rows m0.., columns n0..) over k in [k_begin, k_end).
-// (TM/4) x (TN/4) = GEMM_THREADS threads, each owning a 4x4 sub-tile. The next k-step's elements are
-// fetched into registers before the current step's arithmetic, so global-memory latency overlaps the
-// multiply-adds (one shared-memory buffer, two barriers per step).
+// The operands pass through shared memory TILE_K steps of k at a time; the next step's elements are
+// fetched into registers before the current step's products, so global-memory latency overlaps the
+// tensor-core work (one shared-memory buffer, two barriers per step).
 template <int TM, int TN, bool A_K_CONTIGUOUS, bool B_N_CONTIGUOUS, class LoadA, class LoadB>
 __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0, int n0, int k_begin,
                                           int k_end, float acc[4][4]) {
-    static_assert((TM / 4) * (TN / 4) == GEMM_THREADS, "one 4x4 sub-tile per thread");
+    using W = WarpTiles<TM, TN>;
     constexpr int A_PER_THREAD = TM * TILE_K / GEMM_THREADS, B_PER_THREAD = TN * TILE_K / GEMM_THREADS;
     __shared__ __align__(16) float As[TILE_K][TM + TILE_PAD];
     __shared__ __align__(16) float Bs[TILE_K][TN + TILE_PAD];
-    const int tid = threadIdx.x, row = (tid / (TN / 4)) * 4, col = (tid % (TN / 4)) * 4;
+    const int tid = threadIdx.x, g = tid % 32 / 4, t = tid % 4, wm = W::row0(), wn = W::col0();
     float a_next[A_PER_THREAD], b_next[B_PER_THREAD];
+    typename LoadA::Line a_line[A_PER_THREAD];  // this thread's rows of A and columns of B
+    typename LoadB::Line b_line[B_PER_THREAD];
 
     // Which element of the A (TM x TILE_K) and B (TILE_K x TN) slices is this thread's r-th:
     // consecutive threads take consecutive addresses of the operand's contiguous index.
@@ -84,15 +155,27 @@ __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0
         for (int r = 0; r < A_PER_THREAD; r++) {
             int m, k;
             a_slot(r, &m, &k);
-            a_next[r] = k0 + k < k_end ? A(m0 + m, k0 + k) : 0.0f;
+            a_next[r] = k0 + k < k_end ? A.at(a_line[r], k0 + k) : 0.0f;
         }
 #pragma unroll
         for (int r = 0; r < B_PER_THREAD; r++) {
             int k, n;
             b_slot(r, &k, &n);
-            b_next[r] = k0 + k < k_end ? B(k0 + k, n0 + n) : 0.0f;
+            b_next[r] = k0 + k < k_end ? B.at(b_line[r], k0 + k) : 0.0f;
         }
     };
+#pragma unroll
+    for (int r = 0; r < A_PER_THREAD; r++) {
+        int m, k;
+        a_slot(r, &m, &k);
+        a_line[r] = A.line(m0 + m);
+    }
+#pragma unroll
+    for (int r = 0; r < B_PER_THREAD; r++) {
+        int k, n;
+        b_slot(r, &k, &n);
+        b_line[r] = B.line(n0 + n);
+    }
 
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -114,30 +197,47 @@ __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0
             Bs[k][n] = b_next[r];
         }
         __syncthreads();
-        if (k0 + TILE_K < k_end) fetch(k0 + TILE_K);  // in flight during the arithmetic below
-        // 4x4 outer products: per k, one float4 of A and one of B feed 16 FMAs
+        if (k0 + TILE_K < k_end) fetch(k0 + TILE_K);  // in flight during the products below
 #pragma unroll
-        for (int k = 0; k < TILE_K; k++) {
-            const float4 a = *reinterpret_cast<const float4*>(&As[k][row]);
-            const float4 b = *reinterpret_cast<const float4*>(&Bs[k][col]);
-            const float av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+        for (int kk = 0; kk < TILE_K; kk += 8) {
+            unsigned a_big[W::MI][4], a_small[W::MI][4], b_big[W::NI][2], b_small[W::NI][2];
 #pragma unroll
-            for (int i = 0; i < 4; i++)
+            for (int mi = 0; mi < W::MI; mi++)
 #pragma unroll
-                for (int j = 0; j < 4; j++) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+                for (int r = 0; r < 4; r++)
+                    split_tf32(As[kk + t + 4 * (r / 2)][wm + mi * 16 + g + 8 * (r % 2)], &a_big[mi][r],
+                               &a_small[mi][r]);
+#pragma unroll
+            for (int ni = 0; ni < W::NI; ni++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    split_tf32(Bs[kk + t + 4 * r][wn + ni * 8 + g], &b_big[ni][r], &b_small[ni][r]);
+#pragma unroll
+            for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+                for (int ni = 0; ni < W::NI; ni++) {  // small terms first: they are the least significant
+                    mma_tf32(acc[mi * W::NI + ni], a_small[mi], b_big[ni]);
+                    mma_tf32(acc[mi * W::NI + ni], a_big[mi], b_small[ni]);
+                    mma_tf32(acc[mi * W::NI + ni], a_big[mi], b_big[ni]);
+                }
         }
     }
 }
 
 // Hand each of this thread's accumulators to store(m, n, value) with its row and column in C; the
 // store decides where (and whether: m or n past the end) the value goes.
-template <int TN, class Store>
+template <int TM, int TN, class Store>
 __device__ __forceinline__ void gemm_store(const float acc[4][4], int m0, int n0, Store store) {
-    const int row = m0 + (threadIdx.x / (TN / 4)) * 4, col = n0 + (threadIdx.x % (TN / 4)) * 4;
+    using W = WarpTiles<TM, TN>;
+    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
-    for (int i = 0; i < 4; i++)
+    for (int mi = 0; mi < W::MI; mi++)
 #pragma unroll
-        for (int j = 0; j < 4; j++) store(row + i, col + j, acc[i][j]);
+        for (int ni = 0; ni < W::NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                store(m0 + W::row0() + mi * 16 + g + 8 * (r / 2), n0 + W::col0() + ni * 8 + 2 * t + r % 2,
+                      acc[mi * W::NI + ni][r]);
 }
 
 // The k range of split `split` when k_total is cut into pieces of k_per_split (a multiple of TILE_K).

@@ -49,42 +49,42 @@ extern "C" __global__ void linear_backward_params_naive(const float* x, const fl
 // y = x W^T as C[n][o] = sum_i x[n,i] W[o,i]; the long i range is cut into gridDim.z splits whose
 // partial results splitk_reduce sums (adding the bias and the ReLU).
 // grid (ceil(O/64), ceil(N/64), splits); partial [splits, N, O]
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_forward_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, I, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, true, false>(Dense{x, N, I, I, 1}, Dense{w, I, O, 1, I}, m0, n0, k_begin, k_end, acc);
+    gemm_tile<TILE_M, TILE_N, true, false>(Dense{x, N, I, I, 1}, Dense{w, O, I, I, 1}, m0, n0, k_begin, k_end, acc);
     float* out = partial + (size_t)blockIdx.z * N * O;
-    gemm_store<TILE_N>(acc, m0, n0, [&](int n, int o, float v) {
+    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int n, int o, float v) {
         if (n < N && o < O) out[n * O + o] = v;
     });
 }
 
 // dx = dy W as C[n][i] = sum_o dy[n,o] W[o,i].  grid (ceil(I/64), ceil(N/64))
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, true, true>(Dense{dy, N, O, O, 1}, Dense{w, O, I, I, 1}, m0, n0, 0, O, acc);
-    gemm_store<TILE_N>(acc, m0, n0, [&](int n, int i, float v) {
+    gemm_tile<TILE_M, TILE_N, true, true>(Dense{dy, N, O, O, 1}, Dense{w, I, O, 1, I}, m0, n0, 0, O, acc);
+    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int n, int i, float v) {
         if (n < N && i < I) dx[n * I + i] = v;
     });
 }
 
 // dW = dy^T x as C[o][i] = sum_n dy[n,o] x[n,i], the batch cut into gridDim.z splits.
 // grid (ceil(I/64), ceil(O/64), splits); out [splits, O, I] (with one split: dW itself)
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, int I, int O, int k_per_split) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, N, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, N, I, I, 1}, m0, n0, k_begin, k_end,
+    gemm_tile<TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, I, N, 1, I}, m0, n0, k_begin, k_end,
                                            acc);
     float* dst = out + (size_t)blockIdx.z * O * I;
-    gemm_store<TILE_N>(acc, m0, n0, [&](int o, int i, float v) {
+    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int o, int i, float v) {
         if (o < O && i < I) dst[o * I + i] = v;
     });
 }

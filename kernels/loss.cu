@@ -51,10 +51,11 @@ extern "C" __global__ void count_correct(const float* logits, const int* labels,
 // fast: the whole head in one launch. From h = relu(fc1(...)) [N,H]: logits = h W^T + b (fc2),
 // log_softmax + NLL, and the backward of all of it: dlogits, dW, db (fc2's gradients), the gradient at
 // fc1's pre-activation d_pre = (dlogits W) * (h > 0), and fc1's bias gradient sum_n d_pre.
-// HEAD_SAMPLES samples per block (a warp per sample at a time); per-block partial sums are combined
-// in block order by the last block, which also writes the mean loss. With train = 0 only the logits.
-// grid ceil(N/HEAD_SAMPLES), 256 threads; partial [blocks, 11*H + 11].
-#define HEAD_SAMPLES 32
+// HEAD_SAMPLES samples per block, one per warp: the per-sample work is a chain of dependent warp
+// reductions (latency, not arithmetic), so it is spread over as many warps as there are samples.
+// Per-block partial sums are combined in block order by the last block, which also writes the mean
+// loss. With train = 0 only the logits. grid ceil(N/HEAD_SAMPLES), 256 threads; partial [blocks, 11*H + 11].
+#define HEAD_SAMPLES 8
 
 extern "C" __global__ void __launch_bounds__(256)
 head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
@@ -133,6 +134,7 @@ head_forward_backward_fast(const float* h, const float* w, const float* b, const
     const int size = 11 * H + 11;
     for (int i = threadIdx.x; i < size; i += blockDim.x) {
         float acc = 0.0f;
+#pragma unroll 8  // independent loads in flight together
         for (int blk = 0; blk < gridDim.x; blk++) acc += __ldcg(&partial[(size_t)blk * size + i]);
         if (i < NUM_CLASSES * H) dw[i] = acc;
         else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = acc;

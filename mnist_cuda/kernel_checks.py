@@ -105,8 +105,15 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
-            grid = (ceil_div(N * S * S, kernels.DGRAD_TILE_N), ceil_div(C, kernels.DGRAD_TILE_M))
-            run = lambda: launch("conv2d_backward_input_fast", grid, 256, *args)
+            tiles = ceil_div(N * S * S, kernels.DGRAD_TILE_N) * ceil_div(C, kernels.DGRAD_TILE_M)
+            splits, k_per_split = kernels.split_k(K * 9, tiles)
+            partial = _poison(splits * dx.size)
+
+            def run():
+                launch("conv2d_backward_input_fast", (ceil_div(N * S * S, kernels.DGRAD_TILE_N),
+                                                      ceil_div(C, kernels.DGRAD_TILE_M), splits), 256,
+                       dyd, wd, partial, *args[3:], I32(k_per_split))
+                _reduce(partial, splits, dx)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)
@@ -496,7 +503,7 @@ def head_fast_case():
         loss, dlogits = ref.nll_loss(logits, labels)
         dh, dw, db = ref.linear_backward(h64, w.astype(np.float64), dlogits)
         d_pre = ref.relu_backward(dh, h64)
-        blocks = ceil_div(N, 32)
+        blocks = ceil_div(N, kernels.HEAD_SAMPLES)
         outs = {"logits": _poison((N, 10)), "d_pre": _poison((N, H)), "dw": _poison((10, H)), "db": _poison(10),
                 "d_bias_fc1": _poison(H), "loss": _poison(1)}
         log, count, counter = _poison(3), cupy.array([1], dtype=cupy.int32), _dev(np.zeros(1), np.uint32)

@@ -158,6 +158,7 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 DGRAD_TILE_M, DGRAD_TILE_N = 32, 128  # conv2d_backward_input_fast's tile (kernels/conv2d.cu)
+HEAD_SAMPLES = 8  # samples per block of head_forward_backward_fast (kernels/loss.cu)
 MAX_PARTS = 64  # per-part reductions (BatchNorm, conv1) use at most this many parts
 MAX_SPLITS = 64
 

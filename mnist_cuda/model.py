@@ -386,10 +386,17 @@ class ConvBlockFast(_BatchNormParams):
         self.argmax = cp.empty(half, cp.uint8)
         self.d_in = cp.empty((batch, c_in, size, size), cp.float32)
         self.w_partial = cp.empty(kernels.max_splits(batch * size * size) * c_out * c_in * 9, cp.float32)
+        in_partial = max(self._input_grad_splits(n)[0] * n for n in range(1, batch + 1)) * c_in * size * size
+        self.in_partial = cp.empty(in_partial, cp.float32)  # the split input gradient's partial results
         self.x = None
 
     def _weight_tiles(self):
         return ceil_div(self.c_in * 9, kernels.TILE) * ceil_div(self.c_out, kernels.TILE)
+
+    def _input_grad_splits(self, n):
+        """Small batches have fewer input-gradient tiles than SMs: split its k range (split_k)."""
+        tiles = ceil_div(n * self.size * self.size, kernels.DGRAD_TILE_N) * ceil_div(self.c_in, kernels.DGRAD_TILE_M)
+        return split_k(self.c_out * 9, tiles)
 
     def forward(self, x, n, train):
         self.x = x
@@ -423,9 +430,13 @@ class ConvBlockFast(_BatchNormParams):
         if splits > 1:
             _splitk_reduce(self.w_partial, splits, self.dw)
         if need_input_grad:
+            splits, k_per_split = self._input_grad_splits(n)
             launch("conv2d_backward_input_fast", (ceil_div(n * HW, kernels.DGRAD_TILE_N),
-                                                  ceil_div(self.c_in, kernels.DGRAD_TILE_M)),
-                   kernels.GEMM_THREADS, self.d_a, self.w, self.d_in, I32(n), C, K, S, S)
+                                                  ceil_div(self.c_in, kernels.DGRAD_TILE_M), splits),
+                   kernels.GEMM_THREADS, self.d_a, self.w, self.d_in if splits == 1 else self.in_partial, I32(n),
+                   C, K, S, S, I32(k_per_split))
+            if splits > 1:
+                _splitk_reduce(self.in_partial, splits, self.d_in, count=n * self.c_in * HW)
             return self.d_in
         return None
 
@@ -486,8 +497,6 @@ class HeadFast:
     """fc2 -> log_softmax -> NLL and all of their backward in one kernel (kernels/loss.cu), which also
     produces fc1's bias gradient and the gradient at fc1's pre-activation."""
 
-    HEAD_SAMPLES = 32
-
     def __init__(self, model: Model, n_in: int, batch: int, loss_capacity: int):
         cp = model.cp
         self.n_in = n_in
@@ -495,14 +504,14 @@ class HeadFast:
         self.dw, self.db, self.d_bias_fc1 = model.g["fc2.weight"], model.g["fc2.bias"], model.g["fc1.bias"]
         self.logits = cp.empty((batch, 10), cp.float32)
         self.d_pre = cp.empty((batch, n_in), cp.float32)
-        self.partial = cp.empty(ceil_div(batch, self.HEAD_SAMPLES) * (11 * n_in + 11), cp.float32)
+        self.partial = cp.empty(ceil_div(batch, kernels.HEAD_SAMPLES) * (11 * n_in + 11), cp.float32)
         self.counter = cp.zeros(1, cp.uint32)
         self.loss = cp.zeros(1, cp.float32)
         self.loss_log = cp.zeros(loss_capacity, cp.float32)
         self.loss_count = cp.zeros(1, cp.int32)
 
     def forward(self, x, labels, n, train):
-        launch("head_forward_backward_fast", ceil_div(n, self.HEAD_SAMPLES), 256, x, self.w, self.b, labels,
+        launch("head_forward_backward_fast", ceil_div(n, kernels.HEAD_SAMPLES), 256, x, self.w, self.b, labels,
                I32(n), I32(self.n_in), I32(train), self.logits, self.d_pre, self.partial, self.counter, self.dw,
                self.db, self.d_bias_fc1, self.loss, self.loss_log, self.loss_count, I32(self.loss_log.size))
 
