@@ -80,8 +80,12 @@ extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float
 // S even). Reductions are split into parts of imgs_per_block images (about 64 parts), one warp per
 // channel; the last block of the launch combines the parts in a fixed order (last_block_done).
 
-// Per (part, channel) mean and M2 (two passes over the part), then merged and finalized by the last
-// block. grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2].
+// Per (part, channel) mean and M2, merged by the last block, which finalizes BatchNorm. A warp owns a
+// channel: it holds one image's HW values in registers (loaded together: one memory latency per
+// image), takes their mean and squared deviations (two passes over registers), and merges them into
+// the part's running (mean, M2) with Chan's formula, in image order.
+// grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2]. HW <= 32 * BN_STATS_VALUES.
+#define BN_STATS_VALUES 7  // per lane and image: 7 * 32 >= 196, conv2's 14x14
 extern "C" __global__ void __launch_bounds__(256)
 batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
                      unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
@@ -89,17 +93,23 @@ batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, f
     const int lane = threadIdx.x % 32, c = blockIdx.y * 8 + threadIdx.x / 32;
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     if (c < C) {
-        float sum = 0.0f;
-        for (int n = first; n < last; n++)
-            for (int p = lane; p < HW; p += 32) sum += x[(n * C + c) * HW + p];
-        const float mean = warp_sum(sum) / ((last - first) * HW);
-        float m2 = 0.0f;
-        for (int n = first; n < last; n++)
-            for (int p = lane; p < HW; p += 32) {
-                const float d = x[(n * C + c) * HW + p] - mean;
-                m2 += d * d;
+        float mean = 0.0f, m2 = 0.0f, count = 0.0f;
+        for (int n = first; n < last; n++) {
+            float v[BN_STATS_VALUES], sum = 0.0f, sq = 0.0f;
+#pragma unroll
+            for (int i = 0; i < BN_STATS_VALUES; i++) {
+                const int p = lane + 32 * i;
+                v[i] = p < HW ? x[(n * C + c) * HW + p] : 0.0f;
+                sum += v[i];
             }
-        m2 = warp_sum(m2);
+            const float image_mean = warp_sum(sum) / HW;
+#pragma unroll
+            for (int i = 0; i < BN_STATS_VALUES; i++) {
+                const float d = lane + 32 * i < HW ? v[i] - image_mean : 0.0f;
+                sq += d * d;
+            }
+            chan_merge(&mean, &m2, &count, image_mean, warp_sum(sq), (float)HW);
+        }
         if (lane == 0) {
             partial[(blockIdx.x * C + c) * 2] = mean;
             partial[(blockIdx.x * C + c) * 2 + 1] = m2;
@@ -139,7 +149,11 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const flo
 }
 
 // dbeta = sum dz, dgamma = sum dz*xhat, where dz (the gradient at BN's output) is nonzero only at each
-// window's argmax where the ReLU passed: the sums run over pooled pixels. grid (parts, ceil(C/8)).
+// window's argmax where the ReLU passed: the sums run over pooled pixels. A warp owns a channel; each
+// lane reads its pooled pixels' (value, argmax, gradient) for one image at once, then x at the argmax
+// positions: two memory latencies per image, whatever the ReLU let through.
+// grid (parts, ceil(C/8)), 256 threads; S*S/4 <= 32 * BN_POOLED_VALUES.
+#define BN_POOLED_VALUES 2  // per lane and image: 64 >= 49, conv2's 7x7 pooled pixels
 extern "C" __global__ void __launch_bounds__(256)
 batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const float* save_invstd,
                                const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
@@ -150,16 +164,32 @@ batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const flo
     float sdz = 0.0f, sdzx = 0.0f;
     if (c < C) {
         const float mean = save_mean[c], invstd = save_invstd[c];
-        for (int n = first; n < last; n++)
-            for (int t = lane; t < So * So; t += 32) {
-                const int at = (n * C + c) * So * So + t;
-                if (!(pooled[at] > 0.0f)) continue;
-                const int pos = argmax[at];
-                const int h = 2 * (t / So) + pos / 2, w = 2 * (t % So) + pos % 2;
-                const float dz = d_pooled[at];
-                sdz += dz;
-                sdzx += dz * (x[((n * C + c) * S + h) * S + w] - mean) * invstd;
+        for (int n = first; n < last; n++) {
+            float dz[BN_POOLED_VALUES], xa[BN_POOLED_VALUES];
+            int at[BN_POOLED_VALUES];
+            bool passed[BN_POOLED_VALUES];
+#pragma unroll
+            for (int i = 0; i < BN_POOLED_VALUES; i++) {
+                const int t = lane + 32 * i, idx = (n * C + c) * So * So + t;
+                const bool in = t < So * So;
+                const float value = in ? pooled[idx] : 0.0f;
+                dz[i] = in ? d_pooled[idx] : 0.0f;
+                at[i] = in ? argmax[idx] : 0;
+                passed[i] = value > 0.0f;
             }
+#pragma unroll
+            for (int i = 0; i < BN_POOLED_VALUES; i++) {
+                const int t = lane + 32 * i;
+                const int h = 2 * (t / So) + at[i] / 2, w = 2 * (t % So) + at[i] % 2;
+                xa[i] = passed[i] ? x[((n * C + c) * S + h) * S + w] : 0.0f;
+            }
+#pragma unroll
+            for (int i = 0; i < BN_POOLED_VALUES; i++)
+                if (passed[i]) {
+                    sdz += dz[i];
+                    sdzx += dz[i] * (xa[i] - mean) * invstd;
+                }
+        }
     }
     sdz = warp_sum(sdz);
     sdzx = warp_sum(sdzx);

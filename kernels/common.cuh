@@ -82,44 +82,97 @@ __device__ __forceinline__ float relu_max4(float v0, float v1, float v2, float v
     return best;
 }
 
+// Chan et al.'s merge of two sets' (mean, M2 = sum of squared deviations, count): (mean, m2, n)
+// becomes the statistics of both. Stable, because each set's deviations were taken from its own mean.
+__device__ __forceinline__ void chan_merge(float* mean, float* m2, float* n, float mean_b, float m2_b, float n_b) {
+    if (n_b == 0.0f) return;
+    const float total = *n + n_b, delta = mean_b - *mean, f = n_b / total;
+    *mean += delta * f;
+    *m2 += m2_b + delta * delta * *n * f;
+    *n = total;
+}
+
+// sum over b < count of p[b * stride], added in the order b = 0, 1, ... (deterministic). The loads go
+// out SUM_BATCH at a time so that their latencies overlap: a loop that adds one load at a time waits
+// for each in turn (about half a microsecond apiece from L2), and that made the last-block reductions
+// the slowest part of their kernels at small batches.
+#define SUM_BATCH 32
+__device__ __forceinline__ float sum_in_order(const float* p, int count, size_t stride) {
+    float s = 0.0f;
+    for (int b0 = 0; b0 < count; b0 += SUM_BATCH) {
+        float v[SUM_BATCH];
+#pragma unroll
+        for (int j = 0; j < SUM_BATCH; j++) v[j] = b0 + j < count ? __ldcg(p + (size_t)(b0 + j) * stride) : 0.0f;
+#pragma unroll
+        for (int j = 0; j < SUM_BATCH; j++)
+            if (b0 + j < count) s += v[j];
+    }
+    return s;
+}
+
+// In the last block: hand each channel's per-part pairs partial[b, c, 0..1] (parts <= MAX_PARTS) to
+// reduce(c, v), called by every lane of the warp that owns c; lane l holds parts l, l + 32, ... in
+// v[0], v[1], ... (zeros past the end). A warp loads CHANNELS_AT_ONCE channels before reducing any,
+// so that all those loads wait for one memory latency together.
+#define MAX_PARTS 64  // mirrors mnist_cuda.kernels.MAX_PARTS
+#define PARTS_PER_LANE (MAX_PARTS / 32)
+#define CHANNELS_AT_ONCE 8
+template <class Reduce>
+__device__ __forceinline__ void reduce_channel_parts(const float* partial, int parts, int C, Reduce reduce) {
+    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    for (int first = threadIdx.x / 32; first < C; first += warps * CHANNELS_AT_ONCE) {
+        float v[CHANNELS_AT_ONCE][PARTS_PER_LANE][2];
+#pragma unroll
+        for (int j = 0; j < CHANNELS_AT_ONCE; j++)
+#pragma unroll
+            for (int i = 0; i < PARTS_PER_LANE; i++) {
+                const int c = first + j * warps, b = lane + 32 * i;
+                const bool ok = c < C && b < parts;
+                v[j][i][0] = ok ? __ldcg(&partial[(b * C + c) * 2]) : 0.0f;
+                v[j][i][1] = ok ? __ldcg(&partial[(b * C + c) * 2 + 1]) : 0.0f;
+            }
+#pragma unroll
+        for (int j = 0; j < CHANNELS_AT_ONCE; j++)
+            if (first + j * warps < C) reduce(first + j * warps, v[j]);
+    }
+}
+
 // In the last block: BatchNorm statistics per channel from per-(part, channel) pairs (mean, M2) in
 // partial [parts, C, 2]; part b holds images [b*imgs_per_block, ...) of hw values each. This is the
 // parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n, M2 = sum(M2_b + n_b (mean_b -
-// mean)^2), stable because each part's deviations were taken from its own mean. One warp per channel,
-// lanes over parts, fixed order. Then batchnorm_finalize.
+// mean)^2), stable because each part's deviations were taken from its own mean. Then batchnorm_finalize.
 __device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw,
                                          int C, float eps, float momentum, float* save_mean, float* save_invstd,
                                          float* running_mean, float* running_var) {
-    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
+    const int lane = threadIdx.x % 32;
     const float total = (float)N * hw;
-    for (int c = threadIdx.x / 32; c < C; c += warps) {
-        float s = 0.0f;
-        for (int b = lane; b < parts; b += 32) {
-            const float n_b = (float)(min(N, (b + 1) * imgs_per_block) - b * imgs_per_block) * hw;
-            s += n_b * __ldcg(&partial[(b * C + c) * 2]);
+    reduce_channel_parts(partial, parts, C, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
+        float n_b[PARTS_PER_LANE], s = 0.0f, q = 0.0f;
+#pragma unroll
+        for (int i = 0; i < PARTS_PER_LANE; i++) {
+            const int b = lane + 32 * i;
+            n_b[i] = b < parts ? (float)(min(N, (b + 1) * imgs_per_block) - b * imgs_per_block) * hw : 0.0f;
+            s += n_b[i] * v[i][0];
         }
         const float mean = warp_sum(s) / total;
-        float q = 0.0f;
-        for (int b = lane; b < parts; b += 32) {
-            const float n_b = (float)(min(N, (b + 1) * imgs_per_block) - b * imgs_per_block) * hw;
-            const float d = __ldcg(&partial[(b * C + c) * 2]) - mean;
-            q += __ldcg(&partial[(b * C + c) * 2 + 1]) + n_b * d * d;
-        }
+#pragma unroll
+        for (int i = 0; i < PARTS_PER_LANE; i++) q += v[i][1] + n_b[i] * (v[i][0] - mean) * (v[i][0] - mean);
         const float m2 = warp_sum(q);
         if (lane == 0)
             batchnorm_finalize(c, mean, m2 / total, total, eps, momentum, save_mean, save_invstd, running_mean,
                                running_var);
-    }
+    });
 }
 
 // In the last block: out0[c] = sum_b partial[b, c, 0], out1[c] = sum_b partial[b, c, 1] (fixed order).
 __device__ void sum_parts_pairs(const float* partial, int parts, int C, float* out0, float* out1) {
-    const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int c = threadIdx.x / 32; c < C; c += warps) {
+    const int lane = threadIdx.x % 32;
+    reduce_channel_parts(partial, parts, C, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
         float s0 = 0.0f, s1 = 0.0f;
-        for (int b = lane; b < parts; b += 32) {
-            s0 += __ldcg(&partial[(b * C + c) * 2]);
-            s1 += __ldcg(&partial[(b * C + c) * 2 + 1]);
+#pragma unroll
+        for (int i = 0; i < PARTS_PER_LANE; i++) {
+            s0 += v[i][0];
+            s1 += v[i][1];
         }
         s0 = warp_sum(s0);
         s1 = warp_sum(s1);
@@ -127,5 +180,5 @@ __device__ void sum_parts_pairs(const float* partial, int parts, int C, float* o
             out0[c] = s0;
             out1[c] = s1;
         }
-    }
+    });
 }

@@ -4,63 +4,124 @@
 // conv1's output a[n,c,h,w] costs 9 multiply-adds from a 3 KB image, yet would be 100 KB per image
 // if stored (N*C*784 floats, read and written several times). So it is never stored: each kernel
 // below stages the image in shared memory and recomputes a where it needs it, always with the same
-// conv1_at(), so every recomputation gives the same bits.
+// conv1_window(), so every recomputation gives the same bits.
 //
 //   conv1_bn_stats_fast           batch statistics of a            (training forward, 1st launch)
 //   conv1_bn_relu_pool_fast       pooled = maxpool(relu(bn(a)))    (forward, 2nd launch; eval too)
 //   conv1_bn_backward_reduce_fast dgamma, dbeta                    (backward, 1st launch)
 //   conv1_backward_weight_fast    dw, through BN's input gradient (backward, 2nd launch)
 //
-// Layout: one block per (group of images, 8 channels), one warp per channel; a block handles
-// imgs_per_block consecutive images so that there are at most ~64 partial results to combine.
+// Layout: a block handles CHANNELS channels; thread t < 196 owns pooled window t, i.e. the 2x2
+// outputs under it. It copies the 4x4 input patch those four outputs read into registers (eight
+// float2 loads), then computes the four outputs of each channel from registers: 36 multiply-adds
+// per 8 shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds.
+// The reductions (statistics, backward) give each block a part of the batch (imgs_per_block images),
+// sum inside the block in a fixed order, and let the last block combine the parts.
 #include "common.cuh"
 
-#define S1 28          // conv1's input and output size
-#define P1 (S1 + 2)    // with the zero padding
+#define S1 28                      // conv1's input and output size
+#define P1 (S1 + 2)                // with the zero padding
 #define POOLED1 (S1 / 2)
-#define WARPS 8
+#define WINDOWS (POOLED1 * POOLED1)  // 196 pooled windows per image and channel
+#define CHANNELS 8                 // channels per block
+#define WEIGHT_CHANNELS 4          // channels per block of conv1_backward_weight_fast
+#define THREADS 224                // 7 warps; threads 196..223 own no window but join the reductions
+#define NO_POSITION 4              // "the ReLU blocked this window": no gradient reaches conv1
 
-// Stage image n of x [N,1,28,28] in shared memory with a zero border.
-__device__ __forceinline__ void load_padded_image(const float* x, int n, float* img) {
-    for (int i = threadIdx.x; i < P1 * P1; i += blockDim.x) {
-        const int row = i / P1 - 1, col = i % P1 - 1;
-        img[i] = (row >= 0 && row < S1 && col >= 0 && col < S1) ? x[n * S1 * S1 + row * S1 + col] : 0.0f;
+// This thread's elements of image n of x [N,1,28,28], zero-padded to P1 x P1, into registers (the
+// loads are issued here; only a use of v waits for them). Blocks have THREADS threads.
+#define IMAGE_REGS CEIL_DIV(P1 * P1, THREADS)
+__device__ __forceinline__ void fetch_padded_image(const float* x, int n, float v[IMAGE_REGS]) {
+#pragma unroll
+    for (int r = 0; r < IMAGE_REGS; r++) {
+        const int i = threadIdx.x + r * THREADS, row = i / P1 - 1, col = i % P1 - 1;
+        v[r] = (i < P1 * P1 && row >= 0 && row < S1 && col >= 0 && col < S1) ? x[n * S1 * S1 + row * S1 + col] : 0.0f;
     }
 }
 
-// conv1 output at (h, w) for one channel's 9 weights; taps in a fixed order.
-__device__ __forceinline__ float conv1_at(const float* img, int row, int col, const float* w9) {
-    const float* p = img + row * P1 + col;  // top-left of the 3x3 window in padded coordinates
-    float a = 0.0f;
+__device__ __forceinline__ void store_padded_image(const float v[IMAGE_REGS], float* img) {
 #pragma unroll
-    for (int i = 0; i < 3; i++)
-#pragma unroll
-        for (int j = 0; j < 3; j++) a = fmaf(p[i * P1 + j], w9[i * 3 + j], a);
-    return a;
+    for (int r = 0; r < IMAGE_REGS; r++)
+        if (threadIdx.x + r * THREADS < P1 * P1) img[threadIdx.x + r * THREADS] = v[r];
 }
 
-__device__ __forceinline__ void load_weights(const float* w, int c, float* w9) {
-#pragma unroll
-    for (int t = 0; t < 9; t++) w9[t] = w[c * 9 + t];
-}
-
-// Stage what the backward needs of image n's pooled outputs, for the block's channels c0..c0+7:
-// dz[cl][t], the gradient reaching pooled pixel t's window, and at[cl][t], the window position it
-// reaches (its argmax), or NO_POSITION where the ReLU blocked it (pooled <= 0). All threads load
-// together, coalesced: one memory latency per image instead of one per pixel.
-#define NO_POSITION 4
-__device__ __forceinline__ void load_pooled_grad(const float* d_pooled, const float* pooled,
-                                                 const unsigned char* argmax, int n, int C, int c0,
-                                                 float dz[WARPS][POOLED1 * POOLED1],
-                                                 unsigned char at[WARPS][POOLED1 * POOLED1]) {
-    for (int i = threadIdx.x; i < WARPS * POOLED1 * POOLED1; i += blockDim.x) {
-        const int cl = i / (POOLED1 * POOLED1), t = i % (POOLED1 * POOLED1);
-        if (c0 + cl >= C) break;
-        const int idx = (n * C + c0 + cl) * POOLED1 * POOLED1 + t;
-        const bool passed = pooled[idx] > 0.0f;
-        dz[cl][t] = passed ? d_pooled[idx] : 0.0f;
-        at[cl][t] = passed ? argmax[idx] : NO_POSITION;
+// Stage the block's channel weights c0.., 12 floats per channel (9 used) so that a channel's weights
+// are three float4 loads (broadcast: every thread reads the same address).
+__device__ __forceinline__ void load_channel_weights(const float* w, int C, int c0, float4 ws[CHANNELS][3]) {
+    float* flat = reinterpret_cast<float*>(ws);
+    for (int i = threadIdx.x; i < CHANNELS * 12; i += blockDim.x) {
+        const int cl = i / 12, tap = i % 12;
+        flat[i] = (c0 + cl < C && tap < 9) ? w[(c0 + cl) * 9 + tap] : 0.0f;
     }
+}
+
+// The 4x4 input patch under pooled window t: padded rows 2*ph .. 2*ph+3, columns 2*pw .. 2*pw+3.
+// Every row offset is even, so the patch is eight aligned float2 loads (img is 8-byte aligned).
+__device__ __forceinline__ void load_patch(const float* img, int t, float p[4][4]) {
+    const float* base = img + 2 * (t / POOLED1) * P1 + 2 * (t % POOLED1);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 left = *reinterpret_cast<const float2*>(base + i * P1);
+        const float2 right = *reinterpret_cast<const float2*>(base + i * P1 + 2);
+        p[i][0] = left.x;
+        p[i][1] = left.y;
+        p[i][2] = right.x;
+        p[i][3] = right.y;
+    }
+}
+
+// The loop over images [first, last) that every kernel here runs: body(n, p) is called by each thread
+// t < WINDOWS with its patch p of image n. The images pass through two shared-memory buffers: while
+// the block computes image n from one, image n+1 is on its way from global memory into registers, and
+// goes to the other buffer afterwards. One barrier per image, and the loads of the next image overlap
+// the work on this one.
+template <class Body>
+__device__ __forceinline__ void for_each_image(const float* x, int first, int last, float img[2][P1 * P1],
+                                               Body body) {
+    float next[IMAGE_REGS];
+    fetch_padded_image(x, first, next);
+    store_padded_image(next, img[0]);
+    __syncthreads();
+    for (int n = first; n < last; n++) {
+        if (n + 1 < last) fetch_padded_image(x, n + 1, next);
+        if (threadIdx.x < WINDOWS) {
+            float p[4][4];
+            load_patch(img[(n - first) % 2], threadIdx.x, p);
+            body(n, p);
+        }
+        if (n + 1 < last) store_padded_image(next, img[(n + 1 - first) % 2]);
+        __syncthreads();
+    }
+}
+
+// conv1's four outputs under the window, out[pos] at window position pos = 2*di + dj (the max-pool's
+// order), for one channel's weights; taps in a fixed order.
+__device__ __forceinline__ void conv1_window(const float p[4][4], const float4 wq[3], float out[4]) {
+    const float w9[9] = {wq[0].x, wq[0].y, wq[0].z, wq[0].w, wq[1].x, wq[1].y, wq[1].z, wq[1].w, wq[2].x};
+#pragma unroll
+    for (int pos = 0; pos < 4; pos++) {
+        float a = 0.0f;
+#pragma unroll
+        for (int i = 0; i < 3; i++)
+#pragma unroll
+            for (int j = 0; j < 3; j++) a = fmaf(p[pos / 2 + i][pos % 2 + j], w9[i * 3 + j], a);
+        out[pos] = a;
+    }
+}
+
+// The value at window position `at` of out[4] (registers cannot be indexed by a runtime value).
+__device__ __forceinline__ float select4(const float out[4], int at) {
+    return at == 0 ? out[0] : at == 1 ? out[1] : at == 2 ? out[2] : out[3];
+}
+
+// What reaches pooled window idx from above: the gradient dz at its argmax position `at`, or
+// at = NO_POSITION where the ReLU blocked it (pooled <= 0). The three loads go out together.
+__device__ __forceinline__ void pooled_grad(const float* d_pooled, const float* pooled, const unsigned char* argmax,
+                                            int idx, float* dz, int* at) {
+    const float value = pooled[idx], grad = d_pooled[idx];
+    const int position = argmax[idx];
+    *dz = value > 0.0f ? grad : 0.0f;
+    *at = value > 0.0f ? position : NO_POSITION;
 }
 
 // The images of block part b: [first, last).
@@ -69,43 +130,78 @@ __device__ __forceinline__ void part_images(int b, int imgs_per_block, int N, in
     *last = min(N, *first + imgs_per_block);
 }
 
-// Per (part, channel): mean and M2 of conv1's output over the part's images. Each image is staged
-// once; its mean and squared deviations from that mean are two passes over shared memory, merged
-// into the part's running (mean, M2) with Chan's formula, in image order. The last block merges the
-// parts and finalizes BatchNorm (mean, invstd and the running statistics).
-// grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2].
-extern "C" __global__ void __launch_bounds__(256)
+// Each of the K values v[k] summed over the block in a fixed order (warp butterflies, then the warps
+// in order); thread k < K returns total k, the others 0. red: K * (blockDim.x / 32) floats.
+template <int K>
+__device__ __forceinline__ float block_sums(const float (&v)[K], float* red) {
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+#pragma unroll
+    for (int k = 0; k < K; k++) {
+        const float s = warp_sum(v[k]);
+        if (lane == 0) red[warp * K + k] = s;
+    }
+    __syncthreads();
+    float total = 0.0f;
+    if (threadIdx.x < K)
+        for (int w = 0; w < warps; w++) total += red[w * K + threadIdx.x];
+    return total;
+}
+
+// Per (part, channel): mean and M2 of conv1's output over the part's images. Each thread keeps the
+// running (mean, M2, count) of its own window, adding each image's four outputs with Chan's merge;
+// the block merges its threads in a fixed tree order. The last block merges the parts and finalizes
+// BatchNorm (mean, invstd and the running statistics).
+// grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [parts, C, 2].
+extern "C" __global__ void __launch_bounds__(THREADS)
 conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_block, float* partial,
                     unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
                     float* running_mean, float* running_var) {
-    __shared__ float img[P1 * P1];
-    const int lane = threadIdx.x % 32, c = blockIdx.y * WARPS + threadIdx.x / 32;
+    __shared__ __align__(16) float img[2][P1 * P1];
+    __shared__ float4 ws[CHANNELS][3];
+    __shared__ float red[THREADS / 32][CHANNELS][3];  // per warp: mean, M2, count
+    const int t = threadIdx.x, c0 = blockIdx.y * CHANNELS, lane = t % 32, warp = t / 32;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    float w9[9];
-    if (c < C) load_weights(w, c, w9);
-    float mean = 0.0f, m2 = 0.0f, count = 0.0f;  // over the part's images so far
-    for (int n = first; n < last; n++) {
-        __syncthreads();
-        load_padded_image(x, n, img);
-        __syncthreads();
-        if (c >= C) continue;
-        float sum = 0.0f;
-        for (int p = lane; p < S1 * S1; p += 32) sum += conv1_at(img, p / S1, p % S1, w9);
-        const float image_mean = warp_sum(sum) / (S1 * S1);
-        float sq = 0.0f;
-        for (int p = lane; p < S1 * S1; p += 32) {
-            const float d = conv1_at(img, p / S1, p % S1, w9) - image_mean;
-            sq += d * d;
+    load_channel_weights(w, C, c0, ws);
+    float mean[CHANNELS], m2[CHANNELS], count = 0.0f;
+#pragma unroll
+    for (int cl = 0; cl < CHANNELS; cl++) mean[cl] = m2[cl] = 0.0f;
+    for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
+#pragma unroll
+        for (int cl = 0; cl < CHANNELS; cl++) {
+            float a[4], n_cl = count;
+            conv1_window(p, ws[cl], a);
+            const float m = (a[0] + a[1] + a[2] + a[3]) * 0.25f;  // this image's four outputs: two passes
+            const float q = (a[0] - m) * (a[0] - m) + (a[1] - m) * (a[1] - m) + (a[2] - m) * (a[2] - m) +
+                            (a[3] - m) * (a[3] - m);
+            chan_merge(&mean[cl], &m2[cl], &n_cl, m, q, 4.0f);
         }
-        const float image_m2 = warp_sum(sq), total = count + S1 * S1, delta = image_mean - mean;
-        mean += delta * (S1 * S1) / total;
-        m2 += image_m2 + delta * delta * count * (S1 * S1) / total;
-        count = total;
+        count += 4.0f;
+    });
+    // merge the threads: down each warp's tree, then the warps in order
+#pragma unroll
+    for (int cl = 0; cl < CHANNELS; cl++) {
+        float n_a = count;
+        for (int offset = 16; offset > 0; offset >>= 1) {
+            const float mean_b = __shfl_down_sync(0xffffffffu, mean[cl], offset);
+            const float m2_b = __shfl_down_sync(0xffffffffu, m2[cl], offset);
+            const float n_b = __shfl_down_sync(0xffffffffu, n_a, offset);
+            if (lane < offset) chan_merge(&mean[cl], &m2[cl], &n_a, mean_b, m2_b, n_b);
+        }
+        if (lane == 0) {
+            red[warp][cl][0] = mean[cl];
+            red[warp][cl][1] = m2[cl];
+            red[warp][cl][2] = n_a;
+        }
     }
-    if (c < C && lane == 0) {
-        partial[(blockIdx.x * C + c) * 2] = mean;
-        partial[(blockIdx.x * C + c) * 2 + 1] = m2;
+    __syncthreads();
+    const int c = c0 + t;
+    if (t < CHANNELS && c < C) {
+        float mean_all = 0.0f, m2_all = 0.0f, n_all = 0.0f;
+        for (int v = 0; v < THREADS / 32; v++)
+            chan_merge(&mean_all, &m2_all, &n_all, red[v][t][0], red[v][t][1], red[v][t][2]);
+        partial[(blockIdx.x * C + c) * 2] = mean_all;
+        partial[(blockIdx.x * C + c) * 2 + 1] = m2_all;
     }
     if (!last_block_done(counter)) return;
     batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, S1 * S1, C, eps, momentum, save_mean,
@@ -113,129 +209,132 @@ conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_b
 }
 
 // pooled[n,c,ph,pw] = max over the 2x2 window of relu(batchnorm(a)), with the window position.
-// grid (N, ceil(C/8)), 256 threads: thread t < 196 is pooled pixel t, looping over the block's channels.
-extern "C" __global__ void __launch_bounds__(256)
+// grid (N, ceil(C/CHANNELS)), THREADS threads: thread t < 196 is pooled window t of image n.
+extern "C" __global__ void __launch_bounds__(THREADS)
 conv1_bn_relu_pool_fast(const float* x, const float* w, const float* mean, const float* invstd, const float* gamma,
                         const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
-    __shared__ float img[P1 * P1];
-    const int n = blockIdx.x, t = threadIdx.x;
-    load_padded_image(x, n, img);
-    __syncthreads();
-    if (t >= POOLED1 * POOLED1) return;
-    const int row = 2 * (t / POOLED1), col = 2 * (t % POOLED1);
-    for (int c = blockIdx.y * WARPS; c < min(C, (blockIdx.y + 1) * WARPS); c++) {
-        float w9[9];
-        load_weights(w, c, w9);
-        const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
-        int at;
-        const float v = relu_max4(batchnorm_apply(conv1_at(img, row, col, w9), m, is, g, b),
-                                  batchnorm_apply(conv1_at(img, row, col + 1, w9), m, is, g, b),
-                                  batchnorm_apply(conv1_at(img, row + 1, col, w9), m, is, g, b),
-                                  batchnorm_apply(conv1_at(img, row + 1, col + 1, w9), m, is, g, b), &at);
-        pooled[(n * C + c) * POOLED1 * POOLED1 + t] = v;
-        argmax[(n * C + c) * POOLED1 * POOLED1 + t] = (unsigned char)at;
-    }
+    __shared__ __align__(16) float img[2][P1 * P1];
+    __shared__ float4 ws[CHANNELS][3];
+    const int c0 = blockIdx.y * CHANNELS;
+    load_channel_weights(w, C, c0, ws);
+    for_each_image(x, blockIdx.x, blockIdx.x + 1, img, [&](int n, const float (&p)[4][4]) {
+        const int t = threadIdx.x;
+#pragma unroll
+        for (int cl = 0; cl < CHANNELS; cl++) {
+            const int c = c0 + cl;
+            if (c >= C) break;
+            float a[4];
+            conv1_window(p, ws[cl], a);
+            const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
+            int at;
+            const float v = relu_max4(batchnorm_apply(a[0], m, is, g, b), batchnorm_apply(a[1], m, is, g, b),
+                                      batchnorm_apply(a[2], m, is, g, b), batchnorm_apply(a[3], m, is, g, b), &at);
+            pooled[(n * C + c) * WINDOWS + t] = v;
+            argmax[(n * C + c) * WINDOWS + t] = (unsigned char)at;
+        }
+    });
 }
 
 // dbeta[c] = sum dz, dgamma[c] = sum dz * xhat over the batch, where dz (the gradient at BN's output)
-// is nonzero only at each window's argmax, and only where the ReLU passed (pooled > 0). So the sums
-// run over pooled pixels, recomputing conv1 at the argmax only. grid (parts, ceil(C/8)), 256 threads.
-extern "C" __global__ void __launch_bounds__(256)
+// is nonzero only at each window's argmax, and only where the ReLU passed (pooled > 0): one term per
+// window at most. grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [parts, C, 2].
+extern "C" __global__ void __launch_bounds__(THREADS)
 conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_mean, const float* save_invstd,
                               const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
                               int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                               float* dbeta) {
-    __shared__ float img[P1 * P1];
-    __shared__ float dz[WARPS][POOLED1 * POOLED1];
-    __shared__ unsigned char at[WARPS][POOLED1 * POOLED1];
-    const int lane = threadIdx.x % 32, cl = threadIdx.x / 32, c = blockIdx.y * WARPS + cl;
+    __shared__ __align__(16) float img[2][P1 * P1];
+    __shared__ float4 ws[CHANNELS][3];
+    __shared__ float red[THREADS / 32 * CHANNELS * 2];
+    __shared__ float mean[CHANNELS], invstd[CHANNELS];
+    const int t = threadIdx.x, c0 = blockIdx.y * CHANNELS;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    float w9[9], mean = 0.0f, invstd = 0.0f;
-    if (c < C) {
-        load_weights(w, c, w9);
-        mean = save_mean[c];
-        invstd = save_invstd[c];
+    load_channel_weights(w, C, c0, ws);
+    if (t < CHANNELS && c0 + t < C) {
+        mean[t] = save_mean[c0 + t];
+        invstd[t] = save_invstd[c0 + t];
     }
-    float sdz = 0.0f, sdzx = 0.0f;
-    for (int n = first; n < last; n++) {
-        __syncthreads();
-        load_padded_image(x, n, img);
-        load_pooled_grad(d_pooled, pooled, argmax, n, C, blockIdx.y * WARPS, dz, at);
-        __syncthreads();
-        if (c >= C) continue;
-        for (int t = lane; t < POOLED1 * POOLED1; t += 32) {
-            const int pos = at[cl][t];
-            if (pos == NO_POSITION) continue;
-            const int row = 2 * (t / POOLED1) + pos / 2, col = 2 * (t % POOLED1) + pos % 2;
-            sdz += dz[cl][t];
-            sdzx += dz[cl][t] * (conv1_at(img, row, col, w9) - mean) * invstd;
+    float sums[2 * CHANNELS];  // sum dz, then sum dz*xhat, of each channel
+#pragma unroll
+    for (int i = 0; i < 2 * CHANNELS; i++) sums[i] = 0.0f;
+    for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
+        float dz[CHANNELS];
+        int at[CHANNELS];
+#pragma unroll
+        for (int cl = 0; cl < CHANNELS; cl++) {  // every channel's loads first: one memory latency
+            at[cl] = NO_POSITION;
+            if (c0 + cl < C) pooled_grad(d_pooled, pooled, argmax, (n * C + c0 + cl) * WINDOWS + t, &dz[cl], &at[cl]);
         }
-    }
-    sdz = warp_sum(sdz);
-    sdzx = warp_sum(sdzx);
-    if (c < C && lane == 0) {
-        partial[(blockIdx.x * C + c) * 2] = sdz;
-        partial[(blockIdx.x * C + c) * 2 + 1] = sdzx;
-    }
+#pragma unroll
+        for (int cl = 0; cl < CHANNELS; cl++) {
+            if (at[cl] == NO_POSITION) continue;  // (also every channel past C)
+            float a[4];
+            conv1_window(p, ws[cl], a);
+            sums[cl] += dz[cl];
+            sums[CHANNELS + cl] += dz[cl] * (select4(a, at[cl]) - mean[cl]) * invstd[cl];
+        }
+    });
+    const float total = block_sums(sums, red);
+    const int c = c0 + t % CHANNELS;
+    if (t < 2 * CHANNELS && c < C) partial[(blockIdx.x * C + c) * 2 + t / CHANNELS] = total;
     if (!last_block_done(counter)) return;
     sum_parts_pairs(partial, gridDim.x, C, dbeta, dgamma);
 }
 
 // dw[c, tap] = sum over the batch of da[n,c,h,w] * x[n, h+tap/3-1, w+tap%3-1], where BN's input
-// gradient da = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) is recomputed per pixel
-// (xhat from conv1_at, dz from the pooled gradient). grid (parts, ceil(C/8)), 256 threads;
-// partial [parts, C, 9], summed by the last block.
-extern "C" __global__ void __launch_bounds__(256)
+// gradient da = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) is recomputed per output
+// (xhat from conv1_window, dz from the pooled gradient). Each thread adds its window's four outputs
+// times its patch into 9 sums per channel, for WEIGHT_CHANNELS channels (36 sums: with CHANNELS, the
+// 72 sums would need more registers than two blocks per SM allow). grid (parts, ceil(C/WEIGHT_CHANNELS)),
+// THREADS threads; partial [parts, C, 9], summed by the last block.
+extern "C" __global__ void __launch_bounds__(THREADS)
 conv1_backward_weight_fast(const float* x, const float* w, const float* save_mean, const float* save_invstd,
                            const float* gamma, const float* dgamma, const float* dbeta, const float* d_pooled,
                            const float* pooled, const unsigned char* argmax, int N, int C, int imgs_per_block,
                            float* partial, unsigned int* counter, float* dw) {
-    __shared__ float img[P1 * P1];
-    __shared__ float dz[WARPS][POOLED1 * POOLED1];
-    __shared__ unsigned char at[WARPS][POOLED1 * POOLED1];
-    const int lane = threadIdx.x % 32, cl = threadIdx.x / 32, c = blockIdx.y * WARPS + cl;
+    __shared__ __align__(16) float img[2][P1 * P1];
+    __shared__ float4 ws[CHANNELS][3];
+    __shared__ float red[THREADS / 32 * WEIGHT_CHANNELS * 9];
+    __shared__ float mean[WEIGHT_CHANNELS], invstd[WEIGHT_CHANNELS], k[WEIGHT_CHANNELS], db[WEIGHT_CHANNELS],
+        dg[WEIGHT_CHANNELS];
+    const int t = threadIdx.x, c0 = blockIdx.y * WEIGHT_CHANNELS;
+    const float count = (float)N * S1 * S1;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    const float count = (float)N * S1 * S1;
-    float w9[9], mean = 0.0f, invstd = 0.0f, k = 0.0f, db = 0.0f, dg = 0.0f;
-    if (c < C) {
-        load_weights(w, c, w9);
-        mean = save_mean[c];
-        invstd = save_invstd[c];
-        k = gamma[c] * invstd / count;
-        db = dbeta[c];
-        dg = dgamma[c];
+    load_channel_weights(w, C, c0, ws);
+    if (t < WEIGHT_CHANNELS && c0 + t < C) {
+        const int c = c0 + t;
+        mean[t] = save_mean[c];
+        invstd[t] = save_invstd[c];
+        k[t] = gamma[c] * save_invstd[c] / count;
+        db[t] = dbeta[c];
+        dg[t] = dgamma[c];
     }
-    float acc[9];
+    float acc[WEIGHT_CHANNELS * 9];
 #pragma unroll
-    for (int t = 0; t < 9; t++) acc[t] = 0.0f;
-    for (int n = first; n < last; n++) {
-        __syncthreads();
-        load_padded_image(x, n, img);
-        load_pooled_grad(d_pooled, pooled, argmax, n, C, blockIdx.y * WARPS, dz, at);
-        __syncthreads();
-        if (c >= C) continue;
-        for (int p = lane; p < S1 * S1; p += 32) {
-            const int row = p / S1, col = p % S1, t = (row / 2) * POOLED1 + col / 2;
-            const float dz_here = at[cl][t] == (row % 2) * 2 + col % 2 ? dz[cl][t] : 0.0f;
-            const float xhat = (conv1_at(img, row, col, w9) - mean) * invstd;
-            const float da = k * (count * dz_here - db - xhat * dg);
-            const float* patch = img + row * P1 + col;
+    for (int i = 0; i < WEIGHT_CHANNELS * 9; i++) acc[i] = 0.0f;
+    for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
 #pragma unroll
-            for (int t = 0; t < 9; t++) acc[t] = fmaf(da, patch[(t / 3) * P1 + t % 3], acc[t]);
+        for (int cl = 0; cl < WEIGHT_CHANNELS; cl++) {
+            if (c0 + cl >= C) break;
+            float dz, a[4];
+            int at;
+            pooled_grad(d_pooled, pooled, argmax, (n * C + c0 + cl) * WINDOWS + t, &dz, &at);
+            conv1_window(p, ws[cl], a);
+#pragma unroll
+            for (int pos = 0; pos < 4; pos++) {
+                const float xhat = (a[pos] - mean[cl]) * invstd[cl];
+                const float da = k[cl] * (count * (pos == at ? dz : 0.0f) - db[cl] - xhat * dg[cl]);
+#pragma unroll
+                for (int tap = 0; tap < 9; tap++)
+                    acc[cl * 9 + tap] = fmaf(da, p[pos / 2 + tap / 3][pos % 2 + tap % 3], acc[cl * 9 + tap]);
+            }
         }
-    }
-#pragma unroll
-    for (int t = 0; t < 9; t++) {
-        const float s = warp_sum(acc[t]);
-        if (c < C && lane == 0) partial[(blockIdx.x * C + c) * 9 + t] = s;
-    }
+    });
+    const float total = block_sums(acc, red);
+    const int c = c0 + t / 9;
+    if (t < WEIGHT_CHANNELS * 9 && c < C) partial[(blockIdx.x * C + c) * 9 + t % 9] = total;
     if (!last_block_done(counter)) return;
-    for (int i = threadIdx.x; i < C * 9; i += blockDim.x) {
-        float s = 0.0f;
-#pragma unroll 8  // independent loads in flight together
-        for (int b = 0; b < gridDim.x; b++) s += __ldcg(&partial[b * C * 9 + i]);
-        dw[i] = s;
-    }
+    for (int i = threadIdx.x; i < C * 9; i += blockDim.x) dw[i] = sum_in_order(partial + i, gridDim.x, C * 9);
 }

@@ -133,9 +133,7 @@ head_forward_backward_fast(const float* h, const float* w, const float* b, const
 
     const int size = 11 * H + 11;
     for (int i = threadIdx.x; i < size; i += blockDim.x) {
-        float acc = 0.0f;
-#pragma unroll 8  // independent loads in flight together
-        for (int blk = 0; blk < gridDim.x; blk++) acc += __ldcg(&partial[(size_t)blk * size + i]);
+        const float acc = sum_in_order(partial + i, gridDim.x, size);
         if (i < NUM_CLASSES * H) dw[i] = acc;
         else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = acc;
         else if (i < 11 * H + NUM_CLASSES) db[i - 11 * H] = acc;

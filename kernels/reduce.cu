@@ -8,8 +8,7 @@ extern "C" __global__ void splitk_reduce(const float* partial, int splits, int c
                                          int cols, int has_bias, int apply_relu, float* out) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
-    float s = 0.0f;
-    for (int z = 0; z < splits; z++) s += partial[(size_t)z * count + i];
+    float s = sum_in_order(partial + i, splits, count);
     if (has_bias) s += bias[i % cols];
     out[i] = apply_relu ? relu(s) : s;
 }

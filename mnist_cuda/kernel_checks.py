@@ -368,8 +368,8 @@ def bn_stats_fast_case(layer):
         tail = (EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd)
         if layer == 1:
             xd, wd = _dev(x), _dev(w)
-            run = lambda: launch("conv1_bn_stats_fast", (parts, ceil_div(K, 8)), 256, xd, wd, I32(N), I32(K),
-                                 I32(per_part), partial, counter, *tail)
+            run = lambda: launch("conv1_bn_stats_fast", (parts, ceil_div(K, kernels.CONV1_CHANNELS)),
+                                 kernels.CONV1_THREADS, xd, wd, I32(N), I32(K), I32(per_part), partial, counter, *tail)
             work = (2.0 * 2 * a.size * 9, _bytes(x))
         else:
             xd = _dev(x)
@@ -395,8 +395,8 @@ def bn_relu_pool_fast_case(layer):
         xd, stats = _dev(x), [_dev(v) for v in (mean, invstd, gamma, beta)]
         if layer == 1:
             wd = _dev(w)
-            run = lambda: launch("conv1_bn_relu_pool_fast", (N, ceil_div(K, 8)), 256, xd, wd, *stats, I32(N), I32(K),
-                                 y, am)
+            run = lambda: launch("conv1_bn_relu_pool_fast", (N, ceil_div(K, kernels.CONV1_CHANNELS)),
+                                 kernels.CONV1_THREADS, xd, wd, *stats, I32(N), I32(K), y, am)
             work = (2.0 * a.size * 9, _bytes(x) + pooled.nbytes / 2)
         else:
             run = lambda: launch_1d("batchnorm_relu_maxpool_fast", y.size, xd, *stats, I32(N), I32(K), I32(S), y, am)
@@ -432,9 +432,11 @@ def block_backward_fast_case(layer):
             dw = _poison(w.shape)
 
             def run():
-                launch("conv1_bn_backward_reduce_fast", (parts, ceil_div(K, 8)), 256, xd, wd, *common, *pooled_in,
+                launch("conv1_bn_backward_reduce_fast", (parts, ceil_div(K, kernels.CONV1_CHANNELS)),
+                       kernels.CONV1_THREADS, xd, wd, *common, *pooled_in,
                        I32(N), I32(K), I32(per_part), partial, counters[0:1], dg, db)
-                launch("conv1_backward_weight_fast", (parts, ceil_div(K, 8)), 256, xd, wd, *common, gd, dg, db,
+                launch("conv1_backward_weight_fast", (parts, ceil_div(K, kernels.CONV1_WEIGHT_CHANNELS)),
+                       kernels.CONV1_THREADS, xd, wd, *common, gd, dg, db,
                        *pooled_in, I32(N), I32(K), I32(per_part), partial, counters[1:2], dw)
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
             return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},

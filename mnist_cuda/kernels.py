@@ -159,6 +159,8 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 DGRAD_TILE_M, DGRAD_TILE_N = 32, 128  # conv2d_backward_input_fast's tile (kernels/conv2d.cu)
 HEAD_SAMPLES = 8  # samples per block of head_forward_backward_fast (kernels/loss.cu)
+CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
+CONV1_WEIGHT_CHANNELS = 4  # channels per block of its conv1_backward_weight_fast
 MAX_PARTS = 64  # per-part reductions (BatchNorm, conv1) use at most this many parts
 MAX_SPLITS = 64
 

@@ -92,11 +92,10 @@ class Model:
     # ---- the step ---------------------------------------------------------------------------
 
     def load(self, ws: "Workspace", slot: int, n: int):
-        """Async copy of n staged samples (pinned host memory) into the fixed device input buffers."""
+        """Async copy of the n staged samples (pinned host memory) into the fixed device input buffers."""
         rt, stream = self.cp.cuda.runtime, self.cp.cuda.get_current_stream().ptr
-        sx, sy = ws.stage_x[slot], ws.stage_y[slot]
-        rt.memcpyAsync(ws.x.data.ptr, sx.ctypes.data, n * sx[0].nbytes, rt.memcpyHostToDevice, stream)
-        rt.memcpyAsync(ws.y.data.ptr, sy.ctypes.data, n * sy[0].nbytes, rt.memcpyHostToDevice, stream)
+        src = ws.stage[slot]  # images and labels in one buffer: one copy (of the whole buffer, even if n < B)
+        rt.memcpyAsync(ws.batch.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, stream)
 
     def forward(self, ws: "Workspace", n: int, train: bool = True):
         """Logits into ws.logits; in training also the loss (ws.loss, ws.loss_log) and dlogits."""
@@ -110,6 +109,7 @@ class Model:
         d = ws.fc1.backward(d, n)
         d = ws.block2.backward(d, n, need_input_grad=True)
         ws.block1.backward(d, n, need_input_grad=False)
+        ws.side.join()  # the weight gradients launched on the side stream (fast version)
 
     def update(self, lr: float):
         if self.version == "fast":  # the update also zeroes the gradients (ALIGN keeps the size a multiple of 4)
@@ -344,28 +344,28 @@ class Conv1BlockFast(_BatchNormParams):
 
     def forward(self, x, n, train):
         self.x = x
-        C, groups = self.c_out, ceil_div(self.c_out, 8)
+        C, groups, threads = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS), kernels.CONV1_THREADS
         parts, per_part = parts_of(n)
         if train:
-            launch("conv1_bn_stats_fast", (parts, groups), 256, x, self.w, I32(n), I32(C), I32(per_part),
+            launch("conv1_bn_stats_fast", (parts, groups), threads, x, self.w, I32(n), I32(C), I32(per_part),
                    self.partial, self.counters[0:1], F32(reference.BN_EPS), F32(reference.BN_MOMENTUM),
                    self.mean, self.invstd, self.running_mean, self.running_var)
         else:
             self._eval_stats(C)
-        launch("conv1_bn_relu_pool_fast", (n, groups), 256, x, self.w, *self._bn_args(), I32(n), I32(C),
+        launch("conv1_bn_relu_pool_fast", (n, groups), threads, x, self.w, *self._bn_args(), I32(n), I32(C),
                self.out, self.argmax)
         return self.out
 
     def backward(self, d_out, n, need_input_grad):
         assert not need_input_grad, "the input images need no gradient"
-        C, groups = self.c_out, ceil_div(self.c_out, 8)
+        C, groups, threads = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS), kernels.CONV1_THREADS
         parts, per_part = parts_of(n)
-        launch("conv1_bn_backward_reduce_fast", (parts, groups), 256, self.x, self.w, self.mean, self.invstd,
-               d_out, self.out, self.argmax, I32(n), I32(C), I32(per_part), self.partial, self.counters[1:2],
-               self.dgamma, self.dbeta)
-        launch("conv1_backward_weight_fast", (parts, groups), 256, self.x, self.w, self.mean, self.invstd,
-               self.gamma, self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), I32(C), I32(per_part),
-               self.partial, self.counters[2:3], self.dw)
+        pooled = (d_out, self.out, self.argmax, I32(n), I32(C), I32(per_part), self.partial)
+        launch("conv1_bn_backward_reduce_fast", (parts, groups), threads, self.x, self.w, self.mean, self.invstd,
+               *pooled, self.counters[1:2], self.dgamma, self.dbeta)
+        launch("conv1_backward_weight_fast", (parts, ceil_div(C, kernels.CONV1_WEIGHT_CHANNELS)), threads, self.x,
+               self.w, self.mean, self.invstd, self.gamma, self.dgamma, self.dbeta, *pooled, self.counters[2:3],
+               self.dw)
         return None
 
 
@@ -373,7 +373,8 @@ class ConvBlockFast(_BatchNormParams):
     """conv (implicit GEMM) -> BN statistics -> BN+ReLU+maxpool fused; backward: BN reductions over the
     pooled gradient, BN's input gradient, then the convolution's weight (split-K) and input gradients."""
 
-    def __init__(self, model: Model, index: int, c_in: int, c_out: int, size: int, batch: int):
+    def __init__(self, model: Model, index: int, c_in: int, c_out: int, size: int, batch: int,
+                 side: "SideStream"):
         if size != 14:
             raise ValueError("the fast convolution kernels are compiled for conv2's 14x14")
         cp = model.cp
@@ -388,6 +389,7 @@ class ConvBlockFast(_BatchNormParams):
         self.w_partial = cp.empty(kernels.max_splits(batch * size * size) * c_out * c_in * 9, cp.float32)
         in_partial = max(self._input_grad_splits(n)[0] * n for n in range(1, batch + 1)) * c_in * size * size
         self.in_partial = cp.empty(in_partial, cp.float32)  # the split input gradient's partial results
+        self.side = side  # the weight gradient overlaps the input gradient and conv1's backward
         self.x = None
 
     def _weight_tiles(self):
@@ -414,6 +416,16 @@ class ConvBlockFast(_BatchNormParams):
                   self.out, self.argmax)
         return self.out
 
+    def _weight_grad(self, n):
+        C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
+        splits, k_per_split = split_k(n * self.size * self.size, self._weight_tiles())
+        target = self.dw if splits == 1 else self.w_partial
+        launch("conv2d_backward_weight_fast", (ceil_div(self.c_in * 9, kernels.TILE),
+                                               ceil_div(self.c_out, kernels.TILE), splits),
+               kernels.GEMM_THREADS, self.x, self.d_a, target, I32(n), C, K, S, S, I32(k_per_split))
+        if splits > 1:
+            _splitk_reduce(self.w_partial, splits, self.dw)
+
     def backward(self, d_out, n, need_input_grad):
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
@@ -422,13 +434,7 @@ class ConvBlockFast(_BatchNormParams):
                self.counters[1:2], self.dgamma, self.dbeta)
         launch_1d("batchnorm_backward_apply_fast", self.out[:n].size, self.a, self.mean, self.invstd, self.gamma,
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
-        splits, k_per_split = split_k(n * HW, self._weight_tiles())
-        target = self.dw if splits == 1 else self.w_partial
-        launch("conv2d_backward_weight_fast", (ceil_div(self.c_in * 9, kernels.TILE),
-                                               ceil_div(self.c_out, kernels.TILE), splits),
-               kernels.GEMM_THREADS, self.x, self.d_a, target, I32(n), C, K, S, S, I32(k_per_split))
-        if splits > 1:
-            _splitk_reduce(self.w_partial, splits, self.dw)
+        self.side.run(lambda: self._weight_grad(n))
         if need_input_grad:
             splits, k_per_split = self._input_grad_splits(n)
             launch("conv2d_backward_input_fast", (ceil_div(n * HW, kernels.DGRAD_TILE_N),
@@ -453,15 +459,15 @@ class HiddenLayerFast:
     """fc1 -> ReLU: a split-K product, then a reduction that adds the bias and applies the ReLU.
     backward() takes the gradient at the pre-activation (HeadFast applies the ReLU mask)."""
 
-    def __init__(self, model: Model, n_in: int, n_out: int, batch: int):
+    def __init__(self, model: Model, n_in: int, n_out: int, batch: int, side: "SideStream"):
         cp = model.cp
-        self.n_in, self.n_out = n_in, n_out
+        self.n_in, self.n_out, self.side = n_in, n_out, side
         self.w, self.b = model.p["fc1.weight"], model.p["fc1.bias"]
         self.dw = model.g["fc1.weight"]
         self.out = cp.empty((batch, n_out), cp.float32)
         self.d_in = cp.empty((batch, n_in), cp.float32)
-        self.partial = cp.empty(max(kernels.max_splits(n_in) * batch * n_out,
-                                    kernels.max_splits(batch) * n_out * n_in), cp.float32)
+        self.partial = cp.empty(kernels.max_splits(n_in) * batch * n_out, cp.float32)  # forward's splits
+        self.w_partial = cp.empty(kernels.max_splits(batch) * n_out * n_in, cp.float32)  # weight gradient's
         self.x = None
 
     def _tiles(self, n):
@@ -479,15 +485,19 @@ class HiddenLayerFast:
         _splitk_reduce(self.partial, splits, self.out, bias=self.b, relu=True, count=n * self.n_out)
         return self.out
 
-    def backward(self, d_pre, n):
+    def _weight_grad(self, d_pre, n):
         I, O = I32(self.n_in), I32(self.n_out)
         splits, k_per_split = split_k(n, self._weight_tiles())
         launch("linear_backward_weight_fast", (ceil_div(self.n_in, kernels.TILE), ceil_div(self.n_out, kernels.TILE),
                                                splits),
-               kernels.GEMM_THREADS, self.x, d_pre, self.dw if splits == 1 else self.partial, I32(n), I, O,
+               kernels.GEMM_THREADS, self.x, d_pre, self.dw if splits == 1 else self.w_partial, I32(n), I, O,
                I32(k_per_split))
         if splits > 1:
-            _splitk_reduce(self.partial, splits, self.dw)
+            _splitk_reduce(self.w_partial, splits, self.dw)
+
+    def backward(self, d_pre, n):
+        I, O = I32(self.n_in), I32(self.n_out)
+        self.side.run(lambda: self._weight_grad(d_pre, n))
         launch("linear_backward_input_fast", (ceil_div(self.n_in, kernels.TILE), ceil_div(n, kernels.TILE)),
                kernels.GEMM_THREADS, d_pre, self.w, self.d_in, I32(n), I, O)
         return self.d_in
@@ -519,6 +529,33 @@ class HeadFast:
         return self.d_pre  # computed with the loss in forward()
 
 
+class SideStream:
+    """A second stream for work that may overlap the current stream's: the weight gradients, which
+    nothing reads before the update. run(fn) launches fn's kernels on the side stream after everything
+    launched so far on the current stream; join() makes the current stream wait for them. Captured in
+    a graph, the two streams become two branches of it."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.forked = cp.cuda.Event(disable_timing=True)
+        self.done = cp.cuda.Event(disable_timing=True)
+        self.pending = False
+
+    def run(self, fn):
+        self.forked.record(self.cp.cuda.get_current_stream())
+        self.stream.wait_event(self.forked)
+        with self.stream:
+            fn()
+        self.pending = True
+
+    def join(self):
+        if self.pending:  # (a capture may only wait for events recorded inside it)
+            self.done.record(self.stream)
+            self.cp.cuda.get_current_stream().wait_event(self.done)
+            self.pending = False
+
+
 class Workspace:
     """Everything a step at one batch size touches, allocated once."""
 
@@ -533,15 +570,23 @@ class Workspace:
         c1, c2 = model.channels
         if B * max(c1, c2) * 28 * 28 >= 2 ** 31:
             raise ValueError(f"batch size {B} is too large for 32-bit indexing")
-        self.x = cp.empty((B, 1, 28, 28), cp.float32)
-        self.y = cp.zeros(B, cp.int32)
-        self.stage_x = [kernels.pinned_empty((B, 1, 28, 28), np.float32) for _ in range(self.STAGING_SLOTS)]
-        self.stage_y = [kernels.pinned_empty((B,), np.int32) for _ in range(self.STAGING_SLOTS)]
+        # One buffer holds a batch's images (float32) and then its labels (int32), on the host (pinned,
+        # per staging slot) and on the device, so that the load is a single copy. x, y and stage_x,
+        # stage_y are views into them.
+        size = B * 28 * 28 + B
+        self.batch = cp.zeros(size, cp.float32)
+        self.x, self.y = self.batch[:B * 784].reshape(B, 1, 28, 28), self.batch[B * 784:].view(cp.int32)
+        self.stage = [kernels.pinned_empty((size,), np.float32) for _ in range(self.STAGING_SLOTS)]
+        self.stage_x = [st[:B * 784].reshape(B, 1, 28, 28) for st in self.stage]
+        self.stage_y = [st[B * 784:].view(np.int32) for st in self.stage]
+        for st in self.stage:
+            st[...] = 0.0  # labels of unfilled rows (a partial last batch) stay valid class numbers
         self.stage_free = [cp.cuda.Event(disable_timing=True) for _ in range(self.STAGING_SLOTS)]
+        self.side = SideStream(cp)
         if model.version == "fast":
             self.block1 = Conv1BlockFast(model, c1, B)
-            self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B)
-            self.fc1 = HiddenLayerFast(model, c2 * 49, model.hidden, B)
+            self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B, self.side)
+            self.fc1 = HiddenLayerFast(model, c2 * 49, model.hidden, B, self.side)
             self.head = HeadFast(model, model.hidden, B, self.LOSS_CAPACITY)
         else:
             self.block1 = ConvBlock(model, 1, 1, c1, 28, B)

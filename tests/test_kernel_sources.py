@@ -53,3 +53,24 @@ def test_every_launched_kernel_exists():
     for path in [root / "mnist_cuda" / "model.py", root / "mnist_cuda" / "kernel_checks.py"]:
         launched |= set(re.findall(r'launch(?:_1d)?\(\s*"(\w+)"', path.read_text()))
     assert len(launched) > 30 and launched <= defined, launched - defined
+
+
+def test_launch_geometry_mirrors_the_kernels_defines():
+    """The launch constants in mnist_cuda/kernels.py must equal the #defines the kernels were written for
+    (a mismatch launches the wrong grid or block size, or overruns a scratch buffer)."""
+    import re
+
+    def define(source, name):
+        m = re.search(rf"^#define {name} (\d+)", kernels.read_source(source), re.MULTILINE)
+        assert m, f"{name} not defined in {source}"
+        return int(m.group(1))
+
+    pairs = [("conv2d.cu", "TILE_M", kernels.TILE), ("conv2d.cu", "TILE_N", kernels.TILE),
+             ("conv2d.cu", "TILE_K", kernels.TILE_K), ("conv2d.cu", "GEMM_THREADS", kernels.GEMM_THREADS),
+             ("conv2d.cu", "DGRAD_TILE_M", kernels.DGRAD_TILE_M), ("conv2d.cu", "DGRAD_TILE_N", kernels.DGRAD_TILE_N),
+             ("loss.cu", "HEAD_SAMPLES", kernels.HEAD_SAMPLES), ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
+             ("conv1_fused.cu", "CHANNELS", kernels.CONV1_CHANNELS),
+             ("conv1_fused.cu", "THREADS", kernels.CONV1_THREADS),
+             ("conv1_fused.cu", "WEIGHT_CHANNELS", kernels.CONV1_WEIGHT_CHANNELS)]
+    for source, name, value in pairs:
+        assert define(source, name) == value, (source, name)
