@@ -65,110 +65,258 @@ extern "C" __global__ void conv2d_backward_weight_naive(const float* x, const fl
 }
 
 // ---------------------------------------------------------------------------------------------------
-// fast: implicit GEMM on the shared tiled core (gemm.cuh). The spatial size is a compile-time constant
-// (14: conv2's) so the index arithmetic is multiplies and shifts, not divisions.
+// fast: tensor-core matrix products (gemm.cuh). The spatial size is a compile-time constant (14:
+// conv2's) so the index arithmetic is multiplies and shifts, not divisions.
 #include "gemm.cuh"
 
+// ---- forward and input gradient: one image per block, the image staged in shared memory ----------
+//
+// Both are the same operation, a 3x3 convolution of a stack of 14x14 images:
+//   out[img, n, p] = sum_{c, tap} in[img, c, p + shift(tap)] * wt(n, c, tap)
+// forward: in = x, wt(n, c, tap) = w[n, c, tap]; input gradient: in = dy, wt(n, c, tap) = w[c, n, 8 - tap]
+// (the flipped kernel, with w's two channel indices swapped).
+//
+// A block computes one image's pixels (rows) for CONV_TILE_N output channels (columns) as a matrix
+// product on the tensor cores (gemm.cuh's 3xTF32 mma). The input image passes through shared memory
+// CONV_CHUNK channels at a time, with a zero border: 16x16 per channel for the 14x14 image. Within a
+// chunk, k = tap*8 + c (mma k-step s is tap s, its 8 columns the chunk's 8 channels), so the im2col
+// element (pixel p, tap s, channel c) sits at in_s[row(p) + c*CONV_CHANNEL_STRIDE + shift(s)]: a
+// per-thread register plus a compile-time constant. The product loop has no index arithmetic, no
+// bounds checks and no branches, and every staged value is used by 9 taps x CONV_TILE_N channels.
+// The next chunk is fetched into registers while the tensor cores work on this one.
 #define CONV2_SIZE 14
+#define CONV_THREADS 224         // 7 warps x 32 pixels: one 14x14 image (196) in 224 rows
+#define CONV_CHUNK 8             // input channels per step: 8 x 9 taps = 72 k = 9 mma k-steps
+#define CONV_TILE_N 32           // output channels per block
+#define CONV_PADDED 16           // the staged image with its zero border, 16 x 16
+#define CONV_CHANNEL_STRIDE 264  // floats per staged channel, 256 + 8: a fragment load reads 8 pixels of
+                                 // 4 channels, and the 4 channels then start 8 banks apart
+#define CONV_W_STRIDE 76         // floats per staged weight row, 72 + 4: the 8 rows x 4 columns of a
+                                 // fragment load hit banks 12*row + column, all different
 
-// Forward as C[k][q] = sum_{c,tap} w[k, c*9+tap] * im2col(x)[c*9+tap, q], q = a pixel of some image.
-template <int S>
-__device__ void conv2d_forward_tiled(const float* x, const float* w, float* y, int N, int C, int K) {
-    const int npix = N * S * S, m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
-    float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, true, true>(Dense{w, K, C * 9, C * 9, 1}, Im2col<S, false>{x, C, npix}, m0, n0, 0,
-                                          C * 9, acc);
-    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int k, int q, float v) {
-        if (k < K && q < npix) y[((q / (S * S)) * K + k) * (S * S) + q % (S * S)] = v;
-    });
+template <bool FLIPPED>
+__device__ __forceinline__ void conv3x3_image_tile(const float* in, const float* w, float* out, int Cin,
+                                                   int Cout) {
+    constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, CS = CONV_CHANNEL_STRIDE, WS = CONV_W_STRIDE;
+    constexpr int KC = CONV_CHUNK * 9, NT = CONV_TILE_N, NI = NT / 8;
+    constexpr int IN_PER_THREAD = CONV_CHUNK * SS / CONV_THREADS, W_PER_THREAD = CEIL_DIV(NT * KC, CONV_THREADS);
+    static_assert(IN_PER_THREAD * CONV_THREADS == CONV_CHUNK * SS, "the threads stage a chunk exactly");
+    __shared__ float in_s[CONV_CHUNK * CS];
+    __shared__ float w_s[NT * WS];
+    const int img = blockIdx.x, n0 = blockIdx.y * NT;
+    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+    const float* x = in + (size_t)img * Cin * SS;
+
+    for (int i = tid; i < CONV_CHUNK * CS; i += CONV_THREADS) in_s[i] = 0.0f;  // the border stays zero
+
+    // The shared-memory offsets of this thread's A fragment elements at tap 0: rows (pixels) g and
+    // g + 8 of its warp's two 16-row tiles, columns (channels) t and t + 4.
+    int a_offset[2][2][2];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int p = warp * 32 + mi * 16 + g + 8 * h;
+            const int row = p < SS ? (p / S) * P + p % S : 0;  // rows past the image: any valid address
+            a_offset[mi][h][0] = row + t * CS;
+            a_offset[mi][h][1] = row + (t + 4) * CS;
+        }
+
+    float in_next[IN_PER_THREAD], w_next[W_PER_THREAD];
+    auto fetch = [&](int c0) {  // chunk c0 from global memory into registers (zeros past the ends)
+#pragma unroll
+        for (int r = 0; r < IN_PER_THREAD; r++) {
+            const int e = c0 * SS + tid + r * CONV_THREADS;  // consecutive threads, consecutive addresses
+            in_next[r] = e < Cin * SS ? x[e] : 0.0f;
+        }
+#pragma unroll
+        for (int r = 0; r < W_PER_THREAD; r++) {
+            const int e = tid + r * CONV_THREADS;
+            if (FLIPPED) {  // w[c0 + c, n0 + n, tap]: NT*9 consecutive floats per c
+                const int c = e / (NT * 9), n = e % (NT * 9) / 9, tap = e % 9;
+                const bool ok = e < NT * KC && c0 + c < Cin && n0 + n < Cout;
+                w_next[r] = ok ? w[((c0 + c) * Cout + n0 + n) * 9 + tap] : 0.0f;
+            } else {  // w[n0 + n, c0*9 + k]: KC consecutive floats per n
+                const int n = e / KC, k = e % KC;
+                const bool ok = e < NT * KC && n0 + n < Cout && c0 * 9 + k < Cin * 9;
+                w_next[r] = ok ? w[(n0 + n) * Cin * 9 + c0 * 9 + k] : 0.0f;
+            }
+        }
+    };
+    auto stash = [&]() {  // registers into shared memory: pixels inside the border, weights by tap
+#pragma unroll
+        for (int r = 0; r < IN_PER_THREAD; r++) {
+            const int e = tid + r * CONV_THREADS, c = e / SS, p = e % SS;
+            in_s[c * CS + (p / S + 1) * P + p % S + 1] = in_next[r];
+        }
+#pragma unroll
+        for (int r = 0; r < W_PER_THREAD; r++) {
+            const int e = tid + r * CONV_THREADS;
+            if (e < NT * KC) {  // w_s[n][tap*8 + c]
+                if (FLIPPED) w_s[(e % (NT * 9) / 9) * WS + (8 - e % 9) * CONV_CHUNK + e / (NT * 9)] = w_next[r];
+                else w_s[(e / KC) * WS + (e % KC % 9) * CONV_CHUNK + e % KC / 9] = w_next[r];
+            }
+        }
+    };
+
+    float acc[2][NI][4] = {};
+    fetch(0);
+    for (int c0 = 0; c0 < Cin; c0 += CONV_CHUNK) {
+        __syncthreads();  // everyone is done with the previous chunk
+        stash();
+        __syncthreads();
+        if (c0 + CONV_CHUNK < Cin) fetch(c0 + CONV_CHUNK);  // in flight during the products below
+#pragma unroll
+        for (int s = 0; s < 9; s++) {  // tap s
+            const int shift = (s / 3) * P + s % 3;
+            unsigned a_big[2][4], a_small[2][4], b_big[NI][2], b_small[NI][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    split_tf32(in_s[a_offset[mi][r % 2][r / 2] + shift], &a_big[mi][r], &a_small[mi][r]);
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    split_tf32(w_s[(ni * 8 + g) * WS + 8 * s + t + 4 * r], &b_big[ni][r], &b_small[ni][r]);
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {  // small terms first: they are the least significant
+                    mma_tf32(acc[mi][ni], a_small[mi], b_big[ni]);
+                    mma_tf32(acc[mi][ni], a_big[mi], b_small[ni]);
+                    mma_tf32(acc[mi][ni], a_big[mi], b_big[ni]);
+                }
+        }
+    }
+
+    float* y = out + (size_t)img * Cout * SS;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int p = warp * 32 + mi * 16 + g + 8 * (r / 2), n = n0 + ni * 8 + 2 * t + r % 2;
+                if (p < SS && n < Cout) y[n * SS + p] = acc[mi][ni][r];
+            }
 }
 
-// w [K, C, 3, 3] as seen from input channel c: line c, element k*9 + tap is w[k, c, tap].
-struct WeightsByInput {
-    const float* w;
-    int C, K;
-    struct Line {
-        const float* p;
-        bool valid;
-    };
-    __device__ Line line(int c) const { return {w + (c < C ? c * 9 : 0), c < C}; }
-    __device__ float at(const Line& l, int kk) const {
-        return (l.valid && kk < K * 9) ? l.p[(kk / 9) * C * 9 + kk % 9] : 0.0f;
-    }
-};
+// ---- weight gradient: images staged in shared memory, as for the forward --------------------------
+//
+//   dw[o, c, tap] = sum_img sum_p x[img, c, p + shift(tap)] * dy[img, o, p]
+// is a matrix product with rows (tap, c), columns o, and k running over the pixels of the images.
+// A block owns WGRAD_CHANNELS input channels, WGRAD_OUT output channels and a group of images. Per
+// image it stages its channels of x (with the zero border, as in the forward) and of dy in shared memory
+// with cp.async (straight to shared memory, no registers), then each of its 3 warps multiplies 3 taps
+// (a 16-row mma tile per tap: the 16 channels) by the WGRAD_OUT columns. Each group writes a partial
+// result [group, K, C, 9]; splitk_reduce sums them in group order (deterministic).
+#define WGRAD_THREADS 96             // 3 warps: kernel rows 0, 1, 2 (3 taps each)
+#define WGRAD_CHANNELS 16            // input channels per block: the 16 rows of an mma tile
+#define WGRAD_OUT 32                 // output channels per block
+#define WGRAD_PIXELS 200             // an image's 196 pixels in 25 k-steps of 8; 196..199 read zeros of dy
+#define WGRAD_DY_STRIDE 204          // floats per staged dy row: 196 pixels, then zeros; 204 = 12 mod 32,
+                                     // so a fragment load's 8 rows x 4 columns hit different banks
+#define WGRAD_CHANNEL_STRIDE 260     // floats per staged x channel (16x16 + 4): a fragment load reads 8
+                                     // channels x 4 adjacent pixels, 4 banks apart per channel
 
-// Input gradient as C[c][q] = sum_{k,tap} w[k, c, tap] * im2col_flipped(dy)[k*9+tap, q]. C has only
-// C_in (32) rows, so the tile is 32 x 128: a 64-row tile would leave half its threads idle. At small
-// batches there are fewer tiles than SMs, so the k range is cut into gridDim.z splits (partial
-// results summed by splitk_reduce), as for the weight gradient.
-#define DGRAD_TILE_M 32
-#define DGRAD_TILE_N 128
-template <int S>
-__device__ void conv2d_backward_input_tiled(const float* dy, const float* w, float* partial, int N, int C, int K,
-                                            int k_per_split) {
-    const int npix = N * S * S, m0 = blockIdx.y * DGRAD_TILE_M, n0 = blockIdx.x * DGRAD_TILE_N;
-    int k_begin, k_end;
-    split_range(blockIdx.z, k_per_split, K * 9, &k_begin, &k_end);
-    float acc[4][4];
-    gemm_tile<DGRAD_TILE_M, DGRAD_TILE_N, true, true>(WeightsByInput{w, C, K}, Im2col<S, true>{dy, K, npix}, m0,
-                                                      n0, k_begin, k_end, acc);
-    float* out = partial + (size_t)blockIdx.z * N * C * S * S;
-    gemm_store<DGRAD_TILE_M, DGRAD_TILE_N>(acc, m0, n0, [&](int c, int q, float v) {
-        if (c < C && q < npix) out[((q / (S * S)) * C + c) * (S * S) + q % (S * S)] = v;
-    });
+__device__ __forceinline__ void cp_async4(float* shared, const float* global) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
+                 "l"(global));
 }
+__device__ __forceinline__ void cp_async16(float* shared, const float* global) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
+                 "l"(global));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// y [N, K, S, S] by channel: line k, element q = n*S*S + p (a pixel of the batch) is y[n, k, p].
-template <int S>
-struct PixelsOfChannel {
-    const float* y;
-    int K, npix;
-    struct Line {
-        const float* p;
-        bool valid;
-    };
-    __device__ Line line(int k) const { return {y + (k < K ? k * S * S : 0), k < K}; }
-    __device__ float at(const Line& l, int q) const {
-        return (l.valid && q < npix) ? l.p[(q / (S * S)) * K * S * S + q % (S * S)] : 0.0f;
+__device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const float* dy, float* partial, int N,
+                                                           int C, int K, int imgs_per_group) {
+    constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, CS = WGRAD_CHANNEL_STRIDE, DS = WGRAD_DY_STRIDE;
+    constexpr int CH = WGRAD_CHANNELS, NO = WGRAD_OUT, NI = NO / 8;
+    __shared__ __align__(16) float x_s[CH * CS];
+    __shared__ __align__(16) float dy_s[NO * DS];
+    __shared__ int row_of[WGRAD_PIXELS];  // pixel -> its offset in a staged channel (less the border)
+    const int c0 = blockIdx.x * CH, o0 = blockIdx.y * NO, group = blockIdx.z;
+    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+
+    // Zeros that staging never overwrites: the border, dy past pixel 196, channels past C or K.
+    for (int i = tid; i < CH * CS; i += WGRAD_THREADS) x_s[i] = 0.0f;
+    for (int i = tid; i < NO * DS; i += WGRAD_THREADS) dy_s[i] = 0.0f;
+    for (int p = tid; p < WGRAD_PIXELS; p += WGRAD_THREADS) row_of[p] = p < SS ? (p / S) * P + p % S : 0;
+
+    float acc[3][NI][4] = {};
+    const int img_end = min(N, (group + 1) * imgs_per_group);
+    for (int img = group * imgs_per_group; img < img_end; img++) {
+        __syncthreads();  // the previous image's products are done (and the zeros are written)
+        const float* xi = x + ((size_t)img * C + c0) * SS;
+        for (int e = tid; e < CH * SS; e += WGRAD_THREADS) {
+            const int c = e / SS, p = e % SS;
+            if (c0 + c < C) cp_async4(&x_s[c * CS + (p / S + 1) * P + p % S + 1], xi + e);
+        }
+        const float* dyi = dy + ((size_t)img * K + o0) * SS;
+        for (int e = tid; e < NO * SS / 4; e += WGRAD_THREADS) {  // 49 float4s per row, 16-byte aligned
+            const int o = e / (SS / 4), q = e % (SS / 4);
+            if (o0 + o < K) cp_async16(&dy_s[o * DS + 4 * q], dyi + 4 * e);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+#pragma unroll 5
+        for (int k0 = 0; k0 < WGRAD_PIXELS; k0 += 8) {
+            // A(row = channel g or g + 8 of tap 3*warp + j, k = pixel) = x_s[channel + shift(tap) + row_of[pixel]]
+            const int at0 = row_of[k0 + t] + warp * P, at1 = row_of[k0 + t + 4] + warp * P;
+            unsigned a_big[3][4], a_small[3][4], b_big[NI][2], b_small[NI][2];
+#pragma unroll
+            for (int j = 0; j < 3; j++)
+#pragma unroll
+                for (int r = 0; r < 4; r++)
+                    split_tf32(x_s[(g + 8 * (r % 2)) * CS + (r / 2 ? at1 : at0) + j], &a_big[j][r], &a_small[j][r]);
+#pragma unroll
+            for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+                    split_tf32(dy_s[(ni * 8 + g) * DS + k0 + t + 4 * r], &b_big[ni][r], &b_small[ni][r]);
+#pragma unroll
+            for (int j = 0; j < 3; j++)
+#pragma unroll
+                for (int ni = 0; ni < NI; ni++) {  // small terms first: they are the least significant
+                    mma_tf32(acc[j][ni], a_small[j], b_big[ni]);
+                    mma_tf32(acc[j][ni], a_big[j], b_small[ni]);
+                    mma_tf32(acc[j][ni], a_big[j], b_big[ni]);
+                }
+        }
     }
-};
 
-// Weight gradient as C[k][c*9+tap] = sum_q dy[k, q] * im2col(x)[c*9+tap, q]: a reduction over every
-// pixel of the batch, cut into gridDim.z splits (one partial result each, summed by splitk_reduce).
-template <int S>
-__device__ void conv2d_backward_weight_tiled(const float* x, const float* dy, float* partial, int N, int C,
-                                             int K, int k_per_split) {
-    const int npix = N * S * S, m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
-    int k_begin, k_end;
-    split_range(blockIdx.z, k_per_split, npix, &k_begin, &k_end);
-    float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, true, false>(PixelsOfChannel<S>{dy, K, npix},
-                                           Im2colByTap<S>{x, C, npix}, m0, n0,
-                                           k_begin, k_end, acc);
-    float* out = partial + (size_t)blockIdx.z * K * C * 9;
-    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int k, int kk, float v) {
-        if (k < K && kk < C * 9) out[k * C * 9 + kk] = v;
-    });
+    float* out = partial + (size_t)group * K * C * 9;
+#pragma unroll
+    for (int j = 0; j < 3; j++)
+#pragma unroll
+        for (int ni = 0; ni < NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int c = c0 + g + 8 * (r / 2), o = o0 + ni * 8 + 2 * t + r % 2;
+                if (c < C && o < K) out[(o * C + c) * 9 + 3 * warp + j] = acc[j][ni][r];
+            }
 }
 
 // Entry points with the naive kernels' arguments; H == W == 14 (checked by the caller).
-// grid (ceil(N*196/64), ceil(K/64))
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+// grid (N, ceil(K / CONV_TILE_N)), CONV_THREADS threads
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, 2)
 conv2d_forward_fast(const float* x, const float* w, float* y, int N, int C, int K, int H, int W) {
-    conv2d_forward_tiled<CONV2_SIZE>(x, w, y, N, C, K);
+    conv3x3_image_tile<false>(x, w, y, C, K);
 }
 
-// grid (ceil(N*196/128), ceil(C/32), splits); partial [splits, N, C, H, W] (with one split: dx itself).
-// Two blocks per SM: at 80 registers its 32x128 tile spills.
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS)
-conv2d_backward_input_fast(const float* dy, const float* w, float* partial, int N, int C, int K, int H, int W,
-                           int k_per_split) {
-    conv2d_backward_input_tiled<CONV2_SIZE>(dy, w, partial, N, C, K, k_per_split);
+// grid (N, ceil(C / CONV_TILE_N)), CONV_THREADS threads
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, 2)
+conv2d_backward_input_fast(const float* dy, const float* w, float* dx, int N, int C, int K, int H, int W) {
+    conv3x3_image_tile<true>(dy, w, dx, K, C);
 }
 
-// grid (ceil(C*9/64), ceil(K/64), splits); partial [splits, K, C*9]
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+// grid (ceil(C / WGRAD_CHANNELS), ceil(K / WGRAD_OUT), groups), WGRAD_THREADS threads;
+// partial [groups, K, C, 3, 3] (with one group: dw itself)
+extern "C" __global__ void __launch_bounds__(WGRAD_THREADS)
 conv2d_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
-                            int W, int k_per_split) {
-    conv2d_backward_weight_tiled<CONV2_SIZE>(x, dy, partial, N, C, K, k_per_split);
+                            int W, int imgs_per_group) {
+    conv3x3_weight_grad_images(x, dy, partial, N, C, K, imgs_per_group);
 }

@@ -1,14 +1,14 @@
-// gemm.cuh: the tiled matrix-product core shared by the fast conv2d and linear kernels.
+// gemm.cuh: the tensor-core multiply (3xTF32 mma.sync) shared by the fast conv2d and linear kernels, and
+// the tiled matrix-product core of the linear (fc1) kernels:
 //
 //   C[m][n] = sum_k A(m, k) * B(k, n)
 //
-// A block of GEMM_THREADS threads computes one TM x TN tile of C (64 x 64, or 32 x 128 where C has only
-// 32 rows) on the tensor cores, 16 values per thread in registers. The operands pass through shared
-// memory TILE_K steps of k at a time, so each element loaded from global memory is used TM or TN times.
-// A and B are *loaders*: small structs whose methods return elements (0 outside the problem). The same core therefore serves dense matrices
-// (Dense) and convolutions whose im2col matrix is gathered on the fly (Im2col: an "implicit GEMM",
-// nothing is materialised). A_K_CONTIGUOUS / B_N_CONTIGUOUS say which index of the operand is
-// adjacent in memory, so that consecutive threads load adjacent addresses (coalesced loads).
+// A block of GEMM_THREADS threads computes one 64 x 64 tile of C on the tensor cores, 16 values per
+// thread in registers. The operands pass through shared memory TILE_K steps of k at a time, so each
+// element loaded from global memory is used 64 times. A and B are *loaders*: small structs whose methods
+// return elements (0 outside the problem), here Dense matrices with any strides. A_K_CONTIGUOUS /
+// B_N_CONTIGUOUS say which index of the operand is adjacent in memory, so that consecutive threads load
+// adjacent addresses (coalesced loads). (conv2d.cu stages whole images instead: see there.)
 //
 // Each output is a sum over k in a fixed order: results are deterministic.
 #pragma once
@@ -37,56 +37,6 @@ struct Dense {
     };
     __device__ Line line(int j) const { return {p + (j < lines ? j * sj : 0), j < lines}; }
     __device__ float at(const Line& l, int k) const { return l.valid && k < len ? l.p[k * sk] : 0.0f; }
-};
-
-// The im2col matrix of x [N, C, S, S] for a 3x3 convolution with zero padding 1, by pixel:
-// line q = n*S*S + h*S + w, element k = c*9 + tap is x[n, c, h + tap/3 - 1, w + tap%3 - 1].
-// FLIPPED reads the kernel tap mirrored, x[n, c, h + 1 - tap/3, w + 1 - tap%3]: the input gradient of a
-// convolution is a convolution of the output gradient with the flipped kernel.
-// A line is where image n's channel 0 has pixel (h, w), and a bit mask of the taps inside the image.
-template <int S, bool FLIPPED>
-struct Im2col {
-    const float* x;
-    int C, npix;  // npix = N*S*S
-    struct Line {
-        const float* p;
-        unsigned taps;
-    };
-    __device__ static int dh(int tap) { return FLIPPED ? 1 - tap / 3 : tap / 3 - 1; }
-    __device__ static int dw(int tap) { return FLIPPED ? 1 - tap % 3 : tap % 3 - 1; }
-    __device__ Line line(int q) const {
-        if (q >= npix) return {x, 0u};
-        const int n = q / (S * S), h = q % (S * S) / S, w = q % S;
-        unsigned taps = 0;
-#pragma unroll
-        for (int tap = 0; tap < 9; tap++)
-            if (h + dh(tap) >= 0 && h + dh(tap) < S && w + dw(tap) >= 0 && w + dw(tap) < S) taps |= 1u << tap;
-        return {x + n * C * S * S + h * S + w, taps};
-    }
-    __device__ float at(const Line& l, int k) const {
-        const int c = k / 9, tap = k - 9 * c;
-        return (k < C * 9 && (l.taps >> tap & 1u)) ? l.p[c * S * S + dh(tap) * S + dw(tap)] : 0.0f;
-    }
-};
-
-// The same matrix by tap, for the weight gradient: line c*9 + tap, element q (a pixel of the batch).
-template <int S>
-struct Im2colByTap {
-    const float* x;
-    int C, npix;
-    struct Line {
-        const float* p;  // x[0, c, dh, dw]
-        int dh, dw;
-        bool valid;
-    };
-    __device__ Line line(int kk) const {
-        const int c = kk / 9, tap = kk % 9, dh = tap / 3 - 1, dw = tap % 3 - 1;
-        return {x + (kk < C * 9 ? c * S * S + dh * S + dw : 0), dh, dw, kk < C * 9};
-    }
-    __device__ float at(const Line& l, int q) const {
-        const int n = q / (S * S), p = q % (S * S), ih = p / S + l.dh, iw = p % S + l.dw;
-        return (l.valid && q < npix && ih >= 0 && ih < S && iw >= 0 && iw < S) ? l.p[n * C * S * S + p] : 0.0f;
-    }
 };
 
 // Tensor cores. mma.sync m16n8k8 multiplies a 16x8 tile of A by an 8x8 tile of B into a 16x8 tile of

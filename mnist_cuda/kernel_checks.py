@@ -90,7 +90,7 @@ def conv_forward_case(layer, version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_forward_naive", y.size, *args)
         else:
-            run = lambda: launch("conv2d_forward_fast", (ceil_div(N * S * S, 64), ceil_div(K, 64)), 256, *args)
+            run = lambda: launch("conv2d_forward_fast", kernels.conv_image_grid(N, K), kernels.CONV_THREADS, *args)
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
     return Case(f"conv2d_forward_{version}[conv{layer}]", make)
@@ -105,15 +105,8 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
-            tiles = ceil_div(N * S * S, kernels.DGRAD_TILE_N) * ceil_div(C, kernels.DGRAD_TILE_M)
-            splits, k_per_split = kernels.split_k(K * 9, tiles)
-            partial = _poison(splits * dx.size)
-
-            def run():
-                launch("conv2d_backward_input_fast", (ceil_div(N * S * S, kernels.DGRAD_TILE_N),
-                                                      ceil_div(C, kernels.DGRAD_TILE_M), splits), 256,
-                       dyd, wd, partial, *args[3:], I32(k_per_split))
-                _reduce(partial, splits, dx)
+            run = lambda: launch("conv2d_backward_input_fast", kernels.conv_image_grid(N, C), kernels.CONV_THREADS,
+                                 *args)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)
@@ -128,14 +121,13 @@ def conv_backward_weight_case(layer, version="naive"):
             run = lambda: launch_1d("conv2d_backward_weight_naive", dw.size, xd, dyd, dw,
                                     I32(N), I32(C), I32(K), I32(S), I32(S))
         else:
-            tiles = ceil_div(C * 9, 64) * ceil_div(K, 64)
-            splits, k_per_split = kernels.split_k(N * S * S, tiles)
-            partial = _poison(splits * dw.size)
+            grid, per_group = kernels.conv_weight_grid(N, C, K)
+            partial = _poison(grid[2] * dw.size)
 
             def run():
-                launch("conv2d_backward_weight_fast", (ceil_div(C * 9, 64), ceil_div(K, 64), splits), 256, xd, dyd,
-                       partial, I32(N), I32(C), I32(K), I32(S), I32(S), I32(k_per_split))
-                _reduce(partial, splits, dw)
+                launch("conv2d_backward_weight_fast", grid, kernels.WGRAD_THREADS, xd, dyd, partial, I32(N), I32(C),
+                       I32(K), I32(S), I32(S), I32(per_group))
+                _reduce(partial, grid[2], dw)
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dy, dw)))
     return Case(f"conv2d_backward_weight_{version}[conv{layer}]", make)

@@ -157,7 +157,8 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 # ---- launch geometry of the fast kernels (mirrors the constants in kernels/gemm.cuh) -----------------
 
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
-DGRAD_TILE_M, DGRAD_TILE_N = 32, 128  # conv2d_backward_input_fast's tile (kernels/conv2d.cu)
+CONV_THREADS, CONV_TILE_N = 224, 32  # conv2d_forward_fast, conv2d_backward_input_fast (kernels/conv2d.cu)
+WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 96, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
 HEAD_SAMPLES = 8  # samples per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
 CONV1_WEIGHT_CHANNELS = 4  # channels per block of its conv1_backward_weight_fast
@@ -172,6 +173,22 @@ def ceil_div(a: int, b: int) -> int:
 @functools.lru_cache(maxsize=None)
 def sm_count() -> int:
     return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
+
+
+def conv_image_grid(n: int, out_channels: int) -> tuple[int, int]:
+    """Grid of conv2d_forward_fast / conv2d_backward_input_fast: a block per image and CONV_TILE_N
+    output channels."""
+    return n, ceil_div(out_channels, CONV_TILE_N)
+
+
+def conv_weight_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int], int]:
+    """Grid of conv2d_backward_weight_fast and its images per group: blocks of WGRAD_CHANNELS input x
+    WGRAD_OUT output channels, times groups of images (at most MAX_SPLITS, each writing a partial
+    result) so that the GPU is filled about four times."""
+    cols, rows = ceil_div(c_in, WGRAD_CHANNELS), ceil_div(c_out, WGRAD_OUT)
+    groups = max(1, min(n, MAX_SPLITS, ceil_div(4 * sm_count(), cols * rows)))
+    per_group = ceil_div(n, groups)
+    return (cols, rows, ceil_div(n, per_group)), per_group
 
 
 def split_k(k_total: int, tiles: int) -> tuple[int, int]:

@@ -386,26 +386,16 @@ class ConvBlockFast(_BatchNormParams):
         self.out = cp.empty(half, cp.float32)
         self.argmax = cp.empty(half, cp.uint8)
         self.d_in = cp.empty((batch, c_in, size, size), cp.float32)
-        self.w_partial = cp.empty(kernels.max_splits(batch * size * size) * c_out * c_in * 9, cp.float32)
-        in_partial = max(self._input_grad_splits(n)[0] * n for n in range(1, batch + 1)) * c_in * size * size
-        self.in_partial = cp.empty(in_partial, cp.float32)  # the split input gradient's partial results
+        self.w_partial = cp.empty(kernels.MAX_SPLITS * c_out * c_in * 9, cp.float32)  # per image group
         self.side = side  # the weight gradient overlaps the input gradient and conv1's backward
         self.x = None
-
-    def _weight_tiles(self):
-        return ceil_div(self.c_in * 9, kernels.TILE) * ceil_div(self.c_out, kernels.TILE)
-
-    def _input_grad_splits(self, n):
-        """Small batches have fewer input-gradient tiles than SMs: split its k range (split_k)."""
-        tiles = ceil_div(n * self.size * self.size, kernels.DGRAD_TILE_N) * ceil_div(self.c_in, kernels.DGRAD_TILE_M)
-        return split_k(self.c_out * 9, tiles)
 
     def forward(self, x, n, train):
         self.x = x
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
-        launch("conv2d_forward_fast", (ceil_div(n * HW, kernels.TILE), ceil_div(self.c_out, kernels.TILE)),
-               kernels.GEMM_THREADS, x, self.w, self.a, I32(n), C, K, S, S)
+        launch("conv2d_forward_fast", kernels.conv_image_grid(n, self.c_out), kernels.CONV_THREADS, x, self.w,
+               self.a, I32(n), C, K, S, S)
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
                    I32(per_part), self.partial, self.counters[0:1], F32(reference.BN_EPS),
@@ -418,13 +408,12 @@ class ConvBlockFast(_BatchNormParams):
 
     def _weight_grad(self, n):
         C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
-        splits, k_per_split = split_k(n * self.size * self.size, self._weight_tiles())
-        target = self.dw if splits == 1 else self.w_partial
-        launch("conv2d_backward_weight_fast", (ceil_div(self.c_in * 9, kernels.TILE),
-                                               ceil_div(self.c_out, kernels.TILE), splits),
-               kernels.GEMM_THREADS, self.x, self.d_a, target, I32(n), C, K, S, S, I32(k_per_split))
-        if splits > 1:
-            _splitk_reduce(self.w_partial, splits, self.dw)
+        grid, per_group = kernels.conv_weight_grid(n, self.c_in, self.c_out)
+        target = self.dw if grid[2] == 1 else self.w_partial
+        launch("conv2d_backward_weight_fast", grid, kernels.WGRAD_THREADS, self.x, self.d_a, target, I32(n), C, K,
+               S, S, I32(per_group))
+        if grid[2] > 1:
+            _splitk_reduce(self.w_partial, grid[2], self.dw)
 
     def backward(self, d_out, n, need_input_grad):
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
@@ -436,13 +425,8 @@ class ConvBlockFast(_BatchNormParams):
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
         self.side.run(lambda: self._weight_grad(n))
         if need_input_grad:
-            splits, k_per_split = self._input_grad_splits(n)
-            launch("conv2d_backward_input_fast", (ceil_div(n * HW, kernels.DGRAD_TILE_N),
-                                                  ceil_div(self.c_in, kernels.DGRAD_TILE_M), splits),
-                   kernels.GEMM_THREADS, self.d_a, self.w, self.d_in if splits == 1 else self.in_partial, I32(n),
-                   C, K, S, S, I32(k_per_split))
-            if splits > 1:
-                _splitk_reduce(self.in_partial, splits, self.d_in, count=n * self.c_in * HW)
+            launch("conv2d_backward_input_fast", kernels.conv_image_grid(n, self.c_in), kernels.CONV_THREADS,
+                   self.d_a, self.w, self.d_in, I32(n), C, K, S, S)
             return self.d_in
         return None
 

@@ -67,7 +67,9 @@ def test_launch_geometry_mirrors_the_kernels_defines():
 
     pairs = [("conv2d.cu", "TILE_M", kernels.TILE), ("conv2d.cu", "TILE_N", kernels.TILE),
              ("conv2d.cu", "TILE_K", kernels.TILE_K), ("conv2d.cu", "GEMM_THREADS", kernels.GEMM_THREADS),
-             ("conv2d.cu", "DGRAD_TILE_M", kernels.DGRAD_TILE_M), ("conv2d.cu", "DGRAD_TILE_N", kernels.DGRAD_TILE_N),
+             ("conv2d.cu", "CONV_THREADS", kernels.CONV_THREADS), ("conv2d.cu", "CONV_TILE_N", kernels.CONV_TILE_N),
+             ("conv2d.cu", "WGRAD_THREADS", kernels.WGRAD_THREADS),
+             ("conv2d.cu", "WGRAD_CHANNELS", kernels.WGRAD_CHANNELS), ("conv2d.cu", "WGRAD_OUT", kernels.WGRAD_OUT),
              ("loss.cu", "HEAD_SAMPLES", kernels.HEAD_SAMPLES), ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
              ("conv1_fused.cu", "CHANNELS", kernels.CONV1_CHANNELS),
              ("conv1_fused.cu", "THREADS", kernels.CONV1_THREADS),
