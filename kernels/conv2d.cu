@@ -76,29 +76,31 @@ extern "C" __global__ void conv2d_backward_weight_naive(const float* x, const fl
 // forward: in = x, wt(n, c, tap) = w[n, c, tap]; input gradient: in = dy, wt(n, c, tap) = w[c, n, 8 - tap]
 // (the flipped kernel, with w's two channel indices swapped).
 //
-// A block computes one image's pixels (rows) for CONV_TILE_N output channels (columns) as a matrix
+// A block computes one image's pixels (rows) for NT output channels (columns) as a matrix
 // product on the tensor cores (gemm.cuh's 3xTF32 mma). The input image passes through shared memory
 // CONV_CHUNK channels at a time, with a zero border: 16x16 per channel for the 14x14 image. Within a
 // chunk, k = tap*8 + c (mma k-step s is tap s, its 8 columns the chunk's 8 channels), so the im2col
 // element (pixel p, tap s, channel c) sits at in_s[row(p) + c*CONV_CHANNEL_STRIDE + shift(s)]: a
 // per-thread register plus a compile-time constant. The product loop has no index arithmetic, no
-// bounds checks and no branches, and every staged value is used by 9 taps x CONV_TILE_N channels.
+// bounds checks and no branches, and every staged value is used by 9 taps x NT channels.
 // The next chunk is fetched into registers while the tensor cores work on this one.
 #define CONV2_SIZE 14
 #define CONV_THREADS 224         // 7 warps x 32 pixels: one 14x14 image (196) in 224 rows
 #define CONV_CHUNK 8             // input channels per step: 8 x 9 taps = 72 k = 9 mma k-steps
-#define CONV_TILE_N 32           // output channels per block
+#define FORWARD_TILE_N 32        // output channels per block of the forward
+#define INPUT_GRAD_TILE_N 16     // and of the input gradient: twice the blocks (at batch 64, 64 blocks of
+                                 // 32 channels left half the SMs idle; 16 halves its time there)
 #define CONV_PADDED 16           // the staged image with its zero border, 16 x 16
 #define CONV_CHANNEL_STRIDE 264  // floats per staged channel, 256 + 8: a fragment load reads 8 pixels of
                                  // 4 channels, and the 4 channels then start 8 banks apart
 #define CONV_W_STRIDE 76         // floats per staged weight row, 72 + 4: the 8 rows x 4 columns of a
                                  // fragment load hit banks 12*row + column, all different
 
-template <bool FLIPPED>
+template <bool FLIPPED, int NT>
 __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float* w, float* out, int Cin,
                                                    int Cout) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, CS = CONV_CHANNEL_STRIDE, WS = CONV_W_STRIDE;
-    constexpr int KC = CONV_CHUNK * 9, NT = CONV_TILE_N, NI = NT / 8;
+    constexpr int KC = CONV_CHUNK * 9, NI = NT / 8;
     constexpr int IN_PER_THREAD = CONV_CHUNK * SS / CONV_THREADS, W_PER_THREAD = CEIL_DIV(NT * KC, CONV_THREADS);
     static_assert(IN_PER_THREAD * CONV_THREADS == CONV_CHUNK * SS, "the threads stage a chunk exactly");
     __shared__ float in_s[CONV_CHUNK * CS];
@@ -301,16 +303,16 @@ __device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const
 }
 
 // Entry points with the naive kernels' arguments; H == W == 14 (checked by the caller).
-// grid (N, ceil(K / CONV_TILE_N)), CONV_THREADS threads
+// grid (N, ceil(K / FORWARD_TILE_N)), CONV_THREADS threads
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 2)
 conv2d_forward_fast(const float* x, const float* w, float* y, int N, int C, int K, int H, int W) {
-    conv3x3_image_tile<false>(x, w, y, C, K);
+    conv3x3_image_tile<false, FORWARD_TILE_N>(x, w, y, C, K);
 }
 
-// grid (N, ceil(C / CONV_TILE_N)), CONV_THREADS threads
+// grid (N, ceil(C / INPUT_GRAD_TILE_N)), CONV_THREADS threads
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 2)
 conv2d_backward_input_fast(const float* dy, const float* w, float* dx, int N, int C, int K, int H, int W) {
-    conv3x3_image_tile<true>(dy, w, dx, K, C);
+    conv3x3_image_tile<true, INPUT_GRAD_TILE_N>(dy, w, dx, K, C);
 }
 
 // grid (ceil(C / WGRAD_CHANNELS), ceil(K / WGRAD_OUT), groups), WGRAD_THREADS threads;

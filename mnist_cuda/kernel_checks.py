@@ -90,7 +90,8 @@ def conv_forward_case(layer, version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_forward_naive", y.size, *args)
         else:
-            run = lambda: launch("conv2d_forward_fast", kernels.conv_image_grid(N, K), kernels.CONV_THREADS, *args)
+            run = lambda: launch("conv2d_forward_fast", kernels.conv_image_grid(N, K, kernels.FORWARD_TILE_N),
+                                 kernels.CONV_THREADS, *args)
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
     return Case(f"conv2d_forward_{version}[conv{layer}]", make)
@@ -105,8 +106,8 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
-            run = lambda: launch("conv2d_backward_input_fast", kernels.conv_image_grid(N, C), kernels.CONV_THREADS,
-                                 *args)
+            run = lambda: launch("conv2d_backward_input_fast",
+                                 kernels.conv_image_grid(N, C, kernels.INPUT_GRAD_TILE_N), kernels.CONV_THREADS, *args)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)

@@ -157,7 +157,8 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 # ---- launch geometry of the fast kernels (mirrors the constants in kernels/gemm.cuh) -----------------
 
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
-CONV_THREADS, CONV_TILE_N = 224, 32  # conv2d_forward_fast, conv2d_backward_input_fast (kernels/conv2d.cu)
+# conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block
+CONV_THREADS, FORWARD_TILE_N, INPUT_GRAD_TILE_N = 224, 32, 16
 WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 96, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
 HEAD_SAMPLES = 8  # samples per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
@@ -175,10 +176,10 @@ def sm_count() -> int:
     return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
 
 
-def conv_image_grid(n: int, out_channels: int) -> tuple[int, int]:
-    """Grid of conv2d_forward_fast / conv2d_backward_input_fast: a block per image and CONV_TILE_N
-    output channels."""
-    return n, ceil_div(out_channels, CONV_TILE_N)
+def conv_image_grid(n: int, out_channels: int, tile_n: int) -> tuple[int, int]:
+    """Grid of conv2d_forward_fast (tile_n FORWARD_TILE_N) and conv2d_backward_input_fast
+    (INPUT_GRAD_TILE_N): a block per image and tile_n output channels."""
+    return n, ceil_div(out_channels, tile_n)
 
 
 def conv_weight_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int], int]:

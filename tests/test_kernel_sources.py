@@ -67,7 +67,8 @@ def test_launch_geometry_mirrors_the_kernels_defines():
 
     pairs = [("conv2d.cu", "TILE_M", kernels.TILE), ("conv2d.cu", "TILE_N", kernels.TILE),
              ("conv2d.cu", "TILE_K", kernels.TILE_K), ("conv2d.cu", "GEMM_THREADS", kernels.GEMM_THREADS),
-             ("conv2d.cu", "CONV_THREADS", kernels.CONV_THREADS), ("conv2d.cu", "CONV_TILE_N", kernels.CONV_TILE_N),
+             ("conv2d.cu", "CONV_THREADS", kernels.CONV_THREADS), ("conv2d.cu", "FORWARD_TILE_N", kernels.FORWARD_TILE_N),
+             ("conv2d.cu", "INPUT_GRAD_TILE_N", kernels.INPUT_GRAD_TILE_N),
              ("conv2d.cu", "WGRAD_THREADS", kernels.WGRAD_THREADS),
              ("conv2d.cu", "WGRAD_CHANNELS", kernels.WGRAD_CHANNELS), ("conv2d.cu", "WGRAD_OUT", kernels.WGRAD_OUT),
              ("loss.cu", "HEAD_SAMPLES", kernels.HEAD_SAMPLES), ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
