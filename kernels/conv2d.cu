@@ -211,10 +211,12 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float*
 // is a matrix product with rows (tap, c), columns o, and k running over the pixels of the images.
 // A block owns WGRAD_CHANNELS input channels, WGRAD_OUT output channels and a group of images. Per
 // image it stages its channels of x (with the zero border, as in the forward) and of dy in shared memory
-// with cp.async (straight to shared memory, no registers), then each of its 3 warps multiplies 3 taps
-// (a 16-row mma tile per tap: the 16 channels) by the WGRAD_OUT columns. Each group writes a partial
+// with cp.async (straight to shared memory, no registers), then each of its 6 warps multiplies 3 taps
+// (a 16-row mma tile per tap: the 16 channels) by the WGRAD_OUT columns over half of the pixels; the
+// two halves' sums are added at the end (two warps per output tile keep twice the warps busy). Each group writes a partial
 // result [group, K, C, 9]; splitk_reduce sums them in group order (deterministic).
-#define WGRAD_THREADS 96             // 3 warps: kernel rows 0, 1, 2 (3 taps each)
+#define WGRAD_THREADS 192            // 6 warps: kernel rows 0, 1, 2 (3 taps each) x two halves of the pixels
+#define WGRAD_HALF 104               // pixels of the first half: 13 of the 25 k-steps
 #define WGRAD_CHANNELS 16            // input channels per block: the 16 rows of an mma tile
 #define WGRAD_OUT 32                 // output channels per block
 #define WGRAD_PIXELS 200             // an image's 196 pixels in 25 k-steps of 8; 196..199 read zeros of dy
@@ -241,7 +243,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const
     __shared__ __align__(16) float dy_s[NO * DS];
     __shared__ int row_of[WGRAD_PIXELS];  // pixel -> its offset in a staged channel (less the border)
     const int c0 = blockIdx.x * CH, o0 = blockIdx.y * NO, group = blockIdx.z;
-    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+    const int tid = threadIdx.x, g = tid % 32 / 4, t = tid % 4;
+    const int tap_row = tid / 32 % 3, half = tid / 96;  // this warp's kernel row and half of the pixels
+    const int k_begin = half * WGRAD_HALF, k_end = half ? WGRAD_PIXELS : WGRAD_HALF;
 
     // Zeros that staging never overwrites: the border, dy past pixel 196, channels past C or K.
     for (int i = tid; i < CH * CS; i += WGRAD_THREADS) x_s[i] = 0.0f;
@@ -264,10 +268,10 @@ __device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const
         }
         cp_async_wait_all();
         __syncthreads();
-#pragma unroll 5
-        for (int k0 = 0; k0 < WGRAD_PIXELS; k0 += 8) {
-            // A(row = channel g or g + 8 of tap 3*warp + j, k = pixel) = x_s[channel + shift(tap) + row_of[pixel]]
-            const int at0 = row_of[k0 + t] + warp * P, at1 = row_of[k0 + t + 4] + warp * P;
+#pragma unroll 4
+        for (int k0 = k_begin; k0 < k_end; k0 += 8) {
+            // A(row = channel g or g + 8 of tap 3*tap_row + j, k = pixel) = x_s[channel + shift(tap) + row_of[pixel]]
+            const int at0 = row_of[k0 + t] + tap_row * P, at1 = row_of[k0 + t + 4] + tap_row * P;
             unsigned a_big[3][4], a_small[3][4], b_big[NI][2], b_small[NI][2];
 #pragma unroll
             for (int j = 0; j < 3; j++)
@@ -290,6 +294,20 @@ __device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const
         }
     }
 
+    // The second half's sums through shared memory (dy_s is free now) into the first half's.
+    constexpr int ACC = 3 * NI * 4;
+    static_assert(WGRAD_THREADS / 2 * ACC <= NO * DS, "dy_s holds the second half's sums");
+    float* acc_s = dy_s;
+    __syncthreads();
+    if (half) {
+#pragma unroll
+        for (int i = 0; i < ACC; i++) acc_s[i * (WGRAD_THREADS / 2) + tid - WGRAD_THREADS / 2] = (&acc[0][0][0])[i];
+    }
+    __syncthreads();
+    if (half) return;
+#pragma unroll
+    for (int i = 0; i < ACC; i++) (&acc[0][0][0])[i] += acc_s[i * (WGRAD_THREADS / 2) + tid];
+
     float* out = partial + (size_t)group * K * C * 9;
 #pragma unroll
     for (int j = 0; j < 3; j++)
@@ -298,7 +316,7 @@ __device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const
 #pragma unroll
             for (int r = 0; r < 4; r++) {
                 const int c = c0 + g + 8 * (r / 2), o = o0 + ni * 8 + 2 * t + r % 2;
-                if (c < C && o < K) out[(o * C + c) * 9 + 3 * warp + j] = acc[j][ni][r];
+                if (c < C && o < K) out[(o * C + c) * 9 + 3 * tap_row + j] = acc[j][ni][r];
             }
 }
 

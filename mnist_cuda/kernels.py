@@ -159,7 +159,7 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 # conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block
 CONV_THREADS, FORWARD_TILE_N, INPUT_GRAD_TILE_N = 224, 32, 16
-WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 96, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
+WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 192, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
 HEAD_SAMPLES = 8  # samples per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
 CONV1_WEIGHT_CHANNELS = 4  # channels per block of its conv1_backward_weight_fast
