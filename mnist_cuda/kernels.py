@@ -154,7 +154,7 @@ def pinned_empty(shape, dtype) -> np.ndarray:
     return np.frombuffer(mem, dtype, count).reshape(shape)
 
 
-# ---- launch geometry of the fast kernels (mirrors the constants in kernels/gemm.cuh) -----------------
+# ---- launch geometry of the fast kernels (mirrors the #defines in kernels/, checked by a test) --------
 
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 # conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block
