@@ -416,7 +416,7 @@ class ConvBlockFast(_BatchNormParams):
             _splitk_reduce(self.w_partial, grid[2], self.dw)
 
     def backward(self, d_out, n, need_input_grad):
-        C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
+        C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
         parts, per_part = parts_of(n)
         launch("batchnorm_backward_reduce_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, self.mean,
                self.invstd, d_out, self.out, self.argmax, I32(n), K, S, I32(per_part), self.partial,
