@@ -202,8 +202,15 @@ class ReferenceModel:
     def state_dict(self, dtype=np.float32) -> dict[str, np.ndarray]:
         return {k: (v.copy() if k.endswith("tracked") else v.astype(dtype)) for k, v in self.state.items()}
 
-    def forward(self, x, train=True):
-        """Logits for a batch [N,1,28,28]; in training mode also the cache for backward."""
+    def forward(self, x, train=True, decisions=None):
+        """Logits for a batch [N,1,28,28]; in training mode also the cache for backward.
+
+        decisions (optional, from decisions_of) imposes another computation's discrete choices: for
+        each block the pooled window's argmax and whether the ReLU let it through, and fc1's ReLU mask.
+        A float32 computation can take a different choice where values sit within its rounding of a
+        tie or of zero, and then one gradient path flips; with its choices imposed, this float64 model
+        computes exactly what that computation should have computed. cache["pooled1"], ["pooled2"] and
+        ["fc1"] hold the outputs, so a caller can check that the imposed choices were near-ties."""
         s, cache = self.state, {"x": np.asarray(x, np.float64)}
         h = cache["x"]
         for i in (1, 2):
@@ -213,39 +220,58 @@ class ReferenceModel:
             else:
                 z = batchnorm_forward_eval(a, s[f"bn{i}.weight"], s[f"bn{i}.bias"],
                                            s[f"bn{i}.running_mean"], s[f"bn{i}.running_var"])
-            r = relu_forward(z)
-            p, argmax = maxpool_forward(r)
-            cache[f"block{i}"] = (h, a, r, argmax)
-            h = p
+            if decisions is None:
+                r = relu_forward(z)
+                p, argmax = maxpool_forward(r)
+                passes = r > 0
+            else:
+                argmax, open_ = decisions[f"block{i}"]
+                picked = np.take_along_axis(_pool_windows(z), argmax[..., None].astype(np.intp), axis=-1)[..., 0]
+                p = np.where(open_, picked, 0.0)
+                passes = maxpool_backward(open_.astype(np.float64), argmax, z.shape) > 0
+            cache[f"block{i}"] = (h, a, passes, argmax)
+            cache[f"pooled{i}"] = h = p
         flat = h.reshape(h.shape[0], -1)
-        f1 = relu_forward(linear_forward(flat, s["fc1.weight"], s["fc1.bias"]))
+        pre = linear_forward(flat, s["fc1.weight"], s["fc1.bias"])
+        f1_passes = pre > 0 if decisions is None else decisions["fc1"]
+        f1 = np.where(f1_passes, pre, 0.0)
         logits = linear_forward(f1, s["fc2.weight"], s["fc2.bias"])
-        cache["fc"] = (flat, f1)
+        cache["fc"] = (flat, f1, f1_passes)
+        cache["fc1"] = f1
         return logits, cache
 
-    def loss_and_grads(self, x, labels):
-        """Forward in training mode, loss, backward. Returns (loss, grads by parameter name, cache)."""
+    def loss_and_grads(self, x, labels, decisions=None):
+        """Forward in training mode, loss, backward. Returns (loss, grads by parameter name, cache).
+        decisions: as in forward()."""
         s = self.state
-        logits, cache = self.forward(x, train=True)
+        logits, cache = self.forward(x, train=True, decisions=decisions)
         loss, dlogits = nll_loss(logits, np.asarray(labels))
         g = {}
-        flat, f1 = cache["fc"]
+        flat, f1, f1_passes = cache["fc"]
         df1, g["fc2.weight"], g["fc2.bias"] = linear_backward(f1, s["fc2.weight"], dlogits)
-        dflat, g["fc1.weight"], g["fc1.bias"] = linear_backward(
-            flat, s["fc1.weight"], relu_backward(df1, f1))
+        dflat, g["fc1.weight"], g["fc1.bias"] = linear_backward(flat, s["fc1.weight"], df1 * f1_passes)
         dh = dflat.reshape(flat.shape[0], self.channels[1], 7, 7)
         for i in (2, 1):
-            h_in, a, r, argmax = cache[f"block{i}"]
-            dr = maxpool_backward(dh, argmax, r.shape)
-            dz = relu_backward(dr, r)
+            h_in, a, passes, argmax = cache[f"block{i}"]
+            dz = maxpool_backward(dh, argmax, a.shape) * passes  # through the pool, then the ReLU
             da, g[f"bn{i}.weight"], g[f"bn{i}.bias"] = batchnorm_backward(dz, s[f"bn{i}.weight"], cache[f"bn{i}"])
             dh, g[f"conv{i}.weight"] = conv2d_backward(h_in, s[f"conv{i}.weight"], da)
         cache["logits"] = logits
         return loss, {k: g[k] for k in param_shapes(self.channels, self.hidden)}, cache
 
-    def train_step(self, x, labels, lr):
-        """One SGD step (p -= lr * grad) and the BN running-statistics update. Returns the loss."""
-        loss, grads, cache = self.loss_and_grads(x, labels)
+    @staticmethod
+    def decisions_of(cache) -> dict:
+        """The discrete choices a training forward took (its cache), in the form forward() accepts:
+        {"block1": (argmax, open), "block2": (argmax, open), "fc1": mask}; open = the pooled value
+        passed the ReLU (> 0), argmax = the window position 0..3."""
+        out = {f"block{i}": (cache[f"block{i}"][3], cache[f"pooled{i}"] > 0) for i in (1, 2)}
+        out["fc1"] = cache["fc"][2]
+        return out
+
+    def train_step(self, x, labels, lr, decisions=None):
+        """One SGD step (p -= lr * grad) and the BN running-statistics update. Returns the loss.
+        decisions: as in forward()."""
+        loss, grads, cache = self.loss_and_grads(x, labels, decisions)
         s = self.state
         for name, grad in grads.items():
             s[name] = s[name] - lr * grad

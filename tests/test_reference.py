@@ -173,3 +173,27 @@ def test_reference_matches_torch(rng):
     with torch.no_grad():
         tlogits = net(torch.from_numpy(x)).numpy()
     assert rel_err(ref.log_softmax(model.forward(x, train=False)[0]), tlogits) < 1e-10
+
+
+def test_imposed_decisions(rng):
+    """forward(decisions=...) with the model's own choices changes nothing; one flipped choice changes
+    the pooled output visibly (which is what the GPU step test checks) and the gradients."""
+    model = ref.ReferenceModel(ref.init_state_dict(seed=2, channels=(3, 4), hidden=6))
+    x, labels = rng.standard_normal((2, 1, 28, 28)), rng.integers(0, 10, 2)
+    loss, grads, cache = model.loss_and_grads(x, labels)
+    own = model.decisions_of(cache)
+    loss2, grads2, cache2 = model.loss_and_grads(x, labels, own)
+    assert loss2 == loss and all(np.array_equal(grads[k], grads2[k]) for k in grads)
+    assert np.array_equal(cache2["pooled2"], cache["pooled2"]) and np.array_equal(cache2["fc1"], cache["fc1"])
+
+    argmax, open_ = own["block1"]
+    where = tuple(np.argwhere(open_)[0])  # an open window: move its choice to another position
+    flipped = dict(own, block1=(argmax.copy(), open_))
+    flipped["block1"][0][where] = (argmax[where] + 1) % 4
+    _, grads3, cache3 = model.loss_and_grads(x, labels, flipped)
+    assert np.abs(cache3["pooled1"] - cache["pooled1"]).max() > 1e-6
+    assert rel_err(grads3["conv1.weight"], grads["conv1.weight"]) > 1e-9
+
+    closed = dict(own, fc1=np.zeros_like(own["fc1"]))  # every fc1 unit blocked: no gradient below fc1
+    _, grads4, _ = model.loss_and_grads(x, labels, closed)
+    assert not grads4["fc1.weight"].any() and not grads4["conv2.weight"].any()
