@@ -140,7 +140,10 @@ __device__ __forceinline__ void reduce_channel_parts(const float* partial, int p
 // In the last block: BatchNorm statistics per channel from per-(part, channel) pairs (mean, M2) in
 // partial [parts, C, 2]; part b holds images [b*imgs_per_block, ...) of hw values each. This is the
 // parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n, M2 = sum(M2_b + n_b (mean_b -
-// mean)^2), stable because each part's deviations were taken from its own mean. Then batchnorm_finalize.
+// mean)^2), stable because each part's deviations were taken from its own mean. Then batchnorm_finalize,
+// by thread c for channel c: the warps leave (mean, variance) in save_mean and save_invstd first. (Done by
+// the warp that merged the channel, each channel's read of its running statistics waited for the
+// previous channel's writes, which it may alias: a memory latency per channel, in the last block.)
 __device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw,
                                          int C, float eps, float momentum, float* save_mean, float* save_invstd,
                                          float* running_mean, float* running_var) {
@@ -158,10 +161,15 @@ __device__ void batchnorm_merge_finalize(const float* partial, int parts, int im
 #pragma unroll
         for (int i = 0; i < PARTS_PER_LANE; i++) q += v[i][1] + n_b[i] * (v[i][0] - mean) * (v[i][0] - mean);
         const float m2 = warp_sum(q);
-        if (lane == 0)
-            batchnorm_finalize(c, mean, m2 / total, total, eps, momentum, save_mean, save_invstd, running_mean,
-                               running_var);
+        if (lane == 0) {
+            save_mean[c] = mean;
+            save_invstd[c] = m2 / total;  // the variance, until the finalize below
+        }
     });
+    __syncthreads();  // (a block sees its own global writes after a barrier)
+    for (int c = threadIdx.x; c < C; c += blockDim.x)
+        batchnorm_finalize(c, save_mean[c], save_invstd[c], total, eps, momentum, save_mean, save_invstd,
+                           running_mean, running_var);
 }
 
 // In the last block: out0[c] = sum_b partial[b, c, 0], out1[c] = sum_b partial[b, c, 1] (fixed order).
