@@ -233,8 +233,12 @@ class ReferenceModel:
             cache[f"pooled{i}"] = h = p
         flat = h.reshape(h.shape[0], -1)
         pre = linear_forward(flat, s["fc1.weight"], s["fc1.bias"])
-        f1_passes = pre > 0 if decisions is None else decisions["fc1"]
-        f1 = np.where(f1_passes, pre, 0.0)
+        if decisions is None:
+            f1 = relu_forward(pre)
+            f1_passes = f1 > 0
+        else:
+            f1_passes = decisions["fc1"]
+            f1 = np.where(f1_passes, pre, 0.0)
         logits = linear_forward(f1, s["fc2.weight"], s["fc2.bias"])
         cache["fc"] = (flat, f1, f1_passes)
         cache["fc1"] = f1
