@@ -78,13 +78,14 @@ extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float
 // ---------------------------------------------------------------------------------------------------
 // fast: the second block's BatchNorm fused with ReLU and max pooling (x = conv2's output [N,C,S,S],
 // S even). Reductions are split into parts of imgs_per_block images (about 64 parts), one warp per
-// channel; the last block of the launch combines the parts in a fixed order (last_block_done).
+// channel, 8 channels per block; for each group of 8 channels, the last of its blocks combines the
+// parts in a fixed order (last_block_done). counter: one per group.
 
 // Per (part, channel) mean and M2, merged by the last block, which finalizes BatchNorm. A warp owns a
 // channel: it holds one image's HW values in registers (loaded together: one memory latency per
 // image), takes their mean and squared deviations (two passes over registers), and merges them into
 // the part's running (mean, M2) with Chan's formula, in image order.
-// grid (parts, ceil(C/8)), 256 threads; partial [parts, C, 2]. HW <= 32 * BN_STATS_VALUES.
+// grid (parts, ceil(C/8)), 256 threads; partial [C, parts, 2]. HW <= 32 * BN_STATS_VALUES.
 #define BN_STATS_VALUES 7  // per lane and image: 7 * 32 >= 196, conv2's 14x14
 extern "C" __global__ void __launch_bounds__(256)
 batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
@@ -111,13 +112,14 @@ batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, f
             chan_merge(&mean, &m2, &count, image_mean, warp_sum(sq), (float)HW);
         }
         if (lane == 0) {
-            partial[(blockIdx.x * C + c) * 2] = mean;
-            partial[(blockIdx.x * C + c) * 2 + 1] = m2;
+            float* pair = part_pair(partial, c, gridDim.x, blockIdx.x);
+            pair[0] = mean;
+            pair[1] = m2;
         }
     }
-    if (!last_block_done(counter)) return;
-    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, C, eps, momentum, save_mean, save_invstd,
-                             running_mean, running_var);
+    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
+    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, blockIdx.y * 8, min(C, blockIdx.y * 8 + 8),
+                             eps, momentum, save_mean, save_invstd, running_mean, running_var);
 }
 
 // Evaluation: the statistics the fused forward kernels normalise with become the running ones:
@@ -194,11 +196,12 @@ batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const flo
     sdz = warp_sum(sdz);
     sdzx = warp_sum(sdzx);
     if (c < C && lane == 0) {
-        partial[(blockIdx.x * C + c) * 2] = sdz;
-        partial[(blockIdx.x * C + c) * 2 + 1] = sdzx;
+        float* pair = part_pair(partial, c, gridDim.x, blockIdx.x);
+        pair[0] = sdz;
+        pair[1] = sdzx;
     }
-    if (!last_block_done(counter)) return;
-    sum_parts_pairs(partial, gridDim.x, C, dbeta, dgamma);
+    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
+    sum_parts_pairs(partial, gridDim.x, blockIdx.y * 8, min(C, blockIdx.y * 8 + 8), dbeta, dgamma);
 }
 
 // dx = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt

@@ -27,17 +27,18 @@ __device__ __forceinline__ float block_sum(float v) {
     return warp_sum(v);
 }
 
-// The last-block idiom. Every block of a launch writes its partial result, then calls this; exactly
-// one block, the last to finish, gets true and combines all partials in a fixed order (so the result
-// does not depend on which block happened to finish last: still deterministic). Only the integer
-// counter uses an atomic. The last block resets it to 0, ready for the next launch or graph replay.
-// Every thread of the block must call it. Read other blocks' partials with __ldcg (from L2).
-__device__ __forceinline__ bool last_block_done(unsigned int* counter) {
+// The last-block idiom. Each of `blocks` blocks that share a counter writes its partial result, then
+// calls this; exactly one block, the last to finish, gets true and combines all partials in a fixed
+// order (so the result does not depend on which block happened to finish last: still deterministic).
+// Only the integer counter uses an atomic. The last block resets it to 0, ready for the next launch or
+// graph replay. Every thread of the block must call it. Read other blocks' partials with __ldcg (from
+// L2). The reductions over the batch give each row of blocks (blockIdx.y: a group of channels) its own
+// counter, so each group's last block merges only that group, and the groups merge in parallel.
+__device__ __forceinline__ bool last_block_done(unsigned int* counter, unsigned int blocks) {
     __shared__ bool is_last;
     __threadfence();  // this thread's partial writes are visible device-wide before we count
     __syncthreads();
     if (threadIdx.x == 0) {
-        const unsigned int blocks = gridDim.x * gridDim.y * gridDim.z;
         is_last = atomicAdd(counter, 1u) == blocks - 1;
         if (is_last) *counter = 0u;
     }
@@ -110,46 +111,47 @@ __device__ __forceinline__ float sum_in_order(const float* p, int count, size_t 
     return s;
 }
 
-// In the last block: hand each channel's per-part pairs partial[b, c, 0..1] (parts <= MAX_PARTS) to
-// reduce(c, v), called by every lane of the warp that owns c; lane l holds parts l, l + 32, ... in
-// v[0], v[1], ... (zeros past the end). A warp loads CHANNELS_AT_ONCE channels before reducing any,
-// so that all those loads wait for one memory latency together.
+// Where block b of a per-part reduction puts its pair (or pairs) for channel c: partial [C, parts, 2],
+// a channel's parts side by side, so that the warp merging the channel reads them coalesced.
+__device__ __forceinline__ float* part_pair(float* partial, int c, int parts, int b) {
+    return partial + ((size_t)c * parts + b) * 2;
+}
+
+// In the last block of a channel group: hand each channel c in [c0, c1)'s per-part pairs (parts <=
+// MAX_PARTS) to reduce(c, v), called by every lane of the warp that owns c; lane l holds parts l, l + 32,
+// ... in v[0], v[1], ... (zeros past the end), loaded as float2.
 #define MAX_PARTS 64  // mirrors mnist_cuda.kernels.MAX_PARTS
 #define PARTS_PER_LANE (MAX_PARTS / 32)
-#define CHANNELS_AT_ONCE 8
 template <class Reduce>
-__device__ __forceinline__ void reduce_channel_parts(const float* partial, int parts, int C, Reduce reduce) {
+__device__ __forceinline__ void reduce_channel_parts(const float* partial, int parts, int c0, int c1, Reduce reduce) {
     const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
-    for (int first = threadIdx.x / 32; first < C; first += warps * CHANNELS_AT_ONCE) {
-        float v[CHANNELS_AT_ONCE][PARTS_PER_LANE][2];
+    for (int c = c0 + threadIdx.x / 32; c < c1; c += warps) {
+        float v[PARTS_PER_LANE][2];
 #pragma unroll
-        for (int j = 0; j < CHANNELS_AT_ONCE; j++)
-#pragma unroll
-            for (int i = 0; i < PARTS_PER_LANE; i++) {
-                const int c = first + j * warps, b = lane + 32 * i;
-                const bool ok = c < C && b < parts;
-                v[j][i][0] = ok ? __ldcg(&partial[(b * C + c) * 2]) : 0.0f;
-                v[j][i][1] = ok ? __ldcg(&partial[(b * C + c) * 2 + 1]) : 0.0f;
-            }
-#pragma unroll
-        for (int j = 0; j < CHANNELS_AT_ONCE; j++)
-            if (first + j * warps < C) reduce(first + j * warps, v[j]);
+        for (int i = 0; i < PARTS_PER_LANE; i++) {
+            const int b = lane + 32 * i;
+            const float2 pair = b < parts ? __ldcg(reinterpret_cast<const float2*>(partial) + (size_t)c * parts + b)
+                                          : make_float2(0.0f, 0.0f);
+            v[i][0] = pair.x;
+            v[i][1] = pair.y;
+        }
+        reduce(c, v);
     }
 }
 
-// In the last block: BatchNorm statistics per channel from per-(part, channel) pairs (mean, M2) in
-// partial [parts, C, 2]; part b holds images [b*imgs_per_block, ...) of hw values each. This is the
-// parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n, M2 = sum(M2_b + n_b (mean_b -
-// mean)^2), stable because each part's deviations were taken from its own mean. Then batchnorm_finalize,
-// by thread c for channel c: the warps leave (mean, variance) in save_mean and save_invstd first. (Done by
-// the warp that merged the channel, each channel's read of its running statistics waited for the
-// previous channel's writes, which it may alias: a memory latency per channel, in the last block.)
+// In the last block of channel group [c0, c1): BatchNorm statistics per channel from per-(channel, part)
+// pairs (mean, M2) in partial [C, parts, 2]; part b holds images [b*imgs_per_block, ...) of hw values
+// each. This is the parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n, M2 = sum(M2_b +
+// n_b (mean_b - mean)^2), stable because each part's deviations were taken from its own mean. Then
+// batchnorm_finalize, by thread c - c0 for channel c: the warps leave (mean, variance) in save_mean and
+// save_invstd first. (Done by the warp that merged the channel, each channel's read of its running
+// statistics waited for the previous channel's writes, which it may alias: a memory latency per channel.)
 __device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw,
-                                         int C, float eps, float momentum, float* save_mean, float* save_invstd,
-                                         float* running_mean, float* running_var) {
+                                         int c0, int c1, float eps, float momentum, float* save_mean,
+                                         float* save_invstd, float* running_mean, float* running_var) {
     const int lane = threadIdx.x % 32;
     const float total = (float)N * hw;
-    reduce_channel_parts(partial, parts, C, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
+    reduce_channel_parts(partial, parts, c0, c1, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
         float n_b[PARTS_PER_LANE], s = 0.0f, q = 0.0f;
 #pragma unroll
         for (int i = 0; i < PARTS_PER_LANE; i++) {
@@ -167,15 +169,16 @@ __device__ void batchnorm_merge_finalize(const float* partial, int parts, int im
         }
     });
     __syncthreads();  // (a block sees its own global writes after a barrier)
-    for (int c = threadIdx.x; c < C; c += blockDim.x)
+    for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
         batchnorm_finalize(c, save_mean[c], save_invstd[c], total, eps, momentum, save_mean, save_invstd,
                            running_mean, running_var);
 }
 
-// In the last block: out0[c] = sum_b partial[b, c, 0], out1[c] = sum_b partial[b, c, 1] (fixed order).
-__device__ void sum_parts_pairs(const float* partial, int parts, int C, float* out0, float* out1) {
+// In the last block of channel group [c0, c1): out0[c] = sum_b partial[c, b, 0], out1[c] = sum_b
+// partial[c, b, 1] (fixed order).
+__device__ void sum_parts_pairs(const float* partial, int parts, int c0, int c1, float* out0, float* out1) {
     const int lane = threadIdx.x % 32;
-    reduce_channel_parts(partial, parts, C, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
+    reduce_channel_parts(partial, parts, c0, c1, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < PARTS_PER_LANE; i++) {

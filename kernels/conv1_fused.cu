@@ -147,11 +147,11 @@ __device__ __forceinline__ float block_sums(const float (&v)[K], float* red) {
     return total;
 }
 
-// Per (part, channel): mean and M2 of conv1's output over the part's images. Each thread keeps the
+// Per (channel, part): mean and M2 of conv1's output over the part's images. Each thread keeps the
 // running (mean, M2, count) of its own window, adding each image's four outputs with Chan's merge;
-// the block merges its threads in a fixed tree order. The last block merges the parts and finalizes
-// BatchNorm (mean, invstd and the running statistics).
-// grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [parts, C, 2].
+// the block merges its threads in a fixed order. For each group of CHANNELS channels, the last of its
+// blocks merges the parts and finalizes BatchNorm (mean, invstd and the running statistics).
+// grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [C, parts, 2]; counter: one per group.
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_block, float* partial,
                     unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
@@ -178,34 +178,39 @@ conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_b
         }
         count += 4.0f;
     });
-    // merge the threads: down each warp's tree, then the warps in order
+    // merge the threads' statistics, by the parallel form of Chan's merge (see batchnorm_merge_finalize):
+    // in each warp by butterflies, then the block's warps in order by thread cl
+    const float n_warp = warp_sum(count);
 #pragma unroll
     for (int cl = 0; cl < CHANNELS; cl++) {
-        float n_a = count;
-        for (int offset = 16; offset > 0; offset >>= 1) {
-            const float mean_b = __shfl_down_sync(0xffffffffu, mean[cl], offset);
-            const float m2_b = __shfl_down_sync(0xffffffffu, m2[cl], offset);
-            const float n_b = __shfl_down_sync(0xffffffffu, n_a, offset);
-            if (lane < offset) chan_merge(&mean[cl], &m2[cl], &n_a, mean_b, m2_b, n_b);
-        }
+        const float mean_warp = warp_sum(count * mean[cl]) / n_warp;
+        const float m2_warp = warp_sum(m2[cl] + count * (mean[cl] - mean_warp) * (mean[cl] - mean_warp));
         if (lane == 0) {
-            red[warp][cl][0] = mean[cl];
-            red[warp][cl][1] = m2[cl];
-            red[warp][cl][2] = n_a;
+            red[warp][cl][0] = mean_warp;
+            red[warp][cl][1] = m2_warp;
+            red[warp][cl][2] = n_warp;
         }
     }
     __syncthreads();
     const int c = c0 + t;
     if (t < CHANNELS && c < C) {
-        float mean_all = 0.0f, m2_all = 0.0f, n_all = 0.0f;
-        for (int v = 0; v < THREADS / 32; v++)
-            chan_merge(&mean_all, &m2_all, &n_all, red[v][t][0], red[v][t][1], red[v][t][2]);
-        partial[(blockIdx.x * C + c) * 2] = mean_all;
-        partial[(blockIdx.x * C + c) * 2 + 1] = m2_all;
+        float s = 0.0f, n = 0.0f, q = 0.0f;
+        for (int v = 0; v < THREADS / 32; v++) {
+            s += red[v][t][2] * red[v][t][0];
+            n += red[v][t][2];
+        }
+        const float mean_all = s / n;
+        for (int v = 0; v < THREADS / 32; v++) {
+            const float d = red[v][t][0] - mean_all;
+            q += red[v][t][1] + red[v][t][2] * d * d;
+        }
+        float* pair = part_pair(partial, c, gridDim.x, blockIdx.x);
+        pair[0] = mean_all;
+        pair[1] = q;
     }
-    if (!last_block_done(counter)) return;
-    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, S1 * S1, C, eps, momentum, save_mean,
-                             save_invstd, running_mean, running_var);
+    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
+    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, S1 * S1, c0, min(C, c0 + CHANNELS), eps,
+                             momentum, save_mean, save_invstd, running_mean, running_var);
 }
 
 // pooled[n,c,ph,pw] = max over the 2x2 window of relu(batchnorm(a)), with the window position.
@@ -237,7 +242,8 @@ conv1_bn_relu_pool_fast(const float* x, const float* w, const float* mean, const
 
 // dbeta[c] = sum dz, dgamma[c] = sum dz * xhat over the batch, where dz (the gradient at BN's output)
 // is nonzero only at each window's argmax, and only where the ReLU passed (pooled > 0): one term per
-// window at most. grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [parts, C, 2].
+// window at most. grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [C, parts, 2]; counter: one
+// per group of CHANNELS channels.
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_mean, const float* save_invstd,
                               const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
@@ -277,9 +283,9 @@ conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_
     });
     const float total = block_sums(sums, red);
     const int c = c0 + t % CHANNELS;
-    if (t < 2 * CHANNELS && c < C) partial[(blockIdx.x * C + c) * 2 + t / CHANNELS] = total;
-    if (!last_block_done(counter)) return;
-    sum_parts_pairs(partial, gridDim.x, C, dbeta, dgamma);
+    if (t < 2 * CHANNELS && c < C) part_pair(partial, c, gridDim.x, blockIdx.x)[t / CHANNELS] = total;
+    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
+    sum_parts_pairs(partial, gridDim.x, c0, min(C, c0 + CHANNELS), dbeta, dgamma);
 }
 
 // dw[c, tap] = sum over the batch of da[n,c,h,w] * x[n, h+tap/3-1, w+tap%3-1], where BN's input
@@ -287,7 +293,8 @@ conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_
 // (xhat from conv1_window, dz from the pooled gradient). Each thread adds its window's four outputs
 // times its patch into 9 sums per channel, for WEIGHT_CHANNELS channels (36 sums: with CHANNELS, the
 // 72 sums would need more registers than two blocks per SM allow). grid (parts, ceil(C/WEIGHT_CHANNELS)),
-// THREADS threads; partial [parts, C, 9], summed by the last block.
+// THREADS threads; partial [parts, C, 9], summed by the last block of each group of WEIGHT_CHANNELS
+// channels (counter: one per group).
 extern "C" __global__ void __launch_bounds__(THREADS)
 conv1_backward_weight_fast(const float* x, const float* w, const float* save_mean, const float* save_invstd,
                            const float* gamma, const float* dgamma, const float* dbeta, const float* d_pooled,
@@ -335,6 +342,7 @@ conv1_backward_weight_fast(const float* x, const float* w, const float* save_mea
     const float total = block_sums(acc, red);
     const int c = c0 + t / 9;
     if (t < WEIGHT_CHANNELS * 9 && c < C) partial[(blockIdx.x * C + c) * 9 + t % 9] = total;
-    if (!last_block_done(counter)) return;
-    for (int i = threadIdx.x; i < C * 9; i += blockDim.x) dw[i] = sum_in_order(partial + i, gridDim.x, C * 9);
+    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
+    for (int i = c0 * 9 + threadIdx.x; i < min(C, c0 + WEIGHT_CHANNELS) * 9; i += blockDim.x)
+        dw[i] = sum_in_order(partial + i, gridDim.x, C * 9);
 }

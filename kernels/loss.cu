@@ -4,11 +4,19 @@
 
 #define NUM_CLASSES 10
 
+// The step's mean loss goes to *loss and is appended to loss_log[*loss_count] (if there is room), so a
+// training loop can read every step's loss later without synchronising each step. One thread calls it.
+__device__ __forceinline__ void record_loss(float mean, float* loss, float* loss_log, int* loss_count,
+                                            int loss_capacity) {
+    *loss = mean;
+    const int k = *loss_count;
+    if (k < loss_capacity) loss_log[k] = mean;
+    *loss_count = k + 1;
+}
+
 // One block: each thread takes samples tid, tid+blockDim, ... and computes
 //   loss_n = logsumexp(logits_n) - logits_n[label],  dlogits_n = (softmax(logits_n) - onehot) / N;
-// the mean loss is a block reduction in a fixed order. The mean is written to *loss and appended to
-// loss_log[*loss_count] (if there is room), so a training loop can read every step's loss later
-// without synchronising each step.
+// the mean loss is a block reduction in a fixed order, recorded by record_loss.
 extern "C" __global__ void cross_entropy_forward_backward(const float* logits, const int* labels,
                                                           float* dlogits, float* loss, float* loss_log,
                                                           int* loss_count, int loss_capacity, int N) {
@@ -26,12 +34,7 @@ extern "C" __global__ void cross_entropy_forward_backward(const float* logits, c
             dlogits[n * NUM_CLASSES + j] = (expf(z[j] - lse) - (j == label ? 1.0f : 0.0f)) / N;
     }
     const float mean = block_sum(sum) / N;
-    if (threadIdx.x == 0) {
-        *loss = mean;
-        int k = *loss_count;
-        if (k < loss_capacity) loss_log[k] = mean;
-        *loss_count = k + 1;
-    }
+    if (threadIdx.x == 0) record_loss(mean, loss, loss_log, loss_count, loss_capacity);
 }
 
 // One block: adds to *correct the number of samples whose largest logit (first on ties) is the label.
@@ -51,98 +54,146 @@ extern "C" __global__ void count_correct(const float* logits, const int* labels,
 // fast: the whole head in one launch. From h = relu(fc1(...)) [N,H]: logits = h W^T + b (fc2),
 // log_softmax + NLL, and the backward of all of it: dlogits, dW, db (fc2's gradients), the gradient at
 // fc1's pre-activation d_pre = (dlogits W) * (h > 0), and fc1's bias gradient sum_n d_pre.
-// HEAD_SAMPLES samples per block, one per warp: the per-sample work is a chain of dependent warp
-// reductions (latency, not arithmetic), so it is spread over as many warps as there are samples.
-// Per-block partial sums are combined in block order by the last block, which also writes the mean
-// loss. With train = 0 only the logits. grid ceil(N/HEAD_SAMPLES), 256 threads; partial [blocks, 11*H + 11].
-#define HEAD_SAMPLES 8
+// A block takes HEAD_SAMPLES samples, in three steps, each spread so that no thread repeats another's
+// work (a warp per sample would compute each sample's softmax 32 times over, and that made the head
+// issue-bound at 9,000 cycles per sample):
+//   1. a thread per (sample, class): the logit, a dot product of length H (four partial sums) from
+//      shared memory;
+//   2. a thread per sample: log_softmax, its loss and dlogits;
+//   3. HEAD_GROUPS threads per column o of h, each over every HEAD_GROUPS-th sample: d_pre[., o] and
+//      the block's sums of dW[., o] and fc1's bias gradient, the groups combined by warp butterflies;
+//      db and the loss summed in sample order.
+// Blocks write their sums as partial results, which the last block adds in block order (it also
+// writes the mean loss); a single block writes them as the final ones. With train = 0 only the logits.
+// grid ceil(N/HEAD_SAMPLES), HEAD_THREADS threads; partial [blocks, 11*H + 11].
+#define HEAD_SAMPLES 16
+#define HEAD_THREADS 512
+#define HEAD_GROUPS 4  // threads per column in step 3 (a power of two, at most 32)
+#define HEAD_CHUNK 128  // columns of h and W staged at a time in step 1
+#define HEAD_STAGE_REGS CEIL_DIV((HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK, HEAD_THREADS)
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
 head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
                            int train, float* logits, float* d_pre, float* partial, unsigned int* counter,
                            float* dw, float* db, float* d_bias_fc1, float* loss, float* loss_log,
                            int* loss_count, int loss_capacity) {
-    __shared__ float dlog[HEAD_SAMPLES][NUM_CLASSES];
-    __shared__ float warp_loss[8];
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __shared__ float rows[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1];  // (+1: conflict-free columns)
+    __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];  // logits, then dlogits
+    __shared__ float sample_loss[HEAD_SAMPLES];
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int s0 = blockIdx.x * HEAD_SAMPLES, count = min(HEAD_SAMPLES, N - s0);
-    float my_loss = 0.0f;
-    for (int s = warp; s < count; s += 8) {
-        const int n = s0 + s;
-        float z[NUM_CLASSES];
+    const int label = train && t < count ? labels[s0 + t] : 0;  // for step 2 (its latency overlaps step 1)
+
+    // 1. logit (s, j) by thread t = 10 s + j. The block's rows of h and all of W pass through shared
+    // memory HEAD_CHUNK columns at a time, each chunk fetched by all threads at once (one memory
+    // latency per chunk; read straight from global memory, each thread's dot product waited for one
+    // latency per few elements: 11,000 cycles at H = 128).
+    const int s1 = t / NUM_CLASSES, j1 = t % NUM_CLASSES;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c0 = 0; c0 < H; c0 += HEAD_CHUNK) {
+        float v[HEAD_STAGE_REGS];
 #pragma unroll
-        for (int j = 0; j < NUM_CLASSES; j++) {
-            float acc = 0.0f;
-            for (int o = lane; o < H; o += 32) acc = fmaf(h[n * H + o], w[j * H + o], acc);
-            z[j] = warp_sum(acc) + b[j];
+        for (int r = 0; r < HEAD_STAGE_REGS; r++) {  // rows 0..count-1 of rows[] are h, then W's ten
+            const int i = t + r * HEAD_THREADS, row = i / HEAD_CHUNK, o = c0 + i % HEAD_CHUNK;
+            v[r] = 0.0f;
+            if (row < count && o < H) v[r] = h[(size_t)(s0 + row) * H + o];
+            else if (row >= HEAD_SAMPLES && row < HEAD_SAMPLES + NUM_CLASSES && o < H)
+                v[r] = w[(row - HEAD_SAMPLES) * H + o];
         }
+        __syncthreads();  // the previous chunk has been used
 #pragma unroll
-        for (int j = 0; j < NUM_CLASSES; j++)  // (constant indices keep z in registers)
-            if (lane == j) logits[n * NUM_CLASSES + j] = z[j];
-        if (!train) continue;
-        float zmax = z[0];
-#pragma unroll
-        for (int j = 1; j < NUM_CLASSES; j++) zmax = fmaxf(zmax, z[j]);
-        float se = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NUM_CLASSES; j++) se += expf(z[j] - zmax);
-        const float lse = zmax + logf(se);
-        const int label = labels[n];
-        float d[NUM_CLASSES];
-#pragma unroll
-        for (int j = 0; j < NUM_CLASSES; j++) {
-            if (j == label) my_loss += lse - z[j];
-            d[j] = (expf(z[j] - lse) - (j == label ? 1.0f : 0.0f)) / N;
-            if (lane == j) dlog[s][j] = d[j];
+        for (int r = 0; r < HEAD_STAGE_REGS; r++) {
+            const int i = t + r * HEAD_THREADS;
+            if (i < (HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK) rows[i / HEAD_CHUNK][i % HEAD_CHUNK] = v[r];
         }
-        for (int o = lane; o < H; o += 32) {
-            float g = 0.0f;
-#pragma unroll
-            for (int j = 0; j < NUM_CLASSES; j++) g = fmaf(d[j], w[j * H + o], g);
-            d_pre[n * H + o] = h[n * H + o] > 0.0f ? g : 0.0f;
-        }
+        __syncthreads();
+        if (t < count * NUM_CLASSES)
+#pragma unroll 8
+            for (int o = 0; o < HEAD_CHUNK; o++)  // (zeros past H)
+                acc[o % 4] = fmaf(rows[s1][o], rows[HEAD_SAMPLES + j1][o], acc[o % 4]);
+    }
+    if (t < count * NUM_CLASSES) {
+        const float logit = ((acc[0] + acc[1]) + (acc[2] + acc[3])) + b[j1];
+        z[s1][j1] = logit;
+        logits[(s0 + s1) * NUM_CLASSES + j1] = logit;
     }
     if (!train) return;
-    if (lane == 0) warp_loss[warp] = my_loss;
-    __syncthreads();  // dlog, warp_loss and this block's d_pre rows are complete
+    __syncthreads();
+    if (t < count) {  // 2. softmax of sample t
+        float zmax = z[t][0];
+#pragma unroll
+        for (int j = 1; j < NUM_CLASSES; j++) zmax = fmaxf(zmax, z[t][j]);
+        float se = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NUM_CLASSES; j++) se += expf(z[t][j] - zmax);
+        const float lse = zmax + logf(se);
+        float d[NUM_CLASSES], nll = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NUM_CLASSES; j++) {
+            if (j == label) nll = lse - z[t][j];
+            d[j] = (expf(z[t][j] - lse) - (j == label ? 1.0f : 0.0f)) / N;
+        }
+        sample_loss[t] = nll;
+#pragma unroll
+        for (int j = 0; j < NUM_CLASSES; j++) z[t][j] = d[j];  // (each thread its own row)
+    }
+    __syncthreads();
 
-    // this block's partial sums, each over its samples in order
-    float* part = partial + (size_t)blockIdx.x * (11 * H + 11);
-    for (int i = threadIdx.x; i < NUM_CLASSES * H; i += blockDim.x) {  // dW[j][o] = sum_s dlogits[s][j] h[s][o]
-        const int j = i / H, o = i % H;
-        float acc = 0.0f;
-        for (int s = 0; s < count; s++) acc = fmaf(dlog[s][j], h[(s0 + s) * H + o], acc);
-        part[i] = acc;
+    // 3. lane = HEAD_GROUPS * (column in the warp's) + g; group g takes samples g, g + HEAD_GROUPS, ...
+    float* part = gridDim.x == 1 ? nullptr : partial + (size_t)blockIdx.x * (11 * H + 11);
+    const int g = lane % HEAD_GROUPS;
+    for (int o0 = warp * (32 / HEAD_GROUPS); o0 < H; o0 += HEAD_THREADS / HEAD_GROUPS) {  // warp-uniform
+        const int o = o0 + lane / HEAD_GROUPS;
+        const bool valid = o < H;
+        float wo[NUM_CLASSES], sum_dw[NUM_CLASSES], sum_bias = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NUM_CLASSES; j++) {
+            wo[j] = valid ? w[j * H + o] : 0.0f;
+            sum_dw[j] = 0.0f;
+        }
+#pragma unroll 4  // (the loads of h go out together)
+        for (int s = g; s < count; s += HEAD_GROUPS) {
+            const float hv = valid ? h[(size_t)(s0 + s) * H + o] : 0.0f;
+            float gsum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < NUM_CLASSES; j++) {
+                gsum = fmaf(z[s][j], wo[j], gsum);
+                sum_dw[j] = fmaf(z[s][j], hv, sum_dw[j]);
+            }
+            const float dp = hv > 0.0f ? gsum : 0.0f;
+            if (valid) d_pre[(size_t)(s0 + s) * H + o] = dp;
+            sum_bias += dp;
+        }
+        for (int offset = 1; offset < HEAD_GROUPS; offset <<= 1) {
+#pragma unroll
+            for (int j = 0; j < NUM_CLASSES; j++) sum_dw[j] += __shfl_xor_sync(0xffffffffu, sum_dw[j], offset);
+            sum_bias += __shfl_xor_sync(0xffffffffu, sum_bias, offset);
+        }
+        if (valid && g == 0) {
+#pragma unroll
+            for (int j = 0; j < NUM_CLASSES; j++) {
+                if (part) part[j * H + o] = sum_dw[j];
+                else dw[j * H + o] = sum_dw[j];
+            }
+            if (part) part[NUM_CLASSES * H + o] = sum_bias;
+            else d_bias_fc1[o] = sum_bias;
+        }
     }
-    for (int o = threadIdx.x; o < H; o += blockDim.x) {  // fc1's bias gradient
+    if (t <= NUM_CLASSES) {  // db (thread j < 10), then the loss (thread 10), in sample order
         float acc = 0.0f;
-        for (int s = 0; s < count; s++) acc += d_pre[(s0 + s) * H + o];
-        part[NUM_CLASSES * H + o] = acc;
+        for (int s = 0; s < count; s++) acc += t < NUM_CLASSES ? z[s][t] : sample_loss[s];
+        if (part) part[11 * H + t] = acc;
+        else if (t < NUM_CLASSES) db[t] = acc;
+        else record_loss(acc / N, loss, loss_log, loss_count, loss_capacity);
     }
-    if (threadIdx.x < NUM_CLASSES) {
-        float acc = 0.0f;
-        for (int s = 0; s < count; s++) acc += dlog[s][threadIdx.x];
-        part[11 * H + threadIdx.x] = acc;
-    }
-    if (threadIdx.x == 0) {
-        float acc = 0.0f;
-        for (int i = 0; i < 8; i++) acc += warp_loss[i];
-        part[11 * H + NUM_CLASSES] = acc;
-    }
-    if (!last_block_done(counter)) return;
+    if (!part || !last_block_done(counter, gridDim.x)) return;
 
     const int size = 11 * H + 11;
-    for (int i = threadIdx.x; i < size; i += blockDim.x) {
+    for (int i = t; i < size; i += blockDim.x) {
         const float acc = sum_in_order(partial + i, gridDim.x, size);
         if (i < NUM_CLASSES * H) dw[i] = acc;
         else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = acc;
         else if (i < 11 * H + NUM_CLASSES) db[i - 11 * H] = acc;
-        else {
-            const float mean = acc / N;
-            *loss = mean;
-            const int k = *loss_count;
-            if (k < loss_capacity) loss_log[k] = mean;
-            *loss_count = k + 1;
-        }
+        else record_loss(acc / N, loss, loss_log, loss_count, loss_capacity);
     }
 }

@@ -355,7 +355,7 @@ def bn_stats_fast_case(layer):
         want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64), mean, var,
                                                         N * S * S)
         parts, per_part = kernels.parts_of(N)
-        partial, counter = _poison(parts * K * 2), _dev(np.zeros(1), np.uint32)
+        partial, counter = _poison(parts * K * 2), _dev(np.zeros(K), np.uint32)  # a counter per channel group
         outs = {k: _poison(K) for k in ("mean", "invstd")}
         rmd, rvd = _dev(rm), _dev(rv)
         tail = (EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd)
@@ -371,7 +371,7 @@ def bn_stats_fast_case(layer):
             work = (3.0 * x.size, 2 * _bytes(x))
         return Prepared(run, {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
                         {"mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv,
-                         "counter": [0]}, work)
+                         "counter": np.zeros(K)}, work)
     return Case(f"{'conv1_bn_stats' if layer == 1 else 'batchnorm_stats'}_fast[bn{layer}]", make)
 
 
@@ -416,7 +416,7 @@ def block_backward_fast_case(layer):
         da, dgamma, dbeta = ref.batchnorm_backward(dz, gamma.astype(np.float64), cache)
         mean, invstd = cache[2].astype(np.float32), cache[1].astype(np.float32)
         parts, per_part = kernels.parts_of(N)
-        partial, counters = _poison(parts * K * 9), _dev(np.zeros(2), np.uint32)
+        partial, counters = _poison(parts * K * 9), _dev(np.zeros((2, K)), np.uint32)  # per kernel and group
         dg, db = _poison(K), _poison(K)
         common = [_dev(v) for v in (mean, invstd)]
         pooled_in = (_dev(d_pooled), _dev(pooled), _dev(argmax, np.uint8))
@@ -427,23 +427,23 @@ def block_backward_fast_case(layer):
             def run():
                 launch("conv1_bn_backward_reduce_fast", (parts, ceil_div(K, kernels.CONV1_CHANNELS)),
                        kernels.CONV1_THREADS, xd, wd, *common, *pooled_in,
-                       I32(N), I32(K), I32(per_part), partial, counters[0:1], dg, db)
+                       I32(N), I32(K), I32(per_part), partial, counters[0], dg, db)
                 launch("conv1_backward_weight_fast", (parts, ceil_div(K, kernels.CONV1_WEIGHT_CHANNELS)),
                        kernels.CONV1_THREADS, xd, wd, *common, gd, dg, db,
-                       *pooled_in, I32(N), I32(K), I32(per_part), partial, counters[1:2], dw)
+                       *pooled_in, I32(N), I32(K), I32(per_part), partial, counters[1], dw)
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
             return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
-                            {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": [0, 0]},
+                            {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
                             (2.0 * a.size * 9 * 3, _bytes(x) + 3 * pooled.nbytes))
         dx = _poison(x.shape)
 
         def run():
             launch("batchnorm_backward_reduce_fast", (parts, ceil_div(K, 8)), 256, xd, *common, *pooled_in,
-                   I32(N), I32(K), I32(S), I32(per_part), partial, counters[0:1], dg, db)
+                   I32(N), I32(K), I32(S), I32(per_part), partial, counters[0], dg, db)
             launch_1d("batchnorm_backward_apply_fast", pooled.size, xd, *common, gd, dg, db, *pooled_in,
                       I32(N), I32(K), I32(S), dx)
         return Prepared(run, {"dgamma": dg, "dbeta": db, "dx": dx, "counters": counters},
-                        {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": [0, 0]},
+                        {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": np.zeros((2, K))},
                         (8.0 * x.size, 2 * _bytes(x) + 3 * pooled.nbytes))
     return Case(f"block{layer}_bn_backward_fast", make)
 
@@ -504,9 +504,9 @@ def head_fast_case():
         log, count, counter = _poison(3), cupy.array([1], dtype=cupy.int32), _dev(np.zeros(1), np.uint32)
         partial = _poison(blocks * (11 * H + 11))
         args = (_dev(h), _dev(w), _dev(b), _dev(labels, np.int32))
-        run = lambda: launch("head_forward_backward_fast", blocks, 256, *args, I32(N), I32(H), I32(1), outs["logits"],
-                             outs["d_pre"], partial, counter, outs["dw"], outs["db"], outs["d_bias_fc1"],
-                             outs["loss"], log, count, I32(3))
+        run = lambda: launch("head_forward_backward_fast", blocks, kernels.HEAD_THREADS, *args, I32(N), I32(H), I32(1),
+                             outs["logits"], outs["d_pre"], partial, counter, outs["dw"], outs["db"],
+                             outs["d_bias_fc1"], outs["loss"], log, count, I32(3))
         return Prepared(run, {**outs, "logged": log[1:2], "count": count, "counter": counter},
                         {"logits": logits, "d_pre": d_pre, "dw": dw, "db": db, "d_bias_fc1": d_pre.sum(0),
                          "loss": [loss], "logged": [loss], "count": [2], "counter": [0]},

@@ -160,7 +160,7 @@ TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 # conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block
 CONV_THREADS, FORWARD_TILE_N, INPUT_GRAD_TILE_N = 224, 32, 16
 WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 192, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
-HEAD_SAMPLES = 8  # samples per block of head_forward_backward_fast (kernels/loss.cu)
+HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
 CONV1_WEIGHT_CHANNELS = 4  # channels per block of its conv1_backward_weight_fast
 MAX_PARTS = 64  # per-part reductions (BatchNorm, conv1) use at most this many parts

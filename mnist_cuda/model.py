@@ -319,7 +319,8 @@ class _BatchNormParams:
         self.running_var = model.running[f"bn{index}.running_var"]
         self.mean, self.invstd = cp.empty(channels, cp.float32), cp.empty(channels, cp.float32)
         self.partial = cp.empty(scratch, cp.float32)  # per-part sums; each launch consumes its own
-        self.counters = cp.zeros(4, cp.uint32)  # last-block counters, one per kernel that needs one
+        # last-block counters: a row per kernel that needs them, one per group of channels
+        self.counters = cp.zeros((3, channels), cp.uint32)
 
     def _eval_stats(self, channels):
         """Evaluation normalises with the running statistics: put them where the forward kernels look."""
@@ -348,7 +349,7 @@ class Conv1BlockFast(_BatchNormParams):
         parts, per_part = parts_of(n)
         if train:
             launch("conv1_bn_stats_fast", (parts, groups), threads, x, self.w, I32(n), I32(C), I32(per_part),
-                   self.partial, self.counters[0:1], F32(reference.BN_EPS), F32(reference.BN_MOMENTUM),
+                   self.partial, self.counters[0], F32(reference.BN_EPS), F32(reference.BN_MOMENTUM),
                    self.mean, self.invstd, self.running_mean, self.running_var)
         else:
             self._eval_stats(C)
@@ -362,9 +363,9 @@ class Conv1BlockFast(_BatchNormParams):
         parts, per_part = parts_of(n)
         pooled = (d_out, self.out, self.argmax, I32(n), I32(C), I32(per_part), self.partial)
         launch("conv1_bn_backward_reduce_fast", (parts, groups), threads, self.x, self.w, self.mean, self.invstd,
-               *pooled, self.counters[1:2], self.dgamma, self.dbeta)
+               *pooled, self.counters[1], self.dgamma, self.dbeta)
         launch("conv1_backward_weight_fast", (parts, ceil_div(C, kernels.CONV1_WEIGHT_CHANNELS)), threads, self.x,
-               self.w, self.mean, self.invstd, self.gamma, self.dgamma, self.dbeta, *pooled, self.counters[2:3],
+               self.w, self.mean, self.invstd, self.gamma, self.dgamma, self.dbeta, *pooled, self.counters[2],
                self.dw)
         return None
 
@@ -398,7 +399,7 @@ class ConvBlockFast(_BatchNormParams):
                kernels.CONV_THREADS, x, self.w, self.a, I32(n), C, K, S, S)
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
-                   I32(per_part), self.partial, self.counters[0:1], F32(reference.BN_EPS),
+                   I32(per_part), self.partial, self.counters[0], F32(reference.BN_EPS),
                    F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.running_mean, self.running_var)
         else:
             self._eval_stats(self.c_out)
@@ -420,7 +421,7 @@ class ConvBlockFast(_BatchNormParams):
         parts, per_part = parts_of(n)
         launch("batchnorm_backward_reduce_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, self.mean,
                self.invstd, d_out, self.out, self.argmax, I32(n), K, S, I32(per_part), self.partial,
-               self.counters[1:2], self.dgamma, self.dbeta)
+               self.counters[1], self.dgamma, self.dbeta)
         launch_1d("batchnorm_backward_apply_fast", self.out[:n].size, self.a, self.mean, self.invstd, self.gamma,
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
         self.side.run(lambda: self._weight_grad(n))
@@ -505,9 +506,10 @@ class HeadFast:
         self.loss_count = cp.zeros(1, cp.int32)
 
     def forward(self, x, labels, n, train):
-        launch("head_forward_backward_fast", ceil_div(n, kernels.HEAD_SAMPLES), 256, x, self.w, self.b, labels,
-               I32(n), I32(self.n_in), I32(train), self.logits, self.d_pre, self.partial, self.counter, self.dw,
-               self.db, self.d_bias_fc1, self.loss, self.loss_log, self.loss_count, I32(self.loss_log.size))
+        launch("head_forward_backward_fast", ceil_div(n, kernels.HEAD_SAMPLES), kernels.HEAD_THREADS, x, self.w,
+               self.b, labels, I32(n), I32(self.n_in), I32(train), self.logits, self.d_pre, self.partial,
+               self.counter, self.dw, self.db, self.d_bias_fc1, self.loss, self.loss_log, self.loss_count,
+               I32(self.loss_log.size))
 
     def backward(self, n):
         return self.d_pre  # computed with the loss in forward()

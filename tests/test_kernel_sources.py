@@ -71,7 +71,8 @@ def test_launch_geometry_mirrors_the_kernels_defines():
              ("conv2d.cu", "INPUT_GRAD_TILE_N", kernels.INPUT_GRAD_TILE_N),
              ("conv2d.cu", "WGRAD_THREADS", kernels.WGRAD_THREADS),
              ("conv2d.cu", "WGRAD_CHANNELS", kernels.WGRAD_CHANNELS), ("conv2d.cu", "WGRAD_OUT", kernels.WGRAD_OUT),
-             ("loss.cu", "HEAD_SAMPLES", kernels.HEAD_SAMPLES), ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
+             ("loss.cu", "HEAD_SAMPLES", kernels.HEAD_SAMPLES), ("loss.cu", "HEAD_THREADS", kernels.HEAD_THREADS),
+             ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
              ("conv1_fused.cu", "CHANNELS", kernels.CONV1_CHANNELS),
              ("conv1_fused.cu", "THREADS", kernels.CONV1_THREADS),
              ("conv1_fused.cu", "WEIGHT_CHANNELS", kernels.CONV1_WEIGHT_CHANNELS)]
