@@ -70,6 +70,8 @@ extern "C" __global__ void count_correct(const float* logits, const int* labels,
 #define HEAD_THREADS 512
 #define HEAD_GROUPS 4  // threads per column in step 3 (a power of two, at most 32)
 #define HEAD_CHUNK 128  // columns of h and W staged at a time in step 1
+#define HEAD_MERGE 4        // last block: elements per thread
+#define HEAD_MERGE_PARTS 8  // last block: parts per load round
 #define HEAD_STAGE_REGS CEIL_DIV((HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK, HEAD_THREADS)
 
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
@@ -188,12 +190,34 @@ head_forward_backward_fast(const float* h, const float* w, const float* b, const
     }
     if (!part || !last_block_done(counter, gridDim.x)) return;
 
+    // the last block: each thread sums HEAD_MERGE elements over the parts, HEAD_MERGE_PARTS parts of all
+    // of them loaded before any is added (one memory latency per round, not one per element)
     const int size = 11 * H + 11;
-    for (int i = t; i < size; i += blockDim.x) {
-        const float acc = sum_in_order(partial + i, gridDim.x, size);
-        if (i < NUM_CLASSES * H) dw[i] = acc;
-        else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = acc;
-        else if (i < 11 * H + NUM_CLASSES) db[i - 11 * H] = acc;
-        else record_loss(acc / N, loss, loss_log, loss_count, loss_capacity);
+    for (int i0 = t; i0 < size; i0 += HEAD_MERGE * HEAD_THREADS) {
+        float acc[HEAD_MERGE];
+#pragma unroll
+        for (int e = 0; e < HEAD_MERGE; e++) acc[e] = 0.0f;
+        for (int b0 = 0; b0 < gridDim.x; b0 += HEAD_MERGE_PARTS) {
+            float v[HEAD_MERGE][HEAD_MERGE_PARTS];
+#pragma unroll
+            for (int e = 0; e < HEAD_MERGE; e++)
+#pragma unroll
+                for (int j = 0; j < HEAD_MERGE_PARTS; j++) {
+                    const int i = i0 + e * HEAD_THREADS, b = b0 + j;
+                    v[e][j] = i < size && b < gridDim.x ? __ldcg(partial + (size_t)b * size + i) : 0.0f;
+                }
+#pragma unroll
+            for (int e = 0; e < HEAD_MERGE; e++)
+#pragma unroll
+                for (int j = 0; j < HEAD_MERGE_PARTS; j++) acc[e] += v[e][j];  // parts in order (zeros past the end)
+        }
+#pragma unroll
+        for (int e = 0; e < HEAD_MERGE; e++) {
+            const int i = i0 + e * HEAD_THREADS;
+            if (i < NUM_CLASSES * H) dw[i] = acc[e];
+            else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = acc[e];
+            else if (i < 11 * H + NUM_CLASSES) db[i - 11 * H] = acc[e];
+            else if (i == size - 1) record_loss(acc[e] / N, loss, loss_log, loss_count, loss_capacity);
+        }
     }
 }

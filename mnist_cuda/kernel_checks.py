@@ -428,9 +428,9 @@ def block_backward_fast_case(layer):
                 launch("conv1_bn_backward_reduce_fast", (parts, ceil_div(K, kernels.CONV1_CHANNELS)),
                        kernels.CONV1_THREADS, xd, wd, *common, *pooled_in,
                        I32(N), I32(K), I32(per_part), partial, counters[0], dg, db)
-                launch("conv1_backward_weight_fast", (parts, ceil_div(K, kernels.CONV1_WEIGHT_CHANNELS)),
-                       kernels.CONV1_THREADS, xd, wd, *common, gd, dg, db,
-                       *pooled_in, I32(N), I32(K), I32(per_part), partial, counters[1], dw)
+                grid, w_per_part = kernels.conv1_weight_grid(N, K)
+                launch("conv1_backward_weight_fast", grid, kernels.CONV1_THREADS, xd, wd, *common, gd, dg, db,
+                       *pooled_in, I32(N), I32(K), I32(w_per_part), partial, counters[1], dw)
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
             return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
                             {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},

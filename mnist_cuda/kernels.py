@@ -206,7 +206,15 @@ def max_splits(k_total: int) -> int:
     return max(1, min(MAX_SPLITS, ceil_div(k_total, TILE_K) // 4))
 
 
-def parts_of(n: int) -> tuple[int, int]:
-    """(parts, images per part) for reductions over a batch of n images."""
-    per_part = ceil_div(n, MAX_PARTS)
+def parts_of(n: int, max_parts: int = MAX_PARTS) -> tuple[int, int]:
+    """(parts, images per part) for reductions over a batch of n images, at most max_parts parts."""
+    per_part = ceil_div(n, max(1, min(max_parts, MAX_PARTS)))
     return ceil_div(n, per_part), per_part
+
+
+def conv1_weight_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
+    """Grid of conv1_backward_weight_fast and its images per part: one wave (its 128 registers per
+    thread fit two blocks per SM; at batch 64 a second wave of 64 parts x 8 groups cost ~5 us)."""
+    groups = ceil_div(channels, CONV1_WEIGHT_CHANNELS)
+    parts, per_part = parts_of(n, 2 * sm_count() // groups)
+    return (parts, groups), per_part

@@ -361,12 +361,12 @@ class Conv1BlockFast(_BatchNormParams):
         assert not need_input_grad, "the input images need no gradient"
         C, groups, threads = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS), kernels.CONV1_THREADS
         parts, per_part = parts_of(n)
-        pooled = (d_out, self.out, self.argmax, I32(n), I32(C), I32(per_part), self.partial)
+        pooled = (d_out, self.out, self.argmax, I32(n), I32(C))
         launch("conv1_bn_backward_reduce_fast", (parts, groups), threads, self.x, self.w, self.mean, self.invstd,
-               *pooled, self.counters[1], self.dgamma, self.dbeta)
-        launch("conv1_backward_weight_fast", (parts, ceil_div(C, kernels.CONV1_WEIGHT_CHANNELS)), threads, self.x,
-               self.w, self.mean, self.invstd, self.gamma, self.dgamma, self.dbeta, *pooled, self.counters[2],
-               self.dw)
+               *pooled, I32(per_part), self.partial, self.counters[1], self.dgamma, self.dbeta)
+        grid, per_part = kernels.conv1_weight_grid(n, C)
+        launch("conv1_backward_weight_fast", grid, threads, self.x, self.w, self.mean, self.invstd, self.gamma,
+               self.dgamma, self.dbeta, *pooled, I32(per_part), self.partial, self.counters[2], self.dw)
         return None
 
 
