@@ -47,6 +47,15 @@ __device__ __forceinline__ bool last_block_done(unsigned int* counter, unsigned 
     return is_last;
 }
 
+// The input images arrive on the GPU as MNIST's bytes (a quarter of the float32 copy); the network sees
+// (x/255 - MNIST_MEAN) / MNIST_STD in float32, the same operations as mnist_cuda.data.normalize, so the
+// same bits (IEEE division; a test checks all 256 values).
+#define MNIST_MEAN 0.1307f
+#define MNIST_STD 0.3081f
+__device__ __forceinline__ float normalize_pixel(unsigned char v) {
+    return ((float)v / 255.0f - MNIST_MEAN) / MNIST_STD;
+}
+
 // BatchNorm's output for one element, in the same order of operations as PyTorch and the reference.
 // (The cheaper x*scale + shift rounds differently, and on MNIST that matters: a channel's uniform
 // background can sit within rounding of zero, and then the ReLU after it flips for a whole region.)

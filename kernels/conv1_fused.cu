@@ -15,6 +15,8 @@
 // outputs under it. It copies the 4x4 input patch those four outputs read into registers (eight
 // float2 loads), then computes the four outputs of each channel from registers: 36 multiply-adds
 // per 8 shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds.
+// The images come as bytes and are normalised as they are staged (normalize_pixel, common.cuh, by a
+// table of the 256 values in shared memory).
 // The reductions (statistics, backward) give each block a part of the batch (imgs_per_block images),
 // sum inside the block in a fixed order, and let the last block combine the parts.
 #include "common.cuh"
@@ -28,21 +30,35 @@
 #define THREADS 224                // 7 warps; threads 196..223 own no window but join the reductions
 #define NO_POSITION 4              // "the ReLU blocked this window": no gradient reaches conv1
 
-// This thread's elements of image n of x [N,1,28,28], zero-padded to P1 x P1, into registers (the
-// loads are issued here; only a use of v waits for them). Blocks have THREADS threads.
+// Element i of the zero-padded P1 x P1 image: inside the 28x28 image (then *pixel is its index there)
+// or in the padding.
+__device__ __forceinline__ bool padded_pixel(int i, int* pixel) {
+    const int row = i / P1 - 1, col = i % P1 - 1;
+    *pixel = row * S1 + col;
+    return i < P1 * P1 && row >= 0 && row < S1 && col >= 0 && col < S1;
+}
+
+// This thread's pixels of image n of x [N,1,28,28] (bytes) into registers (the loads are issued here;
+// only a use of v waits for them). Blocks have THREADS threads.
 #define IMAGE_REGS CEIL_DIV(P1 * P1, THREADS)
-__device__ __forceinline__ void fetch_padded_image(const float* x, int n, float v[IMAGE_REGS]) {
+__device__ __forceinline__ void fetch_padded_image(const unsigned char* x, int n, unsigned char v[IMAGE_REGS]) {
 #pragma unroll
     for (int r = 0; r < IMAGE_REGS; r++) {
-        const int i = threadIdx.x + r * THREADS, row = i / P1 - 1, col = i % P1 - 1;
-        v[r] = (i < P1 * P1 && row >= 0 && row < S1 && col >= 0 && col < S1) ? x[n * S1 * S1 + row * S1 + col] : 0.0f;
+        int pixel;
+        v[r] = padded_pixel(threadIdx.x + r * THREADS, &pixel) ? x[n * S1 * S1 + pixel] : 0;
     }
 }
 
-__device__ __forceinline__ void store_padded_image(const float v[IMAGE_REGS], float* img) {
+// ... then normalised (pixel_value[byte]) into the block's shared copy, zero-padded to P1 x P1 (the
+// padding pads the normalised image, so it stays 0).
+__device__ __forceinline__ void store_padded_image(const unsigned char v[IMAGE_REGS], const float* pixel_value,
+                                                   float* img) {
 #pragma unroll
-    for (int r = 0; r < IMAGE_REGS; r++)
-        if (threadIdx.x + r * THREADS < P1 * P1) img[threadIdx.x + r * THREADS] = v[r];
+    for (int r = 0; r < IMAGE_REGS; r++) {
+        const int i = threadIdx.x + r * THREADS;
+        int pixel;
+        if (i < P1 * P1) img[i] = padded_pixel(i, &pixel) ? pixel_value[v[r]] : 0.0f;
+    }
 }
 
 // Stage the block's channel weights c0.., 12 floats per channel (9 used) so that a channel's weights
@@ -76,11 +92,16 @@ __device__ __forceinline__ void load_patch(const float* img, int t, float p[4][4
 // goes to the other buffer afterwards. One barrier per image, and the loads of the next image overlap
 // the work on this one.
 template <class Body>
-__device__ __forceinline__ void for_each_image(const float* x, int first, int last, float img[2][P1 * P1],
+__device__ __forceinline__ void for_each_image(const unsigned char* x, int first, int last, float img[2][P1 * P1],
                                                Body body) {
-    float next[IMAGE_REGS];
+    // normalize_pixel of every byte value, once per block (its two divisions per pixel, in every
+    // kernel and channel group, made them up to 38% slower at batch 512)
+    __shared__ float pixel_value[256];
+    unsigned char next[IMAGE_REGS];
     fetch_padded_image(x, first, next);
-    store_padded_image(next, img[0]);
+    for (int v = threadIdx.x; v < 256; v += blockDim.x) pixel_value[v] = normalize_pixel((unsigned char)v);
+    __syncthreads();
+    store_padded_image(next, pixel_value, img[0]);
     __syncthreads();
     for (int n = first; n < last; n++) {
         if (n + 1 < last) fetch_padded_image(x, n + 1, next);
@@ -89,7 +110,7 @@ __device__ __forceinline__ void for_each_image(const float* x, int first, int la
             load_patch(img[(n - first) % 2], threadIdx.x, p);
             body(n, p);
         }
-        if (n + 1 < last) store_padded_image(next, img[(n + 1 - first) % 2]);
+        if (n + 1 < last) store_padded_image(next, pixel_value, img[(n + 1 - first) % 2]);
         __syncthreads();
     }
 }
@@ -153,7 +174,7 @@ __device__ __forceinline__ float block_sums(const float (&v)[K], float* red) {
 // blocks merges the parts and finalizes BatchNorm (mean, invstd and the running statistics).
 // grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [C, parts, 2]; counter: one per group.
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_block, float* partial,
+conv1_bn_stats_fast(const unsigned char* x, const float* w, int N, int C, int imgs_per_block, float* partial,
                     unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
                     float* running_mean, float* running_var) {
     __shared__ __align__(16) float img[2][P1 * P1];
@@ -216,8 +237,8 @@ conv1_bn_stats_fast(const float* x, const float* w, int N, int C, int imgs_per_b
 // pooled[n,c,ph,pw] = max over the 2x2 window of relu(batchnorm(a)), with the window position.
 // grid (N, ceil(C/CHANNELS)), THREADS threads: thread t < 196 is pooled window t of image n.
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_bn_relu_pool_fast(const float* x, const float* w, const float* mean, const float* invstd, const float* gamma,
-                        const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
+conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, const float* mean, const float* invstd,
+                        const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ float4 ws[CHANNELS][3];
     const int c0 = blockIdx.y * CHANNELS;
@@ -245,7 +266,7 @@ conv1_bn_relu_pool_fast(const float* x, const float* w, const float* mean, const
 // window at most. grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [C, parts, 2]; counter: one
 // per group of CHANNELS channels.
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_mean, const float* save_invstd,
+conv1_bn_backward_reduce_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
                               const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
                               int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                               float* dbeta) {
@@ -296,7 +317,7 @@ conv1_bn_backward_reduce_fast(const float* x, const float* w, const float* save_
 // THREADS threads; partial [parts, C, 9], summed by the last block of each group of WEIGHT_CHANNELS
 // channels (counter: one per group).
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_backward_weight_fast(const float* x, const float* w, const float* save_mean, const float* save_invstd,
+conv1_backward_weight_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
                            const float* gamma, const float* dgamma, const float* dbeta, const float* d_pooled,
                            const float* pooled, const unsigned char* argmax, int N, int C, int imgs_per_block,
                            float* partial, unsigned int* counter, float* dw) {

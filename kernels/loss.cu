@@ -71,7 +71,7 @@ extern "C" __global__ void count_correct(const float* logits, const int* labels,
 #define HEAD_GROUPS 4  // threads per column in step 3 (a power of two, at most 32)
 #define HEAD_CHUNK 128  // columns of h and W staged at a time in step 1
 #define HEAD_MERGE 4        // last block: elements per thread
-#define HEAD_MERGE_PARTS 8  // last block: parts per load round
+#define HEAD_MERGE_PARTS 16  // last block: parts per load round
 #define HEAD_STAGE_REGS CEIL_DIV((HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK, HEAD_THREADS)
 
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)

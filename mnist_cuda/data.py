@@ -9,8 +9,10 @@ Each of the four files of a dataset is looked for, in order, in
 A candidate is accepted only if its decompressed bytes have the published SHA-256 and parse as the
 IDX file we expect. Gzipped and raw files are both accepted (detected by content, not by name).
 
-The decoded images are normalised once to float32 and kept in host memory (optionally in pinned memory,
-which the GPU trainer asks for); batches are gathered from there by index.
+The decoded images stay uint8 in host memory (optionally in pinned memory, which the GPU trainer asks
+for); batches are gathered from there by index and copied to the GPU as bytes, a quarter of the float32
+batch. The kernels normalise each pixel with normalize()'s float32 operations (the same bits: a GPU test
+checks all 256 values).
 """
 from __future__ import annotations
 
@@ -249,7 +251,8 @@ def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
 
 
 def normalize(images: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """uint8 [N,28,28] -> float32 [N,1,28,28], (x/255 - MEAN)/STD, computed in float32."""
+    """uint8 [N,28,28] or [N,1,28,28] -> float32 [N,1,28,28], (x/255 - MEAN)/STD, computed in float32:
+    what the network sees (the GPU kernels compute the same in normalize_pixel, kernels/common.cuh)."""
     if out is None:
         out = np.empty((images.shape[0], 1, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32)
     scaled = images.astype(np.float32).reshape(out.shape) / np.float32(255.0)
@@ -260,7 +263,8 @@ def normalize(images: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 
 @dataclasses.dataclass
 class HostData:
-    """Normalised float32 images [N,1,28,28] and int32 labels [N], train and test, in host DRAM."""
+    """uint8 images [N,1,28,28] (as stored; normalize() gives what the network sees) and int32 labels
+    [N], train and test, in host DRAM."""
     name: str
     train_x: np.ndarray
     train_y: np.ndarray
@@ -273,13 +277,15 @@ EmptyFn = Callable[[tuple, np.dtype], np.ndarray]
 
 def load(dataset: str = "mnist", data_dir=None, cache_dir=None, empty: EmptyFn | None = None,
          **kw) -> HostData:
-    """Load, verify and normalise a dataset once. `empty(shape, dtype)` allocates the host arrays
-    (the GPU trainer passes a pinned-memory allocator so host-to-device copies are truly async)."""
+    """Load and verify a dataset once. `empty(shape, dtype)` allocates the host arrays (the GPU trainer
+    passes a pinned-memory allocator so host-to-device copies are truly async)."""
     empty = empty or (lambda shape, dtype: np.empty(shape, dtype))
     tr_i, tr_l, te_i, te_l = load_arrays(dataset, data_dir, cache_dir, **kw)
 
     def images(u8):
-        return normalize(u8, empty((u8.shape[0], 1, IMAGE_SIZE, IMAGE_SIZE), np.float32))
+        out = empty((u8.shape[0], 1, IMAGE_SIZE, IMAGE_SIZE), np.uint8)
+        out[...] = u8.reshape(out.shape)
+        return out
 
     def labels(u8):
         out = empty(u8.shape, np.int32)

@@ -14,8 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from . import data, kernels
 from . import reference as ref
-from . import kernels
 from .kernels import ceil_div, launch, launch_1d
 
 I32, F32 = np.int32, np.float32
@@ -72,6 +72,17 @@ def _f32(rng, shape, scale=1.0, shift=0.0):
 def _geometry(d: Dims, layer: int):
     """(N, C_in, C_out, size) of conv block `layer`."""
     return (d.batch, 1, d.c1, 28) if layer == 1 else (d.batch, d.c1, d.c2, 14)
+
+
+def _block_input(rng, d: Dims, layer: int, scale: float, shift: float):
+    """(x, x on the device) for conv block `layer`: block 1 reads images as bytes, and x is what the
+    network sees (data.normalize); block 2 reads conv2's float32 output (random here)."""
+    N, C_in, K, S = _geometry(d, layer)
+    if layer == 1:
+        images = rng.integers(0, 256, (N, 1, S, S), dtype=np.uint8)
+        return data.normalize(images), _dev(images, np.uint8)
+    x = _f32(rng, (N, K, S, S), scale, shift)
+    return x, _dev(x)
 
 
 def _bytes(*arrays) -> float:
@@ -294,6 +305,21 @@ def count_correct_case():
     return Case("count_correct", make)
 
 
+def normalize_case():
+    """normalize_images (and normalize_pixel, which the fast conv1 kernels use): bit for bit what
+    data.normalize computes on the host, for all 256 byte values and a batch of random images."""
+    def make(rng, d):
+        images = rng.integers(0, 256, (d.batch, 1, 28, 28), dtype=np.uint8)
+        images.flat[:256] = np.arange(256)
+        out = _poison(images.shape)
+        xd = _dev(images, np.uint8)
+        run = lambda: launch_1d("normalize_images", images.size, xd, out, I32(images.size))
+        host = data.normalize(images)
+        return Prepared(run, {"x": out}, {"x": host}, (2.0 * images.size, images.nbytes * 5),
+                        compare={"x": lambda got, want: 0.0 if np.array_equal(got, want) else float("inf")})
+    return Case("normalize_images", make)
+
+
 def sgd_case():
     def make(rng, d):
         n = sum(int(np.prod(s)) for s in ref.param_shapes((d.c1, d.c2), d.hidden).values())
@@ -347,7 +373,7 @@ def bn_stats_fast_case(layer):
     """conv1_bn_stats_fast (layer 1: statistics of conv1 recomputed from x) or batchnorm_stats_fast."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
-        x = _f32(rng, (N, C_in if layer == 1 else K, S, S), 2.0, 0.5)  # block 1: images; block 2: conv output
+        x, xd = _block_input(rng, d, layer, 2.0, 0.5)
         w = _f32(rng, (K, C_in, 3, 3), 1 / 3)
         gamma, beta, rm, rv = _f32(rng, K), _f32(rng, K), _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
@@ -360,12 +386,11 @@ def bn_stats_fast_case(layer):
         rmd, rvd = _dev(rm), _dev(rv)
         tail = (EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd)
         if layer == 1:
-            xd, wd = _dev(x), _dev(w)
+            wd = _dev(w)
             run = lambda: launch("conv1_bn_stats_fast", (parts, ceil_div(K, kernels.CONV1_CHANNELS)),
                                  kernels.CONV1_THREADS, xd, wd, I32(N), I32(K), I32(per_part), partial, counter, *tail)
-            work = (2.0 * 2 * a.size * 9, _bytes(x))
+            work = (2.0 * 2 * a.size * 9, _bytes(xd))
         else:
-            xd = _dev(x)
             run = lambda: launch("batchnorm_stats_fast", (parts, ceil_div(K, 8)), 256, xd, I32(N), I32(K),
                                  I32(S * S), I32(per_part), partial, counter, *tail)
             work = (3.0 * x.size, 2 * _bytes(x))
@@ -379,18 +404,18 @@ def bn_relu_pool_fast_case(layer):
     """conv1_bn_relu_pool_fast (layer 1) or batchnorm_relu_maxpool_fast: pooled = maxpool(relu(bn(a)))."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
-        x, w = _f32(rng, (N, C_in if layer == 1 else K, S, S)), _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        (x, xd), w = _block_input(rng, d, layer, 1.0, 0.0), _f32(rng, (K, C_in, 3, 3), 1 / 3)
         mean, invstd, gamma, beta = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5, _f32(rng, K), _f32(rng, K, 0.5)
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
         bn = [v.astype(np.float64)[:, None, None] for v in (mean, invstd, gamma, beta)]
         pooled, argmax, windows = _pool_reference((a - bn[0]) * bn[1] * bn[2] + bn[3])
         y, am = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
-        xd, stats = _dev(x), [_dev(v) for v in (mean, invstd, gamma, beta)]
+        stats = [_dev(v) for v in (mean, invstd, gamma, beta)]
         if layer == 1:
             wd = _dev(w)
             run = lambda: launch("conv1_bn_relu_pool_fast", (N, ceil_div(K, kernels.CONV1_CHANNELS)),
                                  kernels.CONV1_THREADS, xd, wd, *stats, I32(N), I32(K), y, am)
-            work = (2.0 * a.size * 9, _bytes(x) + pooled.nbytes / 2)
+            work = (2.0 * a.size * 9, _bytes(xd) + pooled.nbytes / 2)
         else:
             run = lambda: launch_1d("batchnorm_relu_maxpool_fast", y.size, xd, *stats, I32(N), I32(K), I32(S), y, am)
             work = (3.0 * x.size, _bytes(x) + pooled.nbytes / 2 + argmax.nbytes)
@@ -405,7 +430,7 @@ def block_backward_fast_case(layer):
     batchnorm_backward_apply_fast (-> dgamma, dbeta, dx)."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
-        x, w = _f32(rng, (N, C_in if layer == 1 else K, S, S), 1.5, 0.3), _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        (x, xd), w = _block_input(rng, d, layer, 1.5, 0.3), _f32(rng, (K, C_in, 3, 3), 1 / 3)
         gamma, beta = _f32(rng, K), _f32(rng, K, 0.5)
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
         z, cache = ref.batchnorm_forward_train(a, gamma.astype(np.float64), beta.astype(np.float64))
@@ -420,7 +445,7 @@ def block_backward_fast_case(layer):
         dg, db = _poison(K), _poison(K)
         common = [_dev(v) for v in (mean, invstd)]
         pooled_in = (_dev(d_pooled), _dev(pooled), _dev(argmax, np.uint8))
-        xd, wd, gd = _dev(x), _dev(w), _dev(gamma)
+        wd, gd = _dev(w), _dev(gamma)
         if layer == 1:
             dw = _poison(w.shape)
 
@@ -434,7 +459,7 @@ def block_backward_fast_case(layer):
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
             return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
                             {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
-                            (2.0 * a.size * 9 * 3, _bytes(x) + 3 * pooled.nbytes))
+                            (2.0 * a.size * 9 * 3, _bytes(xd) + 3 * pooled.nbytes))
         dx = _poison(x.shape)
 
         def run():
@@ -542,7 +567,7 @@ def naive_cases() -> list[Case]:
     cases += [conv_backward_input_case(), relu_case(), relu_case(backward=True)]
     for layer in ("fc1", "fc2"):
         cases += [linear_case(layer, part) for part in ("forward", "input", "params")]
-    cases += [cross_entropy_case(), count_correct_case(), sgd_case()]
+    cases += [normalize_case(), cross_entropy_case(), count_correct_case(), sgd_case()]
     return cases
 
 

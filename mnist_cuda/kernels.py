@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-SOURCE_FILES = ("conv2d.cu", "conv1_fused.cu", "batchnorm.cu", "activation.cu", "pool.cu", "linear.cu",
+SOURCE_FILES = ("input.cu", "conv2d.cu", "conv1_fused.cu", "batchnorm.cu", "activation.cu", "pool.cu", "linear.cu",
                 "loss.cu", "reduce.cu", "sgd.cu")
 COMPILE_OPTIONS = ("--std=c++17",)
 INSTALL_HINT = ("install the CUDA extra: pip install 'mnist-cuda[cuda12]' "

@@ -202,9 +202,14 @@ class ConvBlock:
         self.d_z = cp.empty(full, cp.float32)
         self.d_a = cp.empty(full, cp.float32)
         self.d_in = cp.empty((batch, c_in, size, size), cp.float32) if index > 1 else None
+        # the first block gets the images as bytes and normalises them first
+        self.images = cp.empty((batch, 1, size, size), cp.float32) if index == 1 else None
         self.x = None
 
     def forward(self, x, n, train):
+        if self.images is not None:
+            launch_1d("normalize_images", x[:n].size, x, self.images, I32(x[:n].size))
+            x = self.images
         self.x = x
         C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
         N, HW = I32(n), I32(self.size * self.size)
@@ -556,17 +561,18 @@ class Workspace:
         c1, c2 = model.channels
         if B * max(c1, c2) * 28 * 28 >= 2 ** 31:
             raise ValueError(f"batch size {B} is too large for 32-bit indexing")
-        # One buffer holds a batch's images (float32) and then its labels (int32), on the host (pinned,
-        # per staging slot) and on the device, so that the load is a single copy. x, y and stage_x,
-        # stage_y are views into them.
-        size = B * 28 * 28 + B
-        self.batch = cp.zeros(size, cp.float32)
+        # One byte buffer holds a batch's images (uint8, as MNIST stores them: the kernels normalise) and
+        # then its labels (int32; B * 784 bytes keep them aligned), on the host (pinned, per staging slot)
+        # and on the device, so that the load is a single copy of a quarter of the float32 batch. x, y
+        # and stage_x, stage_y are views into them.
+        size = B * 784 + 4 * B
+        self.batch = cp.zeros(size, cp.uint8)
         self.x, self.y = self.batch[:B * 784].reshape(B, 1, 28, 28), self.batch[B * 784:].view(cp.int32)
-        self.stage = [kernels.pinned_empty((size,), np.float32) for _ in range(self.STAGING_SLOTS)]
+        self.stage = [kernels.pinned_empty((size,), np.uint8) for _ in range(self.STAGING_SLOTS)]
         self.stage_x = [st[:B * 784].reshape(B, 1, 28, 28) for st in self.stage]
         self.stage_y = [st[B * 784:].view(np.int32) for st in self.stage]
         for st in self.stage:
-            st[...] = 0.0  # labels of unfilled rows (a partial last batch) stay valid class numbers
+            st[...] = 0  # labels of unfilled rows (a partial last batch) stay valid class numbers
         self.stage_free = [cp.cuda.Event(disable_timing=True) for _ in range(self.STAGING_SLOTS)]
         self.side = SideStream(cp)
         if model.version == "fast":

@@ -316,9 +316,13 @@ class TorchSide:
         self.compile_s = None
         if mode in ("compiled", "compiled+graph"):
             self.forward_fn = torch.compile(self.net)
-        self.x = torch.empty((batch, 1, 28, 28), device=dev)  # static input buffers
+        # static input buffers: the images arrive as bytes, as ours do, and are normalised in the step
+        self.x_bytes = torch.zeros((batch, 1, 28, 28), dtype=torch.uint8, device=dev)
+        self.x = torch.empty((batch, 1, 28, 28), device=dev)
+        self.norm = [torch.tensor(v, dtype=torch.float32, device=dev) for v in (255.0, data.MEAN, data.STD)]
+        self._check_normalize(dev)
         self.y = torch.zeros(batch, dtype=torch.int64, device=dev)
-        self.stage_x = [torch.empty((batch, 1, 28, 28), pin_memory=True) for _ in range(2)]
+        self.stage_x = [torch.empty((batch, 1, 28, 28), dtype=torch.uint8, pin_memory=True) for _ in range(2)]
         self.stage_y = [torch.empty(batch, dtype=torch.int64, pin_memory=True) for _ in range(2)]
         self.stage_free = [torch.cuda.Event() for _ in range(2)]
         self.loss_log = torch.zeros(1 << 16, device=dev) if log_losses else None  # parity only
@@ -326,9 +330,26 @@ class TorchSide:
         self.graph = None
         self.i = 0
 
+    def _normalize(self, images, out):
+        """out = (images/255 - MEAN)/STD in float32, divisions by (0-dim) tensors on the GPU: a
+        division by a Python number would be a multiplication by its reciprocal, other bits."""
+        scale, mean, std = self.norm
+        self.torch.div(images, scale, out=out)
+        out.sub_(mean).div_(std)
+        return out
+
+    def _check_normalize(self, dev):
+        """The same bits as data.normalize (and our kernels) for all 256 byte values, or parity is moot."""
+        torch = self.torch
+        values = np.zeros((1, 1, 28, 28), dtype=np.uint8)
+        values.flat[:256] = np.arange(256)
+        got = self._normalize(torch.from_numpy(values).to(dev), torch.empty(values.shape, device=dev))
+        if not np.array_equal(got.cpu().numpy(), data.normalize(values)):
+            raise RuntimeError("torch's normalisation of the input bytes differs from data.normalize")
+
     def _body(self):
-        """forward + loss, backward, update, zero-grad (grads stay allocated, as in a graph)."""
-        loss = self.F.nll_loss(self.forward_fn(self.x), self.y)
+        """normalise, forward + loss, backward, update, zero-grad (grads stay allocated, as in a graph)."""
+        loss = self.F.nll_loss(self.forward_fn(self._normalize(self.x_bytes, self.x)), self.y)
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=False)
@@ -340,7 +361,7 @@ class TorchSide:
         if self.mode not in ("graph", "compiled+graph", "compiled"):
             return
         idx = order[:self.batch]
-        self.x.copy_(torch.from_numpy(x[idx]))
+        self.x_bytes.copy_(torch.from_numpy(x[idx]))
         self.y.copy_(torch.from_numpy(y[idx]))
         t0 = time.perf_counter()
         side = torch.cuda.Stream()
@@ -379,7 +400,7 @@ class TorchSide:
         assert n == self.batch
         rec = (lambda k: phase_events[k].record()) if phase_events else (lambda k: None)
         rec(0)
-        self.x.copy_(self.stage_x[slot], non_blocking=True)
+        self.x_bytes.copy_(self.stage_x[slot], non_blocking=True)
         self.y.copy_(self.stage_y[slot], non_blocking=True)
         self.stage_free[slot].record()
         rec(1)
@@ -387,7 +408,7 @@ class TorchSide:
             self.graph.replay()
             loss = self.static_loss
         else:
-            loss = self.F.nll_loss(self.forward_fn(self.x), self.y)
+            loss = self.F.nll_loss(self.forward_fn(self._normalize(self.x_bytes, self.x)), self.y)
             rec(2)
             loss.backward()
             rec(3)

@@ -40,7 +40,7 @@ def main(argv=None):
     ws = model.workspace(args.batch_size)
     rng = np.random.default_rng(0)
     for slot in range(ws.STAGING_SLOTS):
-        ws.stage_x[slot][...] = rng.standard_normal(ws.stage_x[slot].shape).astype(np.float32)
+        ws.stage_x[slot][...] = rng.integers(0, 256, ws.stage_x[slot].shape, dtype=np.uint8)
         ws.stage_y[slot][...] = rng.integers(0, 10, ws.batch_size)
     kernels.preload()
     for step in range(args.steps):

@@ -19,7 +19,8 @@ def make_model(channels, hidden, seed, version="naive"):
 
 
 def random_batch(rng, n):
-    return rng.standard_normal((n, 1, 28, 28)).astype(np.float32), rng.integers(0, 10, n).astype(np.int32)
+    """Random images as bytes (what the GPU gets) and labels."""
+    return rng.integers(0, 256, (n, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.int32)
 
 
 def stage(ws, slot, x, y):
@@ -59,8 +60,9 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
     # gradient path (conv1's weight gradient, a sum with heavy cancellation through BatchNorm, then
     # misses 1e-4 in a few runs of 60). Those choices must be near-ties: the gap checks it.
     decisions = kernel_decisions(ws, batch)
-    loss, grads, imposed = ref.loss_and_grads(x, y, decisions)
-    _, own = ref.forward(x)
+    seen = data.normalize(x)  # the images as the network sees them
+    loss, grads, imposed = ref.loss_and_grads(seen, y, decisions)
+    _, own = ref.forward(seen)
     for key in ("pooled1", "pooled2", "fc1"):
         gap = np.abs(imposed[key] - own[key]).max()
         assert gap < DECISION_TOL * max(1.0, np.abs(own[key]).max()), (key, gap, seed)
@@ -71,7 +73,7 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
     model.update(lr=0.1)
     model.zero_grad()
     cupy.cuda.get_current_stream().synchronize()
-    ref.train_step(x, y, lr=0.1, decisions=decisions)
+    ref.train_step(seen, y, lr=0.1, decisions=decisions)
     model.num_batches_tracked += 1
     state = model.state_dict()
     for name, want in ref.state_dict().items():
@@ -100,7 +102,7 @@ def test_eval_forward_uses_running_stats(version):
     ws.correct.fill(0)
     model.eval_batch(ws, 1, 37)
     logits = ws.logits[:37].get()
-    assert rel_err(logits, ref.forward(x, train=False)[0]) < STEP_TOL
+    assert rel_err(logits, ref.forward(data.normalize(x), train=False)[0]) < STEP_TOL
     assert int(ws.correct.get()[0]) == int((logits.argmax(1) == y).sum())
 
 

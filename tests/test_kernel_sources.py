@@ -3,7 +3,7 @@ errors. Also the launch helper's guard against untyped scalars."""
 import numpy as np
 import pytest
 
-from mnist_cuda import kernels
+from mnist_cuda import data, kernels
 
 
 def test_every_kernel_compiles_for_sm90():
@@ -78,3 +78,6 @@ def test_launch_geometry_mirrors_the_kernels_defines():
              ("conv1_fused.cu", "WEIGHT_CHANNELS", kernels.CONV1_WEIGHT_CHANNELS)]
     for source, name, value in pairs:
         assert define(source, name) == value, (source, name)
+    for name, value in (("MNIST_MEAN", data.MEAN), ("MNIST_STD", data.STD)):  # the kernels' normalisation
+        m = re.search(rf"^#define {name} ([0-9.]+)f$", kernels.read_source("common.cuh"), re.MULTILINE)
+        assert m and float(m.group(1)) == value, name
