@@ -81,8 +81,8 @@ extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float
 // channel, 8 channels per block; for each group of 8 channels, the last of its blocks combines the
 // parts in a fixed order (last_block_done). counter: one per group.
 
-// Per (part, channel) mean and M2, merged by the last block, which finalizes BatchNorm. A warp owns a
-// channel: it holds one image's HW values in registers (loaded together: one memory latency per
+// Per (channel, part) mean and M2, merged by each group's last block, which finalizes BatchNorm. A warp
+// owns a channel: it holds one image's HW values in registers (loaded together: one memory latency per
 // image), takes their mean and squared deviations (two passes over registers), and merges them into
 // the part's running (mean, M2) with Chan's formula, in image order.
 // grid (parts, ceil(C/8)), 256 threads; partial [C, parts, 2]. HW <= 32 * BN_STATS_VALUES.

@@ -18,7 +18,7 @@
 // The images come as bytes and are normalised as they are staged (normalize_pixel, common.cuh, by a
 // table of the 256 values in shared memory).
 // The reductions (statistics, backward) give each block a part of the batch (imgs_per_block images),
-// sum inside the block in a fixed order, and let the last block combine the parts.
+// sum inside the block in a fixed order, and let the last block of each channel group combine the parts.
 #include "common.cuh"
 
 #define S1 28                      // conv1's input and output size
