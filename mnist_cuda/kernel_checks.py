@@ -92,6 +92,54 @@ def _bytes(*arrays) -> float:
 # ---- conv2d ---------------------------------------------------------------------------------------
 
 
+def _weight_quads(wd, C, K):
+    """conv2's weights staged for both fast products by conv2d_stage_weights_fast (once, as the step does
+    once per step; the timings of the products leave it out)."""
+    import cupy
+    fq = cupy.full((kernels.conv_weight_quads(C, K, kernels.FORWARD_TILE_N), 4), np.nan, cupy.float32)
+    gq = cupy.full((kernels.conv_weight_quads(K, C, kernels.INPUT_GRAD_TILE_N), 4), np.nan, cupy.float32)
+    launch_1d("conv2d_stage_weights_fast", fq.shape[0] + gq.shape[0], wd, I32(C), I32(K), fq, gq)
+    return fq, gq
+
+
+def split_tf32(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """float32 v as the kernels split it (gemm.cuh): big = v with its low 13 mantissa bits cleared, small =
+    v - big (exact in float32)."""
+    v = np.asarray(v, np.float32)
+    big = (v.view(np.uint32) & np.uint32(0xFFFFE000)).view(np.float32)
+    return big, v - big
+
+
+def weight_quads(w: np.ndarray, flipped: bool, tile_n: int) -> np.ndarray:
+    """What conv2d_stage_weights_fast writes for one product, from w [K, C, 3, 3] (conv2d.cu): quads
+    [column tile][chunk][column][tap][t] = {big(c), big(c + 4), small(c), small(c + 4)}, c = chunk*8 + t."""
+    wt = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1] if flipped else w  # [out, in, 3, 3], taps flipped
+    c_out, c_in = wt.shape[:2]
+    tiles, chunks = ceil_div(c_out, tile_n), ceil_div(c_in, kernels.CONV_CHUNK)
+    padded = np.zeros((tiles * tile_n, chunks * kernels.CONV_CHUNK, 9), np.float32)
+    padded[:c_out, :c_in] = wt.reshape(c_out, c_in, 9)
+    # [tile, column, chunk, half, t, tap] -> [tile, chunk, column, tap, t, half]
+    v = padded.reshape(tiles, tile_n, chunks, 2, 4, 9).transpose(0, 2, 1, 5, 4, 3)
+    big, small = split_tf32(v)
+    return np.concatenate([big, small], axis=-1).reshape(-1, 4)
+
+
+def conv_stage_weights_case():
+    def make(rng, d):
+        N, C, K, S = _geometry(d, 2)
+        w = _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
+        fq = _poison((kernels.conv_weight_quads(C, K, kernels.FORWARD_TILE_N), 4))
+        gq = _poison((kernels.conv_weight_quads(K, C, kernels.INPUT_GRAD_TILE_N), 4))
+        wd = _dev(w)
+        run = lambda: launch_1d("conv2d_stage_weights_fast", fq.shape[0] + gq.shape[0], wd, I32(C), I32(K), fq, gq)
+        exact = lambda got, want: 0.0 if np.array_equal(got, want) else float("inf")  # bit for bit
+        return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
+                        {"forward_quads": weight_quads(w, False, kernels.FORWARD_TILE_N),
+                         "input_grad_quads": weight_quads(w, True, kernels.INPUT_GRAD_TILE_N)},
+                        (0.0, _bytes(w, fq, gq)), compare={"forward_quads": exact, "input_grad_quads": exact})
+    return Case("conv2d_stage_weights_fast[conv2]", make)
+
+
 def conv_forward_case(layer, version="naive"):
     def make(rng, d):
         N, C, K, S = _geometry(d, layer)
@@ -101,8 +149,12 @@ def conv_forward_case(layer, version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_forward_naive", y.size, *args)
         else:
-            run = lambda: launch("conv2d_forward_fast", kernels.conv_image_grid(N, K, kernels.FORWARD_TILE_N),
-                                 kernels.CONV_THREADS, *args)
+            forward_quads, input_grad_quads = _weight_quads(wd, C, K)
+
+            def run():
+                launch("conv2d_forward_fast", kernels.conv_image_grid(N, K, kernels.FORWARD_TILE_N),
+                       kernels.CONV_THREADS, xd, forward_quads, y, *args[3:],
+                       shared_mem=kernels.conv_tile_shared_bytes(kernels.FORWARD_TILE_N))
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
     return Case(f"conv2d_forward_{version}[conv{layer}]", make)
@@ -117,8 +169,12 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
-            run = lambda: launch("conv2d_backward_input_fast",
-                                 kernels.conv_image_grid(N, C, kernels.INPUT_GRAD_TILE_N), kernels.CONV_THREADS, *args)
+            forward_quads, input_grad_quads = _weight_quads(wd, C, K)
+
+            def run():
+                launch("conv2d_backward_input_fast", kernels.conv_image_grid(N, C, kernels.INPUT_GRAD_TILE_N),
+                       kernels.CONV_THREADS, dyd, input_grad_quads, dx, *args[3:],
+                       shared_mem=kernels.conv_tile_shared_bytes(kernels.INPUT_GRAD_TILE_N))
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)
@@ -552,7 +608,8 @@ def sgd_fast_case():
 
 
 def fast_cases() -> list[Case]:
-    return ([conv_forward_case(2, "fast"), conv_backward_input_case("fast"), conv_backward_weight_case(2, "fast")]
+    return ([conv_stage_weights_case(), conv_forward_case(2, "fast"), conv_backward_input_case("fast"),
+             conv_backward_weight_case(2, "fast")]
             + [bn_stats_fast_case(layer) for layer in (1, 2)] + [bn_relu_pool_fast_case(layer) for layer in (1, 2)]
             + [block_backward_fast_case(layer) for layer in (1, 2)]
             + [linear_fast_case(part) for part in ("forward", "input", "weight")] + [head_fast_case(), sgd_fast_case()])

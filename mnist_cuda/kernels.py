@@ -124,6 +124,7 @@ def preload():
         get(name)
 
 
+_dynamic_shared: dict[str, int] = {}  # kernel -> the dynamic shared memory it may use, where raised
 _ARG_TYPES = (np.int32, np.uint32, np.int64, np.float32)
 
 
@@ -136,8 +137,11 @@ def launch(kernel: str, grid, block, *args, shared_mem: int = 0):
             raise TypeError(f"{kernel}: argument {i} is {type(a).__name__}; pass a cupy array, "
                             "np.int32 or np.float32")
     grid = grid if isinstance(grid, tuple) else (int(grid),)
+    fn = get(kernel)
+    if shared_mem > _dynamic_shared.get(kernel, 48 * 1024):  # more than the default limit must be asked for
+        fn.max_dynamic_shared_size_bytes = _dynamic_shared[kernel] = shared_mem
     block = block if isinstance(block, tuple) else (int(block),)
-    get(kernel)(grid, block, args, shared_mem=shared_mem)
+    fn(grid, block, args, shared_mem=shared_mem)
 
 
 def launch_1d(kernel: str, n: int, *args, block: int = 256):
@@ -159,6 +163,7 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 # conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block
 CONV_THREADS, FORWARD_TILE_N, INPUT_GRAD_TILE_N = 224, 32, 16
+CONV_CHUNK, CONV_STAGED_PIXELS, CONV_PIXEL_FLOATS = 8, 258, 20  # their input channels per step, staged image
 WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 192, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
 HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
@@ -180,6 +185,18 @@ def conv_image_grid(n: int, out_channels: int, tile_n: int) -> tuple[int, int]:
     """Grid of conv2d_forward_fast (tile_n FORWARD_TILE_N) and conv2d_backward_input_fast
     (INPUT_GRAD_TILE_N): a block per image and tile_n output channels."""
     return n, ceil_div(out_channels, tile_n)
+
+
+def conv_tile_shared_bytes(tile_n: int) -> int:
+    """Dynamic shared memory of a conv2d_forward_fast / conv2d_backward_input_fast block: the staged image
+    and two chunks of weight quads (16 bytes each, tile_n x 9 taps x 4 per chunk)."""
+    return CONV_STAGED_PIXELS * CONV_PIXEL_FLOATS * 4 + 2 * tile_n * 36 * 16
+
+
+def conv_weight_quads(c_in: int, c_out: int, tile_n: int) -> int:
+    """Weight quads (float4) of one product staged by conv2d_stage_weights_fast: c_in input and c_out
+    output channels, tile_n output channels per block."""
+    return ceil_div(c_out, tile_n) * ceil_div(c_in, CONV_CHUNK) * tile_n * 36
 
 
 def conv_weight_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int], int]:

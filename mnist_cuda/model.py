@@ -393,6 +393,10 @@ class ConvBlockFast(_BatchNormParams):
         self.argmax = cp.empty(half, cp.uint8)
         self.d_in = cp.empty((batch, c_in, size, size), cp.float32)
         self.w_partial = cp.empty(kernels.MAX_SPLITS * c_out * c_in * 9, cp.float32)  # per image group
+        # the weights as the products read them, split into TF32 parts (conv2d_stage_weights_fast)
+        self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out, kernels.FORWARD_TILE_N), 4), cp.float32)
+        self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in, kernels.INPUT_GRAD_TILE_N), 4),
+                                         cp.float32)
         self.side = side  # the weight gradient overlaps the input gradient and conv1's backward
         self.x = None
 
@@ -400,8 +404,11 @@ class ConvBlockFast(_BatchNormParams):
         self.x = x
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
+        launch_1d("conv2d_stage_weights_fast", self.forward_quads.shape[0] + self.input_grad_quads.shape[0], self.w,
+                  C, K, self.forward_quads, self.input_grad_quads)
         launch("conv2d_forward_fast", kernels.conv_image_grid(n, self.c_out, kernels.FORWARD_TILE_N),
-               kernels.CONV_THREADS, x, self.w, self.a, I32(n), C, K, S, S)
+               kernels.CONV_THREADS, x, self.forward_quads, self.a, I32(n), C, K, S, S,
+               shared_mem=kernels.conv_tile_shared_bytes(kernels.FORWARD_TILE_N))
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
                    I32(per_part), self.partial, self.counters[0], F32(reference.BN_EPS),
@@ -432,7 +439,8 @@ class ConvBlockFast(_BatchNormParams):
         self.side.run(lambda: self._weight_grad(n))
         if need_input_grad:
             launch("conv2d_backward_input_fast", kernels.conv_image_grid(n, self.c_in, kernels.INPUT_GRAD_TILE_N),
-                   kernels.CONV_THREADS, self.d_a, self.w, self.d_in, I32(n), C, K, S, S)
+                   kernels.CONV_THREADS, self.d_a, self.input_grad_quads, self.d_in, I32(n), C, K, S, S,
+                   shared_mem=kernels.conv_tile_shared_bytes(kernels.INPUT_GRAD_TILE_N))
             return self.d_in
         return None
 
