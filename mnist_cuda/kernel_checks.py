@@ -98,7 +98,7 @@ def _weight_quads(wd, C, K):
     import cupy
     fq = cupy.full((kernels.conv_weight_quads(C, K, kernels.FORWARD_TILE_N), 4), np.nan, cupy.float32)
     gq = cupy.full((kernels.conv_weight_quads(K, C, kernels.INPUT_GRAD_TILE_N), 4), np.nan, cupy.float32)
-    launch_1d("conv2d_stage_weights_fast", fq.shape[0] + gq.shape[0], wd, I32(C), I32(K), fq, gq)
+    kernels.stage_conv_weights(wd, C, K, fq, gq)
     return fq, gq
 
 
@@ -131,7 +131,7 @@ def conv_stage_weights_case():
         fq = _poison((kernels.conv_weight_quads(C, K, kernels.FORWARD_TILE_N), 4))
         gq = _poison((kernels.conv_weight_quads(K, C, kernels.INPUT_GRAD_TILE_N), 4))
         wd = _dev(w)
-        run = lambda: launch_1d("conv2d_stage_weights_fast", fq.shape[0] + gq.shape[0], wd, I32(C), I32(K), fq, gq)
+        run = lambda: kernels.stage_conv_weights(wd, C, K, fq, gq)
         exact = lambda got, want: 0.0 if np.array_equal(got, want) else float("inf")  # bit for bit
         return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
                         {"forward_quads": weight_quads(w, False, kernels.FORWARD_TILE_N),
@@ -149,12 +149,9 @@ def conv_forward_case(layer, version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_forward_naive", y.size, *args)
         else:
-            forward_quads, input_grad_quads = _weight_quads(wd, C, K)
-
-            def run():
-                launch("conv2d_forward_fast", kernels.conv_image_grid(N, K, kernels.FORWARD_TILE_N),
-                       kernels.CONV_THREADS, xd, forward_quads, y, *args[3:],
-                       shared_mem=kernels.conv_tile_shared_bytes(kernels.FORWARD_TILE_N))
+            forward_quads, _ = _weight_quads(wd, C, K)
+            run = lambda: kernels.launch_conv_image_tile("conv2d_forward_fast", N, K, kernels.FORWARD_TILE_N, xd,
+                                                         forward_quads, y, *args[3:])
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
     return Case(f"conv2d_forward_{version}[conv{layer}]", make)
@@ -169,12 +166,9 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
-            forward_quads, input_grad_quads = _weight_quads(wd, C, K)
-
-            def run():
-                launch("conv2d_backward_input_fast", kernels.conv_image_grid(N, C, kernels.INPUT_GRAD_TILE_N),
-                       kernels.CONV_THREADS, dyd, input_grad_quads, dx, *args[3:],
-                       shared_mem=kernels.conv_tile_shared_bytes(kernels.INPUT_GRAD_TILE_N))
+            _, input_grad_quads = _weight_quads(wd, C, K)
+            run = lambda: kernels.launch_conv_image_tile("conv2d_backward_input_fast", N, C, kernels.INPUT_GRAD_TILE_N,
+                                                         dyd, input_grad_quads, dx, *args[3:])
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)

@@ -181,12 +181,6 @@ def sm_count() -> int:
     return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
 
 
-def conv_image_grid(n: int, out_channels: int, tile_n: int) -> tuple[int, int]:
-    """Grid of conv2d_forward_fast (tile_n FORWARD_TILE_N) and conv2d_backward_input_fast
-    (INPUT_GRAD_TILE_N): a block per image and tile_n output channels."""
-    return n, ceil_div(out_channels, tile_n)
-
-
 def conv_tile_shared_bytes(tile_n: int) -> int:
     """Dynamic shared memory of a conv2d_forward_fast / conv2d_backward_input_fast block: the staged image
     and two chunks of weight quads (16 bytes each, tile_n x 9 taps x 4 per chunk)."""
@@ -197,6 +191,18 @@ def conv_weight_quads(c_in: int, c_out: int, tile_n: int) -> int:
     """Weight quads (float4) of one product staged by conv2d_stage_weights_fast: c_in input and c_out
     output channels, tile_n output channels per block."""
     return ceil_div(c_out, tile_n) * ceil_div(c_in, CONV_CHUNK) * tile_n * 36
+
+
+def launch_conv_image_tile(kernel: str, n: int, out_channels: int, tile_n: int, *args):
+    """conv2d_forward_fast (tile_n FORWARD_TILE_N) or conv2d_backward_input_fast (INPUT_GRAD_TILE_N): a
+    block per image and tile_n output channels, with its dynamic shared memory."""
+    launch(kernel, (n, ceil_div(out_channels, tile_n)), CONV_THREADS, *args, shared_mem=conv_tile_shared_bytes(tile_n))
+
+
+def stage_conv_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads):
+    """conv2d_stage_weights_fast: w [c_out, c_in, 3, 3] as the quads of both products (conv_weight_quads each)."""
+    launch_1d("conv2d_stage_weights_fast", forward_quads.shape[0] + input_grad_quads.shape[0], w, np.int32(c_in),
+              np.int32(c_out), forward_quads, input_grad_quads)
 
 
 def conv_weight_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int], int]:

@@ -404,11 +404,9 @@ class ConvBlockFast(_BatchNormParams):
         self.x = x
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
-        launch_1d("conv2d_stage_weights_fast", self.forward_quads.shape[0] + self.input_grad_quads.shape[0], self.w,
-                  C, K, self.forward_quads, self.input_grad_quads)
-        launch("conv2d_forward_fast", kernels.conv_image_grid(n, self.c_out, kernels.FORWARD_TILE_N),
-               kernels.CONV_THREADS, x, self.forward_quads, self.a, I32(n), C, K, S, S,
-               shared_mem=kernels.conv_tile_shared_bytes(kernels.FORWARD_TILE_N))
+        kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads)
+        kernels.launch_conv_image_tile("conv2d_forward_fast", n, self.c_out, kernels.FORWARD_TILE_N, x,
+                                       self.forward_quads, self.a, I32(n), C, K, S, S)
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
                    I32(per_part), self.partial, self.counters[0], F32(reference.BN_EPS),
@@ -438,9 +436,8 @@ class ConvBlockFast(_BatchNormParams):
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
         self.side.run(lambda: self._weight_grad(n))
         if need_input_grad:
-            launch("conv2d_backward_input_fast", kernels.conv_image_grid(n, self.c_in, kernels.INPUT_GRAD_TILE_N),
-                   kernels.CONV_THREADS, self.d_a, self.input_grad_quads, self.d_in, I32(n), C, K, S, S,
-                   shared_mem=kernels.conv_tile_shared_bytes(kernels.INPUT_GRAD_TILE_N))
+            kernels.launch_conv_image_tile("conv2d_backward_input_fast", n, self.c_in, kernels.INPUT_GRAD_TILE_N,
+                                           self.d_a, self.input_grad_quads, self.d_in, I32(n), C, K, S, S)
             return self.d_in
         return None
 
