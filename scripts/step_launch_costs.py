@@ -30,15 +30,14 @@ from mnist_cuda.train import int_at_least  # noqa: E402
 
 
 class DoublingLaunches:
-    """Wraps model.py's launch functions and Model.load: records each launch's name in step order and
-    repeats the launch whose index is `double_at`."""
+    """Wraps kernels.launch (every kernel launch goes through it: model.py's, launch_1d's and the launch
+    helpers' in kernels.py) and Model.load: records each launch's name in step order and repeats the
+    launch whose index is `double_at`."""
 
     def __init__(self):
         self.names, self.double_at = [], None
-        self._launch, self._launch_1d = model_module.launch, model_module.launch_1d
-        self._load = model_module.Model.load
-        model_module.launch = self._wrap(self._launch)
-        model_module.launch_1d = self._wrap(self._launch_1d)
+        self._launch, self._load = kernels.launch, model_module.Model.load
+        kernels.launch = model_module.launch = self._wrap(self._launch)
         load = self._wrap(lambda name, *a: self._load(*a))
         model_module.Model.load = lambda model, ws, slot, n: load("load (host-to-device copy)", model, ws, slot, n)
 
