@@ -240,11 +240,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) {  // small terms first: they are the least significant
-                    mma_tf32(acc[mi][ni], a_small[mi], b_big[ni]);
-                    mma_tf32(acc[mi][ni], a_big[mi], b_small[ni]);
-                    mma_tf32(acc[mi][ni], a_big[mi], b_big[ni]);
-                }
+                for (int ni = 0; ni < NI; ni++)
+                    mma_3xtf32(acc[mi][ni], a_big[mi], a_small[mi], b_big[ni], b_small[ni]);
         }
     }
 
@@ -337,11 +334,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const
 #pragma unroll
             for (int j = 0; j < 3; j++)
 #pragma unroll
-                for (int ni = 0; ni < NI; ni++) {  // small terms first: they are the least significant
-                    mma_tf32(acc[j][ni], a_small[j], b_big[ni]);
-                    mma_tf32(acc[j][ni], a_big[j], b_small[ni]);
-                    mma_tf32(acc[j][ni], a_big[j], b_big[ni]);
-                }
+                for (int ni = 0; ni < NI; ni++)
+                    mma_3xtf32(acc[j][ni], a_big[j], a_small[j], b_big[ni], b_small[ni]);
         }
     }
 

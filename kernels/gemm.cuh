@@ -61,6 +61,14 @@ __device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], const 
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+// c += a * b in 3xTF32 from the operands' split parts; the small terms first: they are the least significant.
+__device__ __forceinline__ void mma_3xtf32(float c[4], const unsigned a_big[4], const unsigned a_small[4],
+                                           const unsigned b_big[2], const unsigned b_small[2]) {
+    mma_tf32(c, a_small, b_big);
+    mma_tf32(c, a_big, b_small);
+    mma_tf32(c, a_big, b_big);
+}
+
 // The 8 warps of a block form a 2 x 4 grid over its TM x TN tile; each warp owns (TM/2) x (TN/4) of
 // it as MI x NI mma tiles of 16 x 8, and each lane holds 4 values of each: acc[mi*NI + ni][r].
 template <int TM, int TN>
@@ -165,11 +173,8 @@ __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0
 #pragma unroll
             for (int mi = 0; mi < W::MI; mi++)
 #pragma unroll
-                for (int ni = 0; ni < W::NI; ni++) {  // small terms first: they are the least significant
-                    mma_tf32(acc[mi * W::NI + ni], a_small[mi], b_big[ni]);
-                    mma_tf32(acc[mi * W::NI + ni], a_big[mi], b_small[ni]);
-                    mma_tf32(acc[mi * W::NI + ni], a_big[mi], b_big[ni]);
-                }
+                for (int ni = 0; ni < W::NI; ni++)
+                    mma_3xtf32(acc[mi * W::NI + ni], a_big[mi], a_small[mi], b_big[ni], b_small[ni]);
         }
     }
 }
