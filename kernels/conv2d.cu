@@ -88,50 +88,43 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // forward: in = x, wt(n, c, tap) = w[n, c, tap]; input gradient: in = dy, wt(n, c, tap) = w[c, n, 8 - tap]
 // (the flipped kernel, with w's two channel indices swapped).
 //
-// A block computes one image's pixels (rows) for NT output channels (columns) as a matrix product
-// on the tensor cores (gemm.cuh's 3xTF32 mma). The input image passes through shared memory CONV_CHUNK
-// channels at a time, with a zero border: 16x16 pixels for the 14x14 image. Within a chunk, k = tap*8 + c
-// (mma k-step s is tap s, its 8 columns the chunk's 8 channels).
+// A block computes CONV_TILE_CHANNELS output channels (rows) of CONV_ROWS image rows (columns) as a
+// matrix product on the tensor cores, in 3xTF32 (gemm.cuh). Columns are positions on the 16-wide grid of
+// the image with its zero border, not pixels: column j is output pixel (j / 16, j % 16); columns 14 and 15
+// of each grid row are computed and dropped. Column j's window then starts at staged pixel j, so for
+// tap (tr, tc) the block's operand B is the staged image itself, read from pixel 16 tr + tc on: a
+// shifted start address, no im2col copy and no index arithmetic at all.
 //
-// Rows are positions on the 16-wide staged grid, not pixels: row r is output pixel (r / 16, r % 16),
-// and the 14 x 16 = 224 rows are the block's 7 warps x 32 (columns 14 and 15 are computed and dropped,
-// as many rows as 196 pixels in 224 rows left idle before). Row r's window then starts at staged pixel r,
-// so the im2col element (row r, tap s, channel c) is staged pixel r + shift(s): a per-thread address plus
-// a compile-time constant. The product loop has no index arithmetic, bounds checks or branches, and every
-// staged value is used by 9 taps x NT channels. The next chunk is fetched into registers while the
-// tensor cores work on this one.
+// The input passes through shared memory CONV_CHUNK channels at a time (k = 8 channels per tap, 9 taps
+// per chunk), split into its TF32 parts: planes [part][channel quad][pixel][4 channels].
+// A holds the chunk's weights, also split, with the parts *stacked*: rows 0-31 are the big parts of
+// the 32 channels' weights, rows 32-63 their small parts. Two products per k-step, A * B_big and
+// A * B_small, then give big*big and big*small in rows 0-31 and small*big (and the tiny small*small) in
+// rows 32-63: the three products of 3xTF32 in two, with no row idle. Rows c and c + 32 are added at
+// the end.
 //
-// Both operands are staged split into their TF32 parts (split once, not at every fragment load):
-// - a staged pixel holds its 8 channels' big parts, then their small parts (then 4 floats of padding), so
-//   one `ldmatrix` gives a warp a whole 16 x 8 A fragment: four 8 x 8 tiles of 16-bit halves, which is
-//   a 8 x 4 tile of 32-bit values each, landing in each lane exactly as mma's A layout needs it. At 80
-//   bytes per pixel, 8 consecutive pixels fall in 8 different 16-byte bank groups: no bank conflicts.
-// - a weight *quad* (column n, tap, t) holds what lane (g = n % 8, t) needs for B in that k-step:
-//   {big(c = t), big(t + 4), small(t), small(t + 4)}, one 16-byte load. The quads are made once per step
-//   for both products by conv2d_stage_weights_fast (below), and copied chunk by chunk with cp.async into
-//   two buffers: the next chunk's arrive while the tensor cores work on this one.
-// Split at every fragment load, the loop spent 72 instructions per tap on 24 mma; now 8 (v9a, NOTES.md).
+// On Hopper (sm_90a) a product is one warpgroup MMA (wgmma) of 64 rows x all the block's columns x
+// 8 k, both operands read by the tensor cores from shared memory: a chunk is 18 instructions with
+// nothing between them, and the next chunk is fetched and staged while they run. On other GPUs the same
+// products are mma.sync (m16n8k8) with the fragments loaded from the same shared memory.
+//
+// Shared memory layouts are wgmma's "K-major, no swizzle": 8 rows x 16 bytes (4 k) core matrices.
+// B: a plane holds a channel quad's pixels at 16 bytes each, so core matrices are 8 consecutive pixels
+// (128 bytes apart along the columns) and the second quad is the next plane; a tap's shift moves the
+// start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4].
 #define CONV2_SIZE 14
-#define CONV_THREADS 224         // 7 warps x 32 rows: the 14 x 16 grid
-#define CONV_CHUNK 8             // input channels per step: 8 x 9 taps = 72 k = 9 mma k-steps
-#define FORWARD_TILE_N 32        // output channels per block of the forward
-#define INPUT_GRAD_TILE_N 16     // and of the input gradient: twice the blocks (at batch 64, 64 blocks of
-                                 // 32 channels left half the SMs idle; 16 halves its time there)
-#define CONV_PADDED 16           // the staged image with its zero border, 16 x 16
-#define CONV_STAGED_PIXELS 258   // 16 x 16 + 2: row 223's last tap reads pixel 257
-#define CONV_PIXEL_FLOATS 20     // a staged pixel: 8 big parts, 8 small parts, 4 floats of padding
-#define CONV_CHUNK_QUADS(NT) ((NT) * 9 * 4)  // weight quads per chunk: (column, tap, t)
-// A block's shared memory, the staged image and two chunks of quads, is dynamic (it may exceed the 48 KB
-// of static shared memory): mnist_cuda.kernels.conv_tile_shared_bytes gives its size.
-
-// A 16 x 8 TF32 fragment of A from shared memory: lane l gives the address of row l % 16's 4 values of
-// columns 4 * (l / 16) ... (8 x 8 tiles of 16-bit values = 8 x 4 tiles of 32-bit ones; the four tiles
-// are rows 0-7 and 8-15 of columns 0-3, then of columns 4-7: mma's a[0..3]).
-__device__ __forceinline__ void ldmatrix_x4(unsigned a[4], const float* shared) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(shared)));
-}
+#define CONV_THREADS 128         // one warpgroup: 4 warps x 16 rows
+#define CONV_TILE_CHANNELS 32    // output channels per block: rows 0-31 (big parts), 32-63 (small parts)
+#define CONV_CHUNK 8             // input channels per step: 8 x 9 taps = 72 k = 9 k-steps
+#define CONV_PADDED 16           // the staged grid is 16 wide: the image with its zero border
+#define CONV_CHUNK_QUADS 1152    // weight float4s per chunk: 9 taps x 2 channel quads x 64 rows
+#define CONV_ROWS 7              // grid rows per block: half the image, so 112 columns. A block per
+                                 // whole image (224 columns, 3 blocks per SM) was slower at batch 64 and
+                                 // 512 alike (NOTES.md, v12)
+#define CONV_STAGED_PIXELS 146   // the block's 7 rows and a border row above and below (9 x 16), and 2
+                                 // pixels that the last column's last tap reads
+// A block's dynamic shared memory (two buffers of the staged image and of the chunk's weights; the
+// accumulators at the end) is mnist_cuda.kernels.conv_tile_shared_bytes().
 
 // v's TF32 big parts into big, the remainders into small.
 __device__ __forceinline__ void split4(const float v[4], float4* big, float4* small) {
@@ -142,125 +135,186 @@ __device__ __forceinline__ void split4(const float v[4], float4* big, float4* sm
     *small = make_float4(__uint_as_float(s[0]), __uint_as_float(s[1]), __uint_as_float(s[2]), __uint_as_float(s[3]));
 }
 
-// Weight quad q of a product with Cin input and Cout output channels, NT columns per block: quads are
-// [column tile][chunk][column in tile][tap][t], so a block's chunk is CONV_CHUNK_QUADS(NT) consecutive
-// quads. Channels past Cin and columns past Cout are zeros.
-template <bool FLIPPED, int NT>
+// Weight float4 q of a product with Cin input and Cout output channels: [tile][chunk][tap][quad][row],
+// holding channels chunk * 8 + quad * 4 + 0..3 of output channel tile * 32 + row % 32, big parts for
+// rows < 32 and small parts for the others. Channels past Cin and past Cout are zeros.
+template <bool FLIPPED>
 __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int Cout, float4* quads, int q) {
-    const int chunks = CEIL_DIV(Cin, CONV_CHUNK), e = q % CONV_CHUNK_QUADS(NT), chunk = q / CONV_CHUNK_QUADS(NT) % chunks;
-    const int n = q / (CONV_CHUNK_QUADS(NT) * chunks) * NT + e / 36, tap = e / 4 % 9;
-    unsigned big[2], small[2];
+    const int chunks = CEIL_DIV(Cin, CONV_CHUNK), row = q % 64, quad = q / 64 % 2, tap = q / 128 % 9;
+    const int chunk = q / CONV_CHUNK_QUADS % chunks, n = q / (CONV_CHUNK_QUADS * chunks) * CONV_TILE_CHANNELS + row % 32;
+    float v[4];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
-        const int c = chunk * CONV_CHUNK + e % 4 + 4 * h;
+    for (int i = 0; i < 4; i++) {
+        const int c = chunk * CONV_CHUNK + quad * 4 + i;
         // forward: w[n, c, tap]; input gradient: w[c, n, 8 - tap]
-        const float v = c < Cin && n < Cout ? (FLIPPED ? w[(c * Cout + n) * 9 + 8 - tap] : w[(n * Cin + c) * 9 + tap])
-                                            : 0.0f;
-        split_tf32(v, &big[h], &small[h]);
+        v[i] = c < Cin && n < Cout ? (FLIPPED ? w[(c * Cout + n) * 9 + 8 - tap] : w[(n * Cin + c) * 9 + tap]) : 0.0f;
     }
-    quads[q] = make_float4(__uint_as_float(big[0]), __uint_as_float(big[1]), __uint_as_float(small[0]),
-                           __uint_as_float(small[1]));
+    float4 big, small;
+    split4(v, &big, &small);
+    quads[q] = row < 32 ? big : small;
 }
 
-template <bool FLIPPED, int NT>
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---- Hopper warpgroup MMA (PTX ISA: wgmma) --------------------------------------------------------
+// A shared-memory matrix descriptor, no swizzle: leading = bytes from one core matrix to the next along
+// k, stride = along the rows (A) or columns (B). Address and offsets in units of 16 bytes.
+__device__ __forceinline__ unsigned long long wgmma_descriptor(const void* shared, unsigned leading, unsigned stride) {
+    const unsigned address = (unsigned)__cvta_generic_to_shared(shared);
+    return (unsigned long long)((address & 0x3FFFF) >> 4) | (unsigned long long)(leading >> 4) << 16 |
+           (unsigned long long)(stride >> 4) << 32;
+}
+// fence: registers written by ordinary instructions (the zeroed accumulators) are visible to the wgmma
+// that follow. commit: close the group of wgmma issued so far; wait: until all groups are done.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Shared memory written by ordinary stores and cp.async (the generic proxy) is visible to wgmma (the
+// async proxy) after this fence, then a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// d (64 x N, N/2 values per thread) += A (64 x 8, descriptor a) * B (8 x N, descriptor b), TF32.
+// d[4j + r] = D(row 16*warp + g + 8*(r/2), column 8j + 2t + r%2), as mma.sync's c per 8 columns.
+template <int N>
+__device__ __forceinline__ void wgmma_tf32(float* d, unsigned long long a, unsigned long long b);
+template <>
+__device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n112k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, %56, %57, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+                 : "l"(a), "l"(b));
+}
+#else
+__device__ __forceinline__ void fence_proxy_async() {}
+// Four 8 x 8 tiles of 16-bit values (= 8 x 4 of 32-bit ones) from shared memory: lane l gives the
+// address of row l % 8 of tile l / 8 (16 bytes), and receives 32-bit element l % 4 of row l / 4 of each
+// tile: as mma's fragments need them (see below).
+__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const float* shared) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(shared)));
+}
+#endif
+
 __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin,
                                                    int Cout) {
-    constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, PF = CONV_PIXEL_FLOATS, NI = NT / 8;
-    constexpr int W_QUADS = CONV_CHUNK_QUADS(NT), IN_TASKS = SS * 2;  // per chunk; image: (pixel, channel half)
-    constexpr int IN_PER_THREAD = CEIL_DIV(IN_TASKS, CONV_THREADS);
+    constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = ROWS * P;  // N: columns
+    constexpr int PLANE = CONV_STAGED_PIXELS * 4;                               // floats per (part, quad)
+    constexpr int IN_PIXELS = (ROWS + 2) * S, IN_TASKS = 2 * IN_PIXELS;         // per chunk: (quad, pixel)
+    constexpr int IN_PER_THREAD = CEIL_DIV(IN_TASKS, CONV_THREADS), ACC_STRIDE = N + 8;
     extern __shared__ float4 conv_shared[];
-    float* in_s = reinterpret_cast<float*>(conv_shared);                         // [pixel][20]
-    float4* w_s = conv_shared + CONV_STAGED_PIXELS * PF / 4;                     // [2][W_QUADS]
-    const int img = blockIdx.x, n0 = blockIdx.y * NT, chunks = CEIL_DIV(Cin, CONV_CHUNK);
-    const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    float* in_s = reinterpret_cast<float*>(conv_shared);  // [buffer][part][quad][pixel][4]
+    float4* w_s = conv_shared + 2 * 4 * PLANE / 4;        // [buffer][CONV_CHUNK_QUADS]
+    const int img = blockIdx.x, n0 = blockIdx.y * CONV_TILE_CHANNELS, r0 = blockIdx.z * ROWS;
+    const int chunks = CEIL_DIV(Cin, CONV_CHUNK), tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
     const float* x = in + (size_t)img * Cin * SS;
-    const float4* block_quads = quads + (size_t)blockIdx.y * chunks * W_QUADS;
+    const float4* block_quads = quads + (size_t)blockIdx.y * chunks * CONV_CHUNK_QUADS;
 
-    for (int i = tid; i < CONV_STAGED_PIXELS * PF / 4; i += CONV_THREADS)  // the border stays zero
+    for (int i = tid; i < 2 * PLANE; i += CONV_THREADS)  // both buffers; the border stays zero
         conv_shared[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-    // This lane's ldmatrix rows at tap 0, for the warp's two 16-row tiles (big parts; small: + 8)
-    const float* a_rows[2];
-#pragma unroll
-    for (int mi = 0; mi < 2; mi++) a_rows[mi] = in_s + (warp * 32 + mi * 16 + lane % 16) * PF + 4 * (lane / 16);
-
-    // in_next[r]: channels c0 + 4*half .. + 3 of pixel p, for task e = 2*p + half
+    // in_next[r]: channels 4 * quad .. + 3 of the chunk at pixel p of the block's input rows (image rows
+    // r0 - 1 .. r0 + ROWS), task e = quad * IN_PIXELS + p; rows outside the image stay zero.
     float in_next[IN_PER_THREAD][4];
-    auto fetch = [&](int chunk) {  // the image's chunk into registers (zeros past Cin), its weights into w_s
+    auto fetch = [&](int chunk) {  // the image's chunk into registers (zeros past Cin), its weights by cp.async
 #pragma unroll
         for (int r = 0; r < IN_PER_THREAD; r++) {
-            const int e = tid + r * CONV_THREADS, p = e / 2;
+            const int e = tid + r * CONV_THREADS, p = e % IN_PIXELS, row = r0 - 1 + p / S;
+            const bool inside = e < IN_TASKS && row >= 0 && row < S;
 #pragma unroll
             for (int i = 0; i < 4; i++) {
-                const int c = chunk * CONV_CHUNK + 4 * (e % 2) + i;
-                in_next[r][i] = e < IN_TASKS && c < Cin ? x[c * SS + p] : 0.0f;
+                const int c = chunk * CONV_CHUNK + 4 * (e / IN_PIXELS) + i;
+                in_next[r][i] = inside && c < Cin ? x[c * SS + row * S + p % S] : 0.0f;
             }
         }
-        float4* dst = w_s + (chunk % 2) * W_QUADS;
-        for (int e = tid; e < W_QUADS; e += CONV_THREADS)
-            cp_async16(reinterpret_cast<float*>(dst + e), reinterpret_cast<const float*>(block_quads + chunk * W_QUADS + e));
+        float4* dst = w_s + (chunk % 2) * CONV_CHUNK_QUADS;
+        for (int e = tid; e < CONV_CHUNK_QUADS; e += CONV_THREADS)
+            cp_async16(reinterpret_cast<float*>(dst + e),
+                       reinterpret_cast<const float*>(block_quads + chunk * CONV_CHUNK_QUADS + e));
     };
-    auto stash = [&]() {  // the image's registers into shared memory, split; pixels inside the border
+    auto stash = [&](int buffer) {  // the registers into shared memory, split, inside the border
+        float* planes = in_s + buffer * 4 * PLANE;
 #pragma unroll
         for (int r = 0; r < IN_PER_THREAD; r++) {
-            const int e = tid + r * CONV_THREADS, p = e / 2;
+            const int e = tid + r * CONV_THREADS, p = e % IN_PIXELS, quad = e / IN_PIXELS;
             if (e < IN_TASKS) {
-                float* pixel = in_s + ((p / S + 1) * P + p % S + 1) * PF + 4 * (e % 2);
-                split4(in_next[r], reinterpret_cast<float4*>(pixel), reinterpret_cast<float4*>(pixel + 8));
+                const int pixel = (p / S) * P + p % S + 1;
+                split4(in_next[r], reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
+                       reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
             }
         }
     };
 
-    float acc[2][NI][4] = {};
+    float acc[N / 2] = {};
     fetch(0);
+    __syncthreads();  // the zeros are written before any stash
+    stash(0);
     for (int chunk = 0; chunk < chunks; chunk++) {
+        const int buffer = chunk % 2;
         cp_async_wait_all();
-        __syncthreads();  // this chunk's quads are in; everyone is done with the previous chunk
-        stash();
-        __syncthreads();
-        if (chunk + 1 < chunks) fetch(chunk + 1);  // in flight during the products below
-        const float4* w_chunk = w_s + (chunk % 2) * W_QUADS;
+        fence_proxy_async();
+        __syncthreads();  // this chunk is staged; everyone is done with the other buffer
+        const float* b_planes = in_s + buffer * 4 * PLANE;
+        const float4* a_chunk = w_s + buffer * CONV_CHUNK_QUADS;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 9; s++) {  // tap s
-            const int shift = ((s / 3) * P + s % 3) * PF;
-            unsigned a_big[2][4], a_small[2][4], b_big[NI][2], b_small[NI][2];
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++) {
-                ldmatrix_x4(a_big[mi], a_rows[mi] + shift);
-                ldmatrix_x4(a_small[mi], a_rows[mi] + shift + 8);
-            }
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++) {  // b[r] = B(channel t + 4r, column g): gemm.cuh
-                const uint4 q = *reinterpret_cast<const uint4*>(&w_chunk[((ni * 8 + g) * 9 + s) * 4 + t]);
-                b_big[ni][0] = q.x;
-                b_big[ni][1] = q.y;
-                b_small[ni][0] = q.z;
-                b_small[ni][1] = q.w;
-            }
-#pragma unroll
-            for (int mi = 0; mi < 2; mi++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-                    mma_3xtf32(acc[mi][ni], a_big[mi], a_small[mi], b_big[ni], b_small[ni]);
+        for (int s = 0; s < 9; s++) {  // tap s: A's 64 rows at a_chunk[s * 128], B from staged pixel shift(s)
+            const int shift = (s / 3) * P + s % 3;
+            const unsigned long long a = wgmma_descriptor(a_chunk + s * 128, 64 * 16, 128);
+            wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + shift * 4, PLANE * 4, 128));              // B big
+            wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + 2 * PLANE + shift * 4, PLANE * 4, 128));  // B small
         }
-    }
-
-    // c[r] = C(row g + 8*(r/2), column 2t + r%2); row = 16*(2*warp + mi) + g + 8h is pixel (2*warp + mi, g + 8h)
-    float* y = out + (size_t)img * Cout * SS;
+        wgmma_commit();
+        if (chunk + 1 < chunks) {  // staged while the tensor cores work
+            fetch(chunk + 1);
+            stash(1 - buffer);
+        }
+        wgmma_wait_all();
+#else
 #pragma unroll
-    for (int mi = 0; mi < 2; mi++)
+        for (int s = 0; s < 9; s++) {  // this warp's 16 rows x all N columns, one mma per 8 columns and part
+            const int shift = (s / 3) * P + s % 3, lane = tid % 32;
+            // ldmatrix tile m = lane / 8, row lane % 8. A: tiles (quad 0, rows 0-7), (quad 0, rows 8-15),
+            // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows are mma's a[0..3].
+            unsigned a[4];
+            ldmatrix_x4(a, reinterpret_cast<const float*>(a_chunk + s * 128) +
+                               ((lane / 16) * 64 + 16 * warp + 8 * (lane / 8 % 2) + lane % 8) * 4);
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
-            if (g + 8 * h >= S) continue;  // columns 14 and 15 of the grid
-            float* y_pixel = y + (2 * warp + mi) * S + g + 8 * h;
+            for (int part = 0; part < 2; part++)
 #pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int j = 0; j < 2; j++) {
-                    const int n = n0 + ni * 8 + 2 * t + j;
-                    if (n < Cout) y_pixel[n * SS] = acc[mi][ni][2 * h + j];
+                for (int j = 0; j < N / 8; j += 2) {
+                    // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
+                    // b[0..1] of columns 8j.. and of 8j + 8..
+                    unsigned b[4];
+                    ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
+                                       (8 * (j + lane / 16) + lane % 8 + shift) * 4);
+                    mma_tf32(acc + 4 * j, a, b);
+                    mma_tf32(acc + 4 * j + 4, a, b + 2);
                 }
         }
+        if (chunk + 1 < chunks) {
+            fetch(chunk + 1);
+            stash(1 - buffer);
+        }
+#endif
+    }
+
+    // Rows c and c + 32 (big and small parts of the weights) added through shared memory, then written
+    // out coalesced: acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
+    __syncthreads();  // every product is done: the staging buffers are free
+    float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
+    // float2 stores start 8 banks apart (120 = -8 mod 32), so they have no bank conflicts
+#pragma unroll
+    for (int j = 0; j < N / 8; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            *reinterpret_cast<float2*>(&acc_s[(16 * warp + g + 8 * h) * ACC_STRIDE + 8 * j + 2 * t]) =
+                make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+    __syncthreads();
+    float* y = out + (size_t)img * Cout * SS + r0 * S;
+    for (int e = tid; e < CONV_TILE_CHANNELS * ROWS * S; e += CONV_THREADS) {
+        const int c = e / (ROWS * S), p = e % (ROWS * S), column = (p / S) * P + p % S;
+        if (n0 + c < Cout) y[(n0 + c) * SS + p] = acc_s[c * ACC_STRIDE + column] + acc_s[(c + 32) * ACC_STRIDE + column];
+    }
 }
 
 // ---- weight gradient: images staged in shared memory, as for the forward --------------------------
@@ -366,28 +420,28 @@ __device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const
 }
 
 // Entry points; H == W == 14 (checked by the caller).
-// The weight quads of both products from w [K, C, 3, 3], one thread per quad: forward_quads (C in, K out,
-// FORWARD_TILE_N) first, then input_grad_quads (K in, C out, INPUT_GRAD_TILE_N; flipped).
+// The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
+// first, then input_grad_quads (K in, C out; flipped).
 extern "C" __global__ void conv2d_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
                                                      float4* input_grad_quads) {
     const int q = blockIdx.x * blockDim.x + threadIdx.x;
-    const int forward = CEIL_DIV(K, FORWARD_TILE_N) * CEIL_DIV(C, CONV_CHUNK) * CONV_CHUNK_QUADS(FORWARD_TILE_N);
-    const int input_grad = CEIL_DIV(C, INPUT_GRAD_TILE_N) * CEIL_DIV(K, CONV_CHUNK) * CONV_CHUNK_QUADS(INPUT_GRAD_TILE_N);
-    if (q < forward) stage_weight_quad<false, FORWARD_TILE_N>(w, C, K, forward_quads, q);
-    else if (q < forward + input_grad) stage_weight_quad<true, INPUT_GRAD_TILE_N>(w, K, C, input_grad_quads, q - forward);
+    const int forward = CEIL_DIV(K, CONV_TILE_CHANNELS) * CEIL_DIV(C, CONV_CHUNK) * CONV_CHUNK_QUADS;
+    const int input_grad = CEIL_DIV(C, CONV_TILE_CHANNELS) * CEIL_DIV(K, CONV_CHUNK) * CONV_CHUNK_QUADS;
+    if (q < forward) stage_weight_quad<false>(w, C, K, forward_quads, q);
+    else if (q < forward + input_grad) stage_weight_quad<true>(w, K, C, input_grad_quads, q - forward);
 }
 
-// grid (N, ceil(K / FORWARD_TILE_N)), CONV_THREADS threads, conv_tile_shared_bytes(FORWARD_TILE_N)
-extern "C" __global__ void __launch_bounds__(CONV_THREADS, 2)
+// grid (N, ceil(K / CONV_TILE_CHANNELS), 14 / CONV_ROWS), CONV_THREADS threads, conv_tile_shared_bytes()
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2d_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K, int H, int W) {
-    conv3x3_image_tile<false, FORWARD_TILE_N>(x, forward_quads, y, C, K);
+    conv3x3_image_tile(x, forward_quads, y, C, K);
 }
 
-// grid (N, ceil(C / INPUT_GRAD_TILE_N)), CONV_THREADS threads, conv_tile_shared_bytes(INPUT_GRAD_TILE_N)
-extern "C" __global__ void __launch_bounds__(CONV_THREADS, 2)
+// grid (N, ceil(C / CONV_TILE_CHANNELS), 14 / CONV_ROWS), as the forward
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2d_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K, int H,
                            int W) {
-    conv3x3_image_tile<true, INPUT_GRAD_TILE_N>(dy, input_grad_quads, dx, K, C);
+    conv3x3_image_tile(dy, input_grad_quads, dx, K, C);
 }
 
 // grid (ceil(C / WGRAD_CHANNELS), ceil(K / WGRAD_OUT), groups), WGRAD_THREADS threads;

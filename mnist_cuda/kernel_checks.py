@@ -96,8 +96,8 @@ def _weight_quads(wd, C, K):
     """conv2's weights staged for both fast products by conv2d_stage_weights_fast (once, as the step does
     once per step; the timings of the products leave it out)."""
     import cupy
-    fq = cupy.full((kernels.conv_weight_quads(C, K, kernels.FORWARD_TILE_N), 4), np.nan, cupy.float32)
-    gq = cupy.full((kernels.conv_weight_quads(K, C, kernels.INPUT_GRAD_TILE_N), 4), np.nan, cupy.float32)
+    fq = cupy.full((kernels.conv_weight_quads(C, K), 4), np.nan, cupy.float32)
+    gq = cupy.full((kernels.conv_weight_quads(K, C), 4), np.nan, cupy.float32)
     kernels.stage_conv_weights(wd, C, K, fq, gq)
     return fq, gq
 
@@ -110,32 +110,33 @@ def split_tf32(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return big, v - big
 
 
-def weight_quads(w: np.ndarray, flipped: bool, tile_n: int) -> np.ndarray:
-    """What conv2d_stage_weights_fast writes for one product, from w [K, C, 3, 3] (conv2d.cu): quads
-    [column tile][chunk][column][tap][t] = {big(c), big(c + 4), small(c), small(c + 4)}, c = chunk*8 + t."""
+def weight_quads(w: np.ndarray, flipped: bool) -> np.ndarray:
+    """What conv2d_stage_weights_fast writes for one product, from w [K, C, 3, 3] (conv2d.cu): float4s
+    [tile][chunk][tap][quad][row] holding channels chunk*8 + quad*4 + 0..3 of output channel tile*32 + row % 32,
+    their big TF32 parts in rows 0-31 and small parts in rows 32-63."""
     wt = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1] if flipped else w  # [out, in, 3, 3], taps flipped
     c_out, c_in = wt.shape[:2]
-    tiles, chunks = ceil_div(c_out, tile_n), ceil_div(c_in, kernels.CONV_CHUNK)
-    padded = np.zeros((tiles * tile_n, chunks * kernels.CONV_CHUNK, 9), np.float32)
+    tile = kernels.CONV_TILE_CHANNELS
+    tiles, chunks = ceil_div(c_out, tile), ceil_div(c_in, kernels.CONV_CHUNK)
+    padded = np.zeros((tiles * tile, chunks * kernels.CONV_CHUNK, 9), np.float32)
     padded[:c_out, :c_in] = wt.reshape(c_out, c_in, 9)
-    # [tile, column, chunk, half, t, tap] -> [tile, chunk, column, tap, t, half]
-    v = padded.reshape(tiles, tile_n, chunks, 2, 4, 9).transpose(0, 2, 1, 5, 4, 3)
+    # [tile, row, chunk, quad, i, tap] -> [tile, chunk, tap, quad, row, i]
+    v = padded.reshape(tiles, tile, chunks, 2, 4, 9).transpose(0, 2, 5, 3, 1, 4)
     big, small = split_tf32(v)
-    return np.concatenate([big, small], axis=-1).reshape(-1, 4)
+    return np.concatenate([big, small], axis=4).reshape(-1, 4)
 
 
 def conv_stage_weights_case():
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
         w = _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
-        fq = _poison((kernels.conv_weight_quads(C, K, kernels.FORWARD_TILE_N), 4))
-        gq = _poison((kernels.conv_weight_quads(K, C, kernels.INPUT_GRAD_TILE_N), 4))
+        fq = _poison((kernels.conv_weight_quads(C, K), 4))
+        gq = _poison((kernels.conv_weight_quads(K, C), 4))
         wd = _dev(w)
         run = lambda: kernels.stage_conv_weights(wd, C, K, fq, gq)
         exact = lambda got, want: 0.0 if np.array_equal(got, want) else float("inf")  # bit for bit
         return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
-                        {"forward_quads": weight_quads(w, False, kernels.FORWARD_TILE_N),
-                         "input_grad_quads": weight_quads(w, True, kernels.INPUT_GRAD_TILE_N)},
+                        {"forward_quads": weight_quads(w, False), "input_grad_quads": weight_quads(w, True)},
                         (0.0, _bytes(w, fq, gq)), compare={"forward_quads": exact, "input_grad_quads": exact})
     return Case("conv2d_stage_weights_fast[conv2]", make)
 
@@ -150,8 +151,7 @@ def conv_forward_case(layer, version="naive"):
             run = lambda: launch_1d("conv2d_forward_naive", y.size, *args)
         else:
             forward_quads, _ = _weight_quads(wd, C, K)
-            run = lambda: kernels.launch_conv_image_tile("conv2d_forward_fast", N, K, kernels.FORWARD_TILE_N, xd,
-                                                         forward_quads, y, *args[3:])
+            run = lambda: kernels.launch_conv_image_tile("conv2d_forward_fast", N, K, xd, forward_quads, y, *args[3:])
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
     return Case(f"conv2d_forward_{version}[conv{layer}]", make)
@@ -167,8 +167,8 @@ def conv_backward_input_case(version="naive"):
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
             _, input_grad_quads = _weight_quads(wd, C, K)
-            run = lambda: kernels.launch_conv_image_tile("conv2d_backward_input_fast", N, C, kernels.INPUT_GRAD_TILE_N,
-                                                         dyd, input_grad_quads, dx, *args[3:])
+            run = lambda: kernels.launch_conv_image_tile("conv2d_backward_input_fast", N, C, dyd, input_grad_quads, dx,
+                                                         *args[3:])
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make)

@@ -93,10 +93,29 @@ def require_gpu():
     return cupy
 
 
+_arch_specific = True  # on Hopper, compile for sm_90a (conv2d.cu's products then use its warpgroup MMA)
+
+
+def use_arch_specific(on: bool):
+    """Whether the kernels are compiled for sm_90a on a Hopper GPU (conv2d.cu's forward and input gradient
+    then use its warpgroup MMA, wgmma) or for plain sm_XY as on any other GPU (their mma.sync form). The
+    tests run both forms on a Hopper GPU; kernels are compiled anew on their next use."""
+    global _arch_specific
+    _arch_specific = bool(on)
+    _module.cache_clear()
+    _dynamic_shared.clear()
+    _configured.clear()
+
+
+def _arch_options(cupy) -> tuple[str, ...]:
+    # CuPy adds -arch=sm_XY for the device; NVRTC given both -arch=sm_90a and -arch=sm_90 compiles for sm_90a.
+    return ("-arch=sm_90a",) if _arch_specific and cupy.cuda.Device().compute_capability == "90" else ()
+
+
 @functools.lru_cache(maxsize=None)
 def _module(name: str):
     cupy = require_gpu()
-    return cupy.RawModule(code=read_source(name), options=COMPILE_OPTIONS)
+    return cupy.RawModule(code=read_source(name), options=COMPILE_OPTIONS + _arch_options(cupy))
 
 
 @functools.lru_cache(maxsize=None)
@@ -114,7 +133,17 @@ def get(kernel: str):
         source = _kernel_index()[kernel]
     except KeyError:
         raise KeyError(f"no kernel named {kernel!r} in {kernel_dir()}") from None
-    return _module(source).get_function(kernel)
+    fn = _module(source).get_function(kernel)
+    if kernel not in _configured:
+        # Every kernel asks for the same split of the SM's memory between shared memory and L1: the
+        # largest shared memory. Kernels that ask for different splits make the SM drain and reconfigure
+        # between them; in the step at batch 64 that cost ~16 us (NOTES.md, v12).
+        fn.preferred_shared_memory_carveout = 100
+        _configured.add(kernel)
+    return fn
+
+
+_configured: set[str] = set()  # kernels whose attributes are set (they stay with the loaded module)
 
 
 def preload():
@@ -161,9 +190,10 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 # ---- launch geometry of the fast kernels (mirrors the #defines in kernels/, checked by a test) --------
 
 TILE, TILE_K, GEMM_THREADS = 64, 16, 256
-# conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block
-CONV_THREADS, FORWARD_TILE_N, INPUT_GRAD_TILE_N = 224, 32, 16
-CONV_CHUNK, CONV_STAGED_PIXELS, CONV_PIXEL_FLOATS = 8, 258, 20  # their input channels per step, staged image
+# conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block,
+# input channels per step, weight float4s per step, image rows per block, staged pixels per channel quad
+CONV_THREADS, CONV_TILE_CHANNELS, CONV_CHUNK, CONV_CHUNK_QUADS = 128, 32, 8, 1152
+CONV_ROWS, CONV_STAGED_PIXELS = 7, 146
 WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 192, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
 HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
@@ -181,22 +211,23 @@ def sm_count() -> int:
     return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
 
 
-def conv_tile_shared_bytes(tile_n: int) -> int:
-    """Dynamic shared memory of a conv2d_forward_fast / conv2d_backward_input_fast block: the staged image
-    and two chunks of weight quads (16 bytes each, tile_n x 9 taps x 4 per chunk)."""
-    return CONV_STAGED_PIXELS * CONV_PIXEL_FLOATS * 4 + 2 * tile_n * 36 * 16
+def conv_tile_shared_bytes() -> int:
+    """Dynamic shared memory of a conv2d_forward_fast / conv2d_backward_input_fast block: two buffers of
+    the staged image (2 TF32 parts x 2 channel quads x CONV_STAGED_PIXELS x 16 bytes) and of a chunk's
+    weights (CONV_CHUNK_QUADS float4s)."""
+    return 2 * 4 * CONV_STAGED_PIXELS * 16 + 2 * CONV_CHUNK_QUADS * 16
 
 
-def conv_weight_quads(c_in: int, c_out: int, tile_n: int) -> int:
-    """Weight quads (float4) of one product staged by conv2d_stage_weights_fast: c_in input and c_out
-    output channels, tile_n output channels per block."""
-    return ceil_div(c_out, tile_n) * ceil_div(c_in, CONV_CHUNK) * tile_n * 36
+def conv_weight_quads(c_in: int, c_out: int) -> int:
+    """Weight float4s of one product staged by conv2d_stage_weights_fast: c_in input and c_out output channels."""
+    return ceil_div(c_out, CONV_TILE_CHANNELS) * ceil_div(c_in, CONV_CHUNK) * CONV_CHUNK_QUADS
 
 
-def launch_conv_image_tile(kernel: str, n: int, out_channels: int, tile_n: int, *args):
-    """conv2d_forward_fast (tile_n FORWARD_TILE_N) or conv2d_backward_input_fast (INPUT_GRAD_TILE_N): a
-    block per image and tile_n output channels, with its dynamic shared memory."""
-    launch(kernel, (n, ceil_div(out_channels, tile_n)), CONV_THREADS, *args, shared_mem=conv_tile_shared_bytes(tile_n))
+def launch_conv_image_tile(kernel: str, n: int, out_channels: int, *args):
+    """conv2d_forward_fast or conv2d_backward_input_fast: a block per CONV_TILE_CHANNELS output channels
+    and CONV_ROWS rows of an image, with its dynamic shared memory."""
+    launch(kernel, (n, ceil_div(out_channels, CONV_TILE_CHANNELS), 14 // CONV_ROWS), CONV_THREADS, *args,
+           shared_mem=conv_tile_shared_bytes())
 
 
 def stage_conv_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads):

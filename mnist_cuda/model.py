@@ -394,9 +394,8 @@ class ConvBlockFast(_BatchNormParams):
         self.d_in = cp.empty((batch, c_in, size, size), cp.float32)
         self.w_partial = cp.empty(kernels.MAX_SPLITS * c_out * c_in * 9, cp.float32)  # per image group
         # the weights as the products read them, split into TF32 parts (conv2d_stage_weights_fast)
-        self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out, kernels.FORWARD_TILE_N), 4), cp.float32)
-        self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in, kernels.INPUT_GRAD_TILE_N), 4),
-                                         cp.float32)
+        self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out), 4), cp.float32)
+        self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in), 4), cp.float32)
         self.side = side  # the weight gradient overlaps the input gradient and conv1's backward
         self.x = None
 
@@ -405,8 +404,8 @@ class ConvBlockFast(_BatchNormParams):
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
         kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads)
-        kernels.launch_conv_image_tile("conv2d_forward_fast", n, self.c_out, kernels.FORWARD_TILE_N, x,
-                                       self.forward_quads, self.a, I32(n), C, K, S, S)
+        kernels.launch_conv_image_tile("conv2d_forward_fast", n, self.c_out, x, self.forward_quads, self.a, I32(n),
+                                       C, K, S, S)
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
                    I32(per_part), self.partial, self.counters[0], F32(reference.BN_EPS),
@@ -436,8 +435,8 @@ class ConvBlockFast(_BatchNormParams):
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
         self.side.run(lambda: self._weight_grad(n))
         if need_input_grad:
-            kernels.launch_conv_image_tile("conv2d_backward_input_fast", n, self.c_in, kernels.INPUT_GRAD_TILE_N,
-                                           self.d_a, self.input_grad_quads, self.d_in, I32(n), C, K, S, S)
+            kernels.launch_conv_image_tile("conv2d_backward_input_fast", n, self.c_in, self.d_a, self.input_grad_quads,
+                                           self.d_in, I32(n), C, K, S, S)
             return self.d_in
         return None
 

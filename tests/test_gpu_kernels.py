@@ -19,3 +19,26 @@ def test_kernel_matches_reference(case, dims):
     errors = kc.check(prepared)
     bad = {k: v for k, v in errors.items() if not v < FP32_TOL}
     assert not bad, f"{case.name} at {dims}: relative errors {errors}"
+
+
+def _image_tile_cases():
+    return [c for c in kc.fast_cases() if c.name.startswith(("conv2d_forward_fast", "conv2d_backward_input_fast"))]
+
+
+@pytest.fixture
+def without_arch_specific():
+    """Kernels compiled for plain sm_XY: on a Hopper GPU, conv2d.cu's mma.sync form instead of wgmma."""
+    from mnist_cuda import kernels
+    kernels.use_arch_specific(False)
+    yield
+    kernels.use_arch_specific(True)
+
+
+@pytest.mark.parametrize("dims", DIMS[:2], ids=str)
+@pytest.mark.parametrize("case", _image_tile_cases(), ids=lambda c: c.name)
+def test_image_tile_products_without_wgmma(case, dims, without_arch_specific):
+    """conv2's forward and input gradient in their form for GPUs other than Hopper (on Hopper the
+    default compilation takes the wgmma form, tested above)."""
+    import numpy as np
+    errors = kc.check(case.make(np.random.default_rng(), dims))
+    assert all(v < FP32_TOL for v in errors.values()), f"{case.name} at {dims}: relative errors {errors}"
