@@ -182,6 +182,18 @@ __device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, 
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
                  : "l"(a), "l"(b));
 }
+template <>
+__device__ __forceinline__ void wgmma_tf32<64>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+                 : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_tf32<32>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+                 : "l"(a), "l"(b));
+}
 #else
 __device__ __forceinline__ void fence_proxy_async() {}
 // Four 8 x 8 tiles of 16-bit values (= 8 x 4 of 32-bit ones) from shared memory: lane l gives the
@@ -300,7 +312,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 
     // Rows c and c + 32 (big and small parts of the weights) added through shared memory, then written
     // out coalesced: acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
-    __syncthreads();  // every product is done: the staging buffers are free
+    __syncthreads();  // every product is done: the staging slots are free
     float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
     // float2 stores start 8 banks apart (120 = -8 mod 32), so they have no bank conflicts
 #pragma unroll
@@ -317,106 +329,198 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     }
 }
 
-// ---- weight gradient: images staged in shared memory, as for the forward --------------------------
+// ---- weight gradient: rows of four images staged in shared memory ---------------------------------
 //
-//   dw[o, c, tap] = sum_img sum_p x[img, c, p + shift(tap)] * dy[img, o, p]
-// is a matrix product with rows (tap, c), columns o, and k running over the pixels of the images.
-// A block owns WGRAD_CHANNELS input channels, WGRAD_OUT output channels and a group of images. Per
-// image it stages its channels of x (with the zero border, as in the forward) and of dy in shared memory
-// with cp.async (straight to shared memory, no registers), then each of its 6 warps multiplies 3 taps
-// (a 16-row mma tile per tap: the 16 channels) by the WGRAD_OUT columns over half of the pixels; the
-// two halves' sums are added at the end (two warps per output tile keep twice the warps busy). Each group writes a partial
-// result [group, K, C, 9]; splitk_reduce sums them in group order (deterministic).
-#define WGRAD_THREADS 192            // 6 warps: kernel rows 0, 1, 2 (3 taps each) x two halves of the pixels
-#define WGRAD_HALF 104               // pixels of the first half: 13 of the 25 k-steps
-#define WGRAD_CHANNELS 16            // input channels per block: the 16 rows of an mma tile
-#define WGRAD_OUT 32                 // output channels per block
-#define WGRAD_PIXELS 200             // an image's 196 pixels in 25 k-steps of 8; 196..199 read zeros of dy
-#define WGRAD_DY_STRIDE 204          // floats per staged dy row: 196 pixels, then zeros; 204 = 12 mod 32,
-                                     // so a fragment load's 8 rows x 4 columns hit different banks
-#define WGRAD_CHANNEL_STRIDE 260     // floats per staged x channel (16x16 + 4): a fragment load reads 8
-                                     // channels x 4 adjacent pixels, 4 banks apart per channel
+//   dw[o, c, tap] = sum_img sum_p dy[img, o, p] * x[img, c, p + shift(tap)]
+// is a matrix product with rows o, columns (c, tap) and k running over the pixels of the images. For
+// a tap to be a shifted start address again (as in the forward), a unit of 16 bytes along k must be
+// one pixel, so k runs over pixels x 4 images: x and dy are staged as [pixel][channel][4 images].
+//
+// An item of work is one output row of 4 images (k = 14 pixels x 4 images = 7 k-steps). A block takes
+// a run of consecutive items and writes its sums as one partial result, [part, K, C, 3, 3];
+// splitk_reduce adds the parts in order (deterministic). An item reads three x rows (with the zero
+// border, on the 16-wide grid) and one dy row, split into TF32 parts; consecutive items of an image quad
+// share two of the x rows, so the block stages the next item's dy row and its one new x row (three at a
+// quad's start) while the tensor cores work on this item. A block has three warpgroups, one per kernel
+// row; each multiplies A = dy (64 output channels) by B = x shifted by its three taps. B's columns are
+// the block's 32 channels' big parts, then their small parts, so per k-step and tap dy_big * [x_big |
+// x_small] (64 columns) and dy_small * x_big (the first 32) give the three products of 3xTF32; columns
+// c and c + 32 are added at the end. Other GPUs run the same products as mma.sync.
+#define WGRAD_THREADS 384    // 3 warpgroups: kernel rows 0, 1, 2; 3 taps x 32 accumulators per thread
+#define WGRAD_OUT 64         // output channels per block: the 64 rows of A
+#define WGRAD_CHANNELS 32    // input channels per block: B's 64 columns are their big and small parts
+#define WGRAD_IMAGES 4       // images per 16-byte unit of k
+#define WGRAD_X_SLOTS 6      // staged x rows: the three an item reads, and up to three for the next item
+// A block's dynamic shared memory (WGRAD_X_SLOTS staged x rows and two dy rows) is
+// mnist_cuda.kernels.conv_weight_grad_shared_bytes().
 
-__device__ __forceinline__ void conv3x3_weight_grad_images(const float* x, const float* dy, float* partial, int N,
-                                                           int C, int K, int imgs_per_group) {
-    constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, CS = WGRAD_CHANNEL_STRIDE, DS = WGRAD_DY_STRIDE;
-    constexpr int CH = WGRAD_CHANNELS, NO = WGRAD_OUT, NI = NO / 8;
-    __shared__ __align__(16) float x_s[CH * CS];
-    __shared__ __align__(16) float dy_s[NO * DS];
-    __shared__ int row_of[WGRAD_PIXELS];  // pixel -> its offset in a staged channel (less the border)
-    const int c0 = blockIdx.x * CH, o0 = blockIdx.y * NO, group = blockIdx.z;
-    const int tid = threadIdx.x, g = tid % 32 / 4, t = tid % 4;
-    const int tap_row = tid / 32 % 3, half = tid / 96;  // this warp's kernel row and half of the pixels
-    const int k_begin = half * WGRAD_HALF, k_end = half ? WGRAD_PIXELS : WGRAD_HALF;
+__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N,
+                                                         int C, int K, int items_per_part) {
+    constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, PAIRS = S / 2;
+    constexpr int X_PIXEL = 2 * WGRAD_CHANNELS * 4, DY_PIXEL = 2 * WGRAD_OUT * 4;  // floats: [part][channel][4]
+    constexpr int X_ROW = P * X_PIXEL, DY_ROW = S * DY_PIXEL;
+    constexpr int X_ROW_TASKS = WGRAD_CHANNELS * 8, DY_ROW_TASKS = WGRAD_OUT * 8;
+    static_assert(DY_ROW_TASKS + X_ROW_TASKS == 2 * WGRAD_THREADS && X_ROW_TASKS == 2 * 128, "two tasks per thread");
+    extern __shared__ float4 conv_shared[];
+    float* smem = reinterpret_cast<float*>(conv_shared);  // x: [slot][pixel][part][channel][4]; dy: [slot][pixel]...
+    float* dy_slots = smem + WGRAD_X_SLOTS * X_ROW;
+    const int o0 = blockIdx.y * WGRAD_OUT, c0 = blockIdx.z * WGRAD_CHANNELS, items = CEIL_DIV(N, WGRAD_IMAGES) * S;
+    const int first = blockIdx.x * items_per_part, last = min(items, first + items_per_part);
+    const int tid = threadIdx.x, tap_row = tid / 128, warp = tid / 32 % 4, g = tid % 32 / 4, t = tid % 4;
+    // Grid row p (image row p - 1) of image quad q lives in x slot (16 q + p) % 6: an item (q, r) reads rows
+    // r .. r + 2, and the next item's new rows (r + 3, or rows 0-2 of quad q + 1) are in other slots.
+    auto x_slot = [&](int item, int p) { return smem + (P * (item / S) + p) % WGRAD_X_SLOTS * X_ROW; };
 
-    // Zeros that staging never overwrites: the border, dy past pixel 196, channels past C or K.
-    for (int i = tid; i < CH * CS; i += WGRAD_THREADS) x_s[i] = 0.0f;
-    for (int i = tid; i < NO * DS; i += WGRAD_THREADS) dy_s[i] = 0.0f;
-    for (int p = tid; p < WGRAD_PIXELS; p += WGRAD_THREADS) row_of[p] = p < SS ? (p / S) * P + p % S : 0;
-
-    float acc[3][NI][4] = {};
-    const int img_end = min(N, (group + 1) * imgs_per_group);
-    for (int img = group * imgs_per_group; img < img_end; img++) {
-        __syncthreads();  // the previous image's products are done (and the zeros are written)
-        const float* xi = x + ((size_t)img * C + c0) * SS;
-        for (int e = tid; e < CH * SS; e += WGRAD_THREADS) {
-            const int c = e / SS, p = e % SS;
-            if (c0 + c < C) cp_async4(&x_s[c * CS + (p / S + 1) * P + p % S + 1], xi + e);
-        }
-        const float* dyi = dy + ((size_t)img * K + o0) * SS;
-        for (int e = tid; e < NO * SS / 4; e += WGRAD_THREADS) {  // 49 float4s per row, 16-byte aligned
-            const int o = e / (SS / 4), q = e % (SS / 4);
-            if (o0 + o < K) cp_async16(&dy_s[o * DS + 4 * q], dyi + 4 * e);
-        }
-        cp_async_wait_all();
-        __syncthreads();
-#pragma unroll 4
-        for (int k0 = k_begin; k0 < k_end; k0 += 8) {
-            // A(row = channel g or g + 8 of tap 3*tap_row + j, k = pixel) = x_s[channel + shift(tap) + row_of[pixel]]
-            const int at0 = row_of[k0 + t] + tap_row * P, at1 = row_of[k0 + t + 4] + tap_row * P;
-            unsigned a_big[3][4], a_small[3][4], b_big[NI][2], b_small[NI][2];
-#pragma unroll
-            for (int j = 0; j < 3; j++)
-#pragma unroll
-                for (int r = 0; r < 4; r++)
-                    split_tf32(x_s[(g + 8 * (r % 2)) * CS + (r / 2 ? at1 : at0) + j], &a_big[j][r], &a_small[j][r]);
-#pragma unroll
-            for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    split_tf32(dy_s[(ni * 8 + g) * DS + k0 + t + 4 * r], &b_big[ni][r], &b_small[ni][r]);
-#pragma unroll
-            for (int j = 0; j < 3; j++)
-#pragma unroll
-                for (int ni = 0; ni < NI; ni++)
-                    mma_3xtf32(acc[j][ni], a_big[j], a_small[j], b_big[ni], b_small[ni]);
-        }
+    for (int i = tid; i < WGRAD_X_SLOTS * 2 * X_PIXEL / 4; i += WGRAD_THREADS) {  // border columns: no stash writes them
+        const int slot = i / (2 * X_PIXEL / 4), column = i / (X_PIXEL / 4) % 2 * (P - 1);
+        conv_shared[(slot * X_ROW + column * X_PIXEL) / 4 + i % (X_PIXEL / 4)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 
-    // The second half's sums through shared memory (dy_s is free now) into the first half's.
-    constexpr int ACC = 3 * NI * 4;
-    static_assert(WGRAD_THREADS / 2 * ACC <= NO * DS, "dy_s holds the second half's sums");
-    float* acc_s = dy_s;
-    __syncthreads();
-    if (half) {
+    // Staging task f of a row: 2 adjacent pixels (pair f / 8 % 8; pair 7 is past the row) of channel
+    // f / 64 * 8 + f % 8, in 4 images. 8 lanes take 8 adjacent channels of a pixel pair, so their 16-byte
+    // stores fill all 32 banks once, and 4 lane groups read 8 adjacent pixels of a channel. Pixels outside
+    // the image and channels or images past the end are zeros.
+    auto load = [&](const float* row, int f, int channels_left, int image_stride, bool row_inside, int img0,
+                    float2 v[WGRAD_IMAGES]) {
+        const int channel = f / 64 * 8 + f % 8, pair = f / 8 % 8;
+        const bool inside = row_inside && pair < PAIRS && channel < channels_left;
+        const float* src = row + channel * SS + 2 * pair;
 #pragma unroll
-        for (int i = 0; i < ACC; i++) acc_s[i * (WGRAD_THREADS / 2) + tid - WGRAD_THREADS / 2] = (&acc[0][0][0])[i];
-    }
-    __syncthreads();
-    if (half) return;
-#pragma unroll
-    for (int i = 0; i < ACC; i++) (&acc[0][0][0])[i] += acc_s[i * (WGRAD_THREADS / 2) + tid];
+        for (int i = 0; i < WGRAD_IMAGES; i++)
+            v[i] = inside && img0 + i < N ? *reinterpret_cast<const float2*>(src + i * image_stride)
+                                          : make_float2(0.0f, 0.0f);
+    };
+    auto store = [&](float* row, int f, int pixel, const float2 v[WGRAD_IMAGES]) {  // split, [pixel][part][channel][4]
+        const int pair = f / 8 % 8;
+        if (pair >= PAIRS) return;
+        float* dst = row + 2 * pair * pixel + (f / 64 * 8 + f % 8) * 4;
+        const float v0[4] = {v[0].x, v[1].x, v[2].x, v[3].x}, v1[4] = {v[0].y, v[1].y, v[2].y, v[3].y};
+        split4(v0, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + pixel / 2));
+        split4(v1, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + pixel / 2));
+    };
+    // Where the rows of item i and channel offset start: image quad i / 14, and x's row
+    // (grid row p, image row p - 1) or dy's row i % 14.
+    auto x_row = [&](int item, int p) { return x + ((size_t)(item / S * WGRAD_IMAGES) * C + c0) * SS + (p - 1) * S; };
+    auto dy_row = [&](int item) { return dy + ((size_t)(item / S * WGRAD_IMAGES) * K + o0) * SS + item % S * S; };
 
-    float* out = partial + (size_t)group * K * C * 9;
+    // Per item: its dy row and the last of its three x rows (grid row r + 2), two tasks per thread (a
+    // dy task, then a dy task in warpgroup 0 or an x task in the others), fetched into registers while
+    // the tensor cores work and stashed after.
+    float2 next[2][WGRAD_IMAGES];
+    const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
+    auto fetch = [&](int item) {
+        const int img0 = item / S * WGRAD_IMAGES, r = item % S;
+        load(dy_row(item), f_dy, K - o0, K * SS, true, img0, next[0]);
+        if (tid < 128) load(dy_row(item), f_second, K - o0, K * SS, true, img0, next[1]);
+        else load(x_row(item, r + 2), f_second, C - c0, C * SS, r + 1 < S, img0, next[1]);
+    };
+    auto stash = [&](int item) {
+        float* dy_s = dy_slots + (item - first) % 2 * DY_ROW;
+        store(dy_s, f_dy, DY_PIXEL, next[0]);
+        if (tid < 128) store(dy_s, f_second, DY_PIXEL, next[1]);
+        else store(x_slot(item, item % S + 2) + X_PIXEL, f_second, X_PIXEL, next[1]);  // after the border column
+    };
+    // An item that starts a run or an image quad also needs its first two x rows (grid rows r, r + 1).
+    auto stage_first_rows = [&](int item) {
+        if (item != first && item % S != 0) return;
+        const int img0 = item / S * WGRAD_IMAGES, r = item % S;
+        for (int e = tid; e < 2 * X_ROW_TASKS; e += WGRAD_THREADS) {
+            const int p = r + e / X_ROW_TASKS;
+            float2 v[WGRAD_IMAGES];
+            load(x_row(item, p), e % X_ROW_TASKS, C - c0, C * SS, p >= 1, img0, v);
+            store(x_slot(item, p) + X_PIXEL, e % X_ROW_TASKS, X_PIXEL, v);
+        }
+    };
+
+    float acc[3][32] = {};  // per tap of this kernel row: acc[tc][4j + r] = D(row 16 warp + g + 8 (r / 2), column 8j + 2t + r % 2)
+    if (first < last) {
+        fetch(first);
+        __syncthreads();  // the zeros are written before any stash
+        stage_first_rows(first);
+        stash(first);
+    }
+    for (int item = first; item < last; item++) {
+        fence_proxy_async();
+        __syncthreads();  // this item is staged; everyone is done with the slots the next one overwrites
+        const float* x_s = x_slot(item, item % S + tap_row);  // this warpgroup's kernel row
+        const float* dy_s = dy_slots + (item - first) % 2 * DY_ROW;
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+        // Descriptors as offsets from two bases (units of 16 bytes): pixel 2j + tc of x, pixel 2j of dy.
+        const unsigned long long x_desc = wgmma_descriptor(x_s, X_PIXEL * 4, 128);
+        const unsigned long long dy_desc = wgmma_descriptor(dy_s, DY_PIXEL * 4, 128);
+        wgmma_fence();
 #pragma unroll
-    for (int j = 0; j < 3; j++)
+        for (int j = 0; j < PAIRS; j++) {  // k-step j: pixels 2j and 2j + 1 of the 4 images
+            const unsigned long long a_big = dy_desc + 2 * j * DY_PIXEL / 4, a_small = a_big + DY_PIXEL / 8;
 #pragma unroll
-        for (int ni = 0; ni < NI; ni++)
-#pragma unroll
-            for (int r = 0; r < 4; r++) {
-                const int c = c0 + g + 8 * (r / 2), o = o0 + ni * 8 + 2 * t + r % 2;
-                if (c < C && o < K) out[(o * C + c) * 9 + 3 * tap_row + j] = acc[j][ni][r];
+            for (int tc = 0; tc < 3; tc++) {
+                const unsigned long long b = x_desc + (2 * j + tc) * X_PIXEL / 4;
+                wgmma_tf32<64>(acc[tc], a_big, b);    // dy big x (x big | x small)
+                wgmma_tf32<32>(acc[tc], a_small, b);  // dy small x x big
             }
+        }
+        wgmma_commit();
+        if (item + 1 < last) {  // staged while the tensor cores work
+            fetch(item + 1);
+            stage_first_rows(item + 1);
+            stash(item + 1);
+        }
+        wgmma_wait_all();
+#else
+        const int lane = tid % 32;
+#pragma unroll
+        for (int j = 0; j < PAIRS; j++) {
+            // A: ldmatrix tiles (rows 0-7, pixel 2j), (rows 8-15, 2j), (rows 0-7, 2j + 1), (rows 8-15, 2j + 1)
+            // of the warp's 16 rows are mma's a[0..3]; a 16-byte row of a tile is a pixel of 4 images.
+            unsigned a[2][4];
+#pragma unroll
+            for (int part = 0; part < 2; part++)
+                ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + part * DY_PIXEL / 2 +
+                                         (16 * warp + 8 * (lane / 8 % 2) + lane % 8) * 4);
+#pragma unroll
+            for (int tc = 0; tc < 3; tc++)
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    // B: tiles (pixel 2j + tc, columns 8i..), (2j + 1 + tc, 8i..), (2j + tc, 8i + 8..),
+                    // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. and of 8i + 8..
+                    unsigned b[4];
+                    ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
+                    mma_tf32(acc[tc] + 4 * i, a[0], b);
+                    mma_tf32(acc[tc] + 4 * i + 4, a[0], b + 2);
+                    if (i < 4) {  // x's big parts
+                        mma_tf32(acc[tc] + 4 * i, a[1], b);
+                        mma_tf32(acc[tc] + 4 * i + 4, a[1], b + 2);
+                    }
+                }
+        }
+        if (item + 1 < last) {
+            fetch(item + 1);
+            stage_first_rows(item + 1);
+            stash(item + 1);
+        }
+#endif
+    }
+
+    // Columns c and c + 32 (x's big and small parts) are in the same thread: acc[tc][4j + r] and
+    // [16 + 4j + r]. Their sums go through shared memory in dw's order [o][c][tap] (a row of 289 floats:
+    // the 8 rows of a store land in different banks), then out coalesced.
+    constexpr int ROW = WGRAD_CHANNELS * 9 + 1;
+    static_assert(WGRAD_OUT * ROW <= WGRAD_X_SLOTS * X_ROW + 2 * DY_ROW, "the sums fit in the staging slots");
+    __syncthreads();  // every warpgroup's products are done: the staging slots are free
+#pragma unroll
+    for (int tc = 0; tc < 3; tc++)
+#pragma unroll
+        for (int j = 0; j < 4; j++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                smem[(16 * warp + g + 8 * (r / 2)) * ROW + (8 * j + 2 * t + r % 2) * 9 + 3 * tap_row + tc] =
+                    acc[tc][4 * j + r] + acc[tc][16 + 4 * j + r];
+    __syncthreads();
+    float* out = partial + (size_t)blockIdx.x * K * C * 9;
+    for (int e = tid; e < WGRAD_OUT * WGRAD_CHANNELS * 9; e += WGRAD_THREADS) {
+        const int o = e / (WGRAD_CHANNELS * 9), f = e % (WGRAD_CHANNELS * 9);
+        if (o0 + o < K && c0 + f / 9 < C) out[((size_t)(o0 + o) * C + c0) * 9 + f] = smem[o * ROW + f];
+    }
 }
 
 // Entry points; H == W == 14 (checked by the caller).
@@ -444,10 +548,10 @@ conv2d_backward_input_fast(const float* dy, const float4* input_grad_quads, floa
     conv3x3_image_tile(dy, input_grad_quads, dx, K, C);
 }
 
-// grid (ceil(C / WGRAD_CHANNELS), ceil(K / WGRAD_OUT), groups), WGRAD_THREADS threads;
-// partial [groups, K, C, 3, 3] (with one group: dw itself)
-extern "C" __global__ void __launch_bounds__(WGRAD_THREADS)
+// grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads,
+// conv_weight_grad_shared_bytes(); partial [parts, K, C, 3, 3] (with one part: dw itself)
+extern "C" __global__ void __launch_bounds__(WGRAD_THREADS, 1)
 conv2d_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
-                            int W, int imgs_per_group) {
-    conv3x3_weight_grad_images(x, dy, partial, N, C, K, imgs_per_group);
+                            int W, int items_per_part) {
+    conv3x3_weight_grad_rows(x, dy, partial, N, C, K, items_per_part);
 }

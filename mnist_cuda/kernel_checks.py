@@ -183,13 +183,11 @@ def conv_backward_weight_case(layer, version="naive"):
             run = lambda: launch_1d("conv2d_backward_weight_naive", dw.size, xd, dyd, dw,
                                     I32(N), I32(C), I32(K), I32(S), I32(S))
         else:
-            grid, per_group = kernels.conv_weight_grid(N, C, K)
-            partial = _poison(grid[2] * dw.size)
+            partial = _poison(kernels.sm_count() * dw.size)
 
             def run():
-                launch("conv2d_backward_weight_fast", grid, kernels.WGRAD_THREADS, xd, dyd, partial, I32(N), I32(C),
-                       I32(K), I32(S), I32(S), I32(per_group))
-                _reduce(partial, grid[2], dw)
+                parts = kernels.launch_conv_weight_grad(N, C, K, xd, dyd, partial)
+                _reduce(partial, parts, dw)
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dy, dw)))
     return Case(f"conv2d_backward_weight_{version}[conv{layer}]", make)

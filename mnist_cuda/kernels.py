@@ -194,7 +194,9 @@ TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 # input channels per step, weight float4s per step, image rows per block, staged pixels per channel quad
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_CHUNK, CONV_CHUNK_QUADS = 128, 32, 8, 1152
 CONV_ROWS, CONV_STAGED_PIXELS = 7, 146
-WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT = 192, 16, 32  # conv2d_backward_weight_fast (kernels/conv2d.cu)
+# conv2d_backward_weight_fast (kernels/conv2d.cu): threads, input and output channels per block, images per k
+# unit, staged x rows
+WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 32, 64, 4, 6
 HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
 CONV1_WEIGHT_CHANNELS = 4  # channels per block of its conv1_backward_weight_fast
@@ -236,14 +238,33 @@ def stage_conv_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads
               np.int32(c_out), forward_quads, input_grad_quads)
 
 
+def conv_weight_grad_shared_bytes() -> int:
+    """Dynamic shared memory of a conv2d_backward_weight_fast block: WGRAD_X_SLOTS staged x rows (16 pixels
+    x 2 TF32 parts x WGRAD_CHANNELS x 16 bytes each) and two dy rows (14 pixels x 2 parts x WGRAD_OUT x 16
+    bytes each)."""
+    return WGRAD_X_SLOTS * 16 * 2 * WGRAD_CHANNELS * 16 + 2 * 14 * 2 * WGRAD_OUT * 16
+
+
 def conv_weight_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int], int]:
-    """Grid of conv2d_backward_weight_fast and its images per group: blocks of WGRAD_CHANNELS input x
-    WGRAD_OUT output channels, times groups of images (at most MAX_SPLITS, each writing a partial
-    result) so that the GPU is filled about four times."""
-    cols, rows = ceil_div(c_in, WGRAD_CHANNELS), ceil_div(c_out, WGRAD_OUT)
-    groups = max(1, min(n, MAX_SPLITS, ceil_div(4 * sm_count(), cols * rows)))
-    per_group = ceil_div(n, groups)
-    return (cols, rows, ceil_div(n, per_group)), per_group
+    """Grid of conv2d_backward_weight_fast and its items per part. An item is an output row of
+    WGRAD_IMAGES images; each block sums a run of consecutive items into its own partial result. A block
+    fills an SM (152 KB of shared memory, 384 threads x 164 registers), and the kernel runs beside conv2's
+    input gradient and conv1's backward (on the side stream), so it gets about half of the SMs: with
+    all of them the step took 138 / 459 us at batch 64 / 512, with half 118 / 458, with a third 120 / 482
+    (H100, NOTES.md v13)."""
+    rows, cols = ceil_div(c_out, WGRAD_OUT), ceil_div(c_in, WGRAD_CHANNELS)
+    items = ceil_div(n, WGRAD_IMAGES) * 14
+    per_part = ceil_div(items * rows * cols, max(1, sm_count() // 2))
+    return (ceil_div(items, per_part), rows, cols), per_part
+
+
+def launch_conv_weight_grad(n: int, c_in: int, c_out: int, x, dy, partial) -> int:
+    """conv2d_backward_weight_fast: its partial results [parts, c_out, c_in, 3, 3] into partial (room for
+    sm_count() parts is enough); returns parts, for splitk_reduce."""
+    grid, per_part = conv_weight_grid(n, c_in, c_out)
+    launch("conv2d_backward_weight_fast", grid, WGRAD_THREADS, x, dy, partial, np.int32(n), np.int32(c_in),
+           np.int32(c_out), np.int32(14), np.int32(14), np.int32(per_part), shared_mem=conv_weight_grad_shared_bytes())
+    return grid[0]
 
 
 def split_k(k_total: int, tiles: int) -> tuple[int, int]:

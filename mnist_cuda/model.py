@@ -392,7 +392,7 @@ class ConvBlockFast(_BatchNormParams):
         self.out = cp.empty(half, cp.float32)
         self.argmax = cp.empty(half, cp.uint8)
         self.d_in = cp.empty((batch, c_in, size, size), cp.float32)
-        self.w_partial = cp.empty(kernels.MAX_SPLITS * c_out * c_in * 9, cp.float32)  # per image group
+        self.w_partial = cp.empty(kernels.sm_count() * c_out * c_in * 9, cp.float32)  # per part of the images
         # the weights as the products read them, split into TF32 parts (conv2d_stage_weights_fast)
         self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out), 4), cp.float32)
         self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in), 4), cp.float32)
@@ -417,13 +417,8 @@ class ConvBlockFast(_BatchNormParams):
         return self.out
 
     def _weight_grad(self, n):
-        C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
-        grid, per_group = kernels.conv_weight_grid(n, self.c_in, self.c_out)
-        target = self.dw if grid[2] == 1 else self.w_partial
-        launch("conv2d_backward_weight_fast", grid, kernels.WGRAD_THREADS, self.x, self.d_a, target, I32(n), C, K,
-               S, S, I32(per_group))
-        if grid[2] > 1:
-            _splitk_reduce(self.w_partial, grid[2], self.dw)
+        parts = kernels.launch_conv_weight_grad(n, self.c_in, self.c_out, self.x, self.d_a, self.w_partial)
+        _splitk_reduce(self.w_partial, parts, self.dw)
 
     def backward(self, d_out, n, need_input_grad):
         C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)

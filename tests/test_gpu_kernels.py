@@ -25,8 +25,9 @@ def _check_against_reference(case, dims):
     assert not bad, f"{case.name} at {dims}: relative errors {errors}"
 
 
-def _image_tile_cases():
-    return [c for c in kc.fast_cases() if c.name.startswith(("conv2d_forward_fast", "conv2d_backward_input_fast"))]
+def _conv2_product_cases():
+    return [c for c in kc.fast_cases() if c.name.startswith(("conv2d_forward_fast", "conv2d_backward_input_fast",
+                                                             "conv2d_backward_weight_fast"))]
 
 
 @pytest.fixture
@@ -39,8 +40,15 @@ def without_arch_specific():
 
 
 @pytest.mark.parametrize("dims", DIMS[:2], ids=str)
-@pytest.mark.parametrize("case", _image_tile_cases(), ids=lambda c: c.name)
-def test_image_tile_products_without_wgmma(case, dims, without_arch_specific):
-    """conv2's forward and input gradient in their form for GPUs other than Hopper (on Hopper the
-    default compilation takes the wgmma form, tested above)."""
+@pytest.mark.parametrize("case", _conv2_product_cases(), ids=lambda c: c.name)
+def test_conv2_products_without_wgmma(case, dims, without_arch_specific):
+    """conv2's three products in their form for GPUs other than Hopper (on Hopper the default
+    compilation takes the wgmma form, tested above)."""
     _check_against_reference(case, dims)
+
+
+@pytest.mark.parametrize("case", _conv2_product_cases(), ids=lambda c: c.name)
+def test_conv2_products_with_several_channel_tiles(case):
+    """Channel counts over one block's tile (conv2's products: 32 output channels per block forward,
+    64 x 32 for the weight gradient), with partial last tiles."""
+    _check_against_reference(case, kc.Dims(6, 40, 72, 33))

@@ -74,6 +74,7 @@ def test_launch_geometry_mirrors_the_kernels_defines():
              ("conv2d.cu", "CONV_ROWS", kernels.CONV_ROWS), ("conv2d.cu", "CONV_STAGED_PIXELS", kernels.CONV_STAGED_PIXELS),
              ("conv2d.cu", "WGRAD_THREADS", kernels.WGRAD_THREADS),
              ("conv2d.cu", "WGRAD_CHANNELS", kernels.WGRAD_CHANNELS), ("conv2d.cu", "WGRAD_OUT", kernels.WGRAD_OUT),
+             ("conv2d.cu", "WGRAD_IMAGES", kernels.WGRAD_IMAGES), ("conv2d.cu", "WGRAD_X_SLOTS", kernels.WGRAD_X_SLOTS),
              ("loss.cu", "HEAD_SAMPLES", kernels.HEAD_SAMPLES), ("loss.cu", "HEAD_THREADS", kernels.HEAD_THREADS),
              ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
              ("conv1_fused.cu", "CHANNELS", kernels.CONV1_CHANNELS),
