@@ -183,15 +183,9 @@ __device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, 
                  : "l"(a), "l"(b));
 }
 template <>
-__device__ __forceinline__ void wgmma_tf32<64>(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n64k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, %32, %33, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-                 : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_tf32<32>(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n32k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}, %16, %17, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+__device__ __forceinline__ void wgmma_tf32<192>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
                  : "l"(a), "l"(b));
 }
 #else
@@ -342,13 +336,16 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 // border, on the 16-wide grid) and one dy row, split into TF32 parts; consecutive items of an image quad
 // share two of the x rows, so the block stages the next item's dy row and its one new x row (three at a
 // quad's start) while the tensor cores work on this item. A block has three warpgroups, one per kernel
-// row; each multiplies A = dy (64 output channels) by B = x shifted by its three taps. B's columns are
-// the block's 32 channels' big parts, then their small parts, so per k-step and tap dy_big * [x_big |
-// x_small] (64 columns) and dy_small * x_big (the first 32) give the three products of 3xTF32; columns
-// c and c + 32 are added at the end. Other GPUs run the same products as mma.sync.
+// row; each multiplies A = dy (64 output channels) by B = x shifted by its three taps. B's 192 columns
+// are the three taps' [big parts | small parts] of the block's 32 channels, which in the staged row are
+// side by side (a tap is the next pixel), so per k-step two wgmma m64n192k8, dy_big * B and dy_small *
+// B, give all three products of 3xTF32 (and the tiny small * small) for the three taps; columns c and c
+// + 32 of a tap are added at the end. Other GPUs run the three products as mma.sync.
 #define WGRAD_THREADS 384    // 3 warpgroups: kernel rows 0, 1, 2; 3 taps x 32 accumulators per thread
+                             // (per tap and k-step an m64n64 wgmma and an m64n32 one for dy_small * x_big
+                             // only took 18% longer: NOTES.md, v14)
 #define WGRAD_OUT 64         // output channels per block: the 64 rows of A
-#define WGRAD_CHANNELS 32    // input channels per block: B's 64 columns are their big and small parts
+#define WGRAD_CHANNELS 32    // input channels per block: a tap's 64 columns of B are their big and small parts
 #define WGRAD_IMAGES 4       // images per 16-byte unit of k
 #define WGRAD_X_SLOTS 6      // staged x rows: the three an item reads, and up to three for the next item
 // A block's dynamic shared memory (WGRAD_X_SLOTS staged x rows and two dy rows) is
@@ -445,19 +442,16 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         const float* x_s = x_slot(item, item % S + tap_row);  // this warpgroup's kernel row
         const float* dy_s = dy_slots + (item - first) % 2 * DY_ROW;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-        // Descriptors as offsets from two bases (units of 16 bytes): pixel 2j + tc of x, pixel 2j of dy.
+        // Descriptors as offsets from two bases (units of 16 bytes): pixel 2j of x and of dy.
         const unsigned long long x_desc = wgmma_descriptor(x_s, X_PIXEL * 4, 128);
         const unsigned long long dy_desc = wgmma_descriptor(dy_s, DY_PIXEL * 4, 128);
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < PAIRS; j++) {  // k-step j: pixels 2j and 2j + 1 of the 4 images
             const unsigned long long a_big = dy_desc + 2 * j * DY_PIXEL / 4, a_small = a_big + DY_PIXEL / 8;
-#pragma unroll
-            for (int tc = 0; tc < 3; tc++) {
-                const unsigned long long b = x_desc + (2 * j + tc) * X_PIXEL / 4;
-                wgmma_tf32<64>(acc[tc], a_big, b);    // dy big x (x big | x small)
-                wgmma_tf32<32>(acc[tc], a_small, b);  // dy small x x big
-            }
+            const unsigned long long b = x_desc + 2 * j * X_PIXEL / 4;  // the three taps' columns side by side
+            wgmma_tf32<192>(&acc[0][0], a_big, b);
+            wgmma_tf32<192>(&acc[0][0], a_small, b);
         }
         wgmma_commit();
         if (item + 1 < last) {  // staged while the tensor cores work
@@ -487,7 +481,7 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
                     ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
                     mma_tf32(acc[tc] + 4 * i, a[0], b);
                     mma_tf32(acc[tc] + 4 * i + 4, a[0], b + 2);
-                    if (i < 4) {  // x's big parts
+                    if (i < 4) {  // dy small x x big (small x small: more registers than it is worth)
                         mma_tf32(acc[tc] + 4 * i, a[1], b);
                         mma_tf32(acc[tc] + 4 * i + 4, a[1], b + 2);
                     }
