@@ -187,7 +187,7 @@ def conv_backward_weight_case(layer, version="naive"):
 
             def run():
                 parts = kernels.launch_conv_weight_grad(N, C, K, xd, dyd, partial)
-                _reduce(partial, parts, dw)
+                kernels.splitk_reduce(partial, parts, dw)
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dy, dw)))
     return Case(f"conv2d_backward_weight_{version}[conv{layer}]", make)
@@ -382,12 +382,6 @@ def sgd_case():
 # ---- fast-version kernels -----------------------------------------------------------------------------
 
 
-def _reduce(partial, splits, out, bias=None, relu=False, count=None):
-    count = out.size if count is None else count
-    launch_1d("splitk_reduce", count, partial, I32(splits), I32(count), partial if bias is None else bias,
-              I32(out.shape[-1]), I32(bias is not None), I32(relu), out)
-
-
 def argmax_near_ties(windows):
     """A comparison for a fused kernel's argmax: it computes the pooled values itself in float32, so a
     window whose two largest values are within rounding may pick either. Accept a different choice only
@@ -537,7 +531,7 @@ def linear_fast_case(part):
             def run():
                 launch("linear_forward_fast", (ceil_div(O, 64), ceil_div(N, 64), splits), 256, xd, wd, partial,
                        I32(N), I32(I), I32(O), I32(k_per_split))
-                _reduce(partial, splits, y, bias=bd, relu=True)
+                kernels.splitk_reduce(partial, splits, y, bias=bd, relu=True)
             return Prepared(run, {"y": y}, {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
                             (2.0 * N * I * O, _bytes(x, w, y)))
         dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
@@ -554,7 +548,7 @@ def linear_fast_case(part):
             launch("linear_backward_weight_fast", (ceil_div(I, 64), ceil_div(O, 64), splits), 256, xd, dyd, partial,
                    I32(N), I32(I), I32(O), I32(k_per_split))
             if splits > 1:
-                _reduce(partial, splits, dw)
+                kernels.splitk_reduce(partial, splits, dw)
         return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
     return Case(f"linear_{part}_fast[fc1]", make)
 

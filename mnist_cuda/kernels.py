@@ -97,9 +97,9 @@ _arch_specific = True  # on Hopper, compile for sm_90a (conv2d.cu's products the
 
 
 def use_arch_specific(on: bool):
-    """Whether the kernels are compiled for sm_90a on a Hopper GPU (conv2d.cu's forward and input gradient
-    then use its warpgroup MMA, wgmma) or for plain sm_XY as on any other GPU (their mma.sync form). The
-    tests run both forms on a Hopper GPU; kernels are compiled anew on their next use."""
+    """Whether the kernels are compiled for sm_90a on a Hopper GPU (conv2d.cu's three products then use its
+    warpgroup MMA, wgmma) or for plain sm_XY as on any other GPU (their mma.sync form). The tests run both
+    forms on a Hopper GPU; kernels are compiled anew on their next use."""
     global _arch_specific
     _arch_specific = bool(on)
     _module.cache_clear()
@@ -265,6 +265,14 @@ def launch_conv_weight_grad(n: int, c_in: int, c_out: int, x, dy, partial) -> in
     launch("conv2d_backward_weight_fast", grid, WGRAD_THREADS, x, dy, partial, np.int32(n), np.int32(c_in),
            np.int32(c_out), np.int32(14), np.int32(14), np.int32(per_part), shared_mem=conv_weight_grad_shared_bytes())
     return grid[0]
+
+
+def splitk_reduce(partial, splits: int, out, bias=None, relu: bool = False, count=None):
+    """out = the sum of the splits' partial results [splits, count] in split order (+ bias by column, then
+    ReLU): the second half of every split product."""
+    count = out.size if count is None else count
+    launch_1d("splitk_reduce", count, partial, np.int32(splits), np.int32(count), partial if bias is None else bias,
+              np.int32(out.shape[-1]), np.int32(bias is not None), np.int32(relu), out)
 
 
 def split_k(k_total: int, tiles: int) -> tuple[int, int]:

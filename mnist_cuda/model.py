@@ -418,7 +418,7 @@ class ConvBlockFast(_BatchNormParams):
 
     def _weight_grad(self, n):
         parts = kernels.launch_conv_weight_grad(n, self.c_in, self.c_out, self.x, self.d_a, self.w_partial)
-        _splitk_reduce(self.w_partial, parts, self.dw)
+        kernels.splitk_reduce(self.w_partial, parts, self.dw)
 
     def backward(self, d_out, n, need_input_grad):
         C, K, S = I32(self.c_in), I32(self.c_out), I32(self.size)
@@ -434,14 +434,6 @@ class ConvBlockFast(_BatchNormParams):
                                            self.d_in, I32(n), C, K, S, S)
             return self.d_in
         return None
-
-
-def _splitk_reduce(partial, splits, out, bias=None, relu=False, count=None):
-    """out = sum of the splits' partial results (+ bias by column, then ReLU)."""
-    count = out.size if count is None else count
-    cols = out.shape[-1]
-    launch_1d("splitk_reduce", count, partial, I32(splits), I32(count), partial if bias is None else bias,
-              I32(cols), I32(bias is not None), I32(relu), out)
 
 
 class HiddenLayerFast:
@@ -471,7 +463,7 @@ class HiddenLayerFast:
         splits, k_per_split = split_k(self.n_in, self._tiles(n))
         launch("linear_forward_fast", (ceil_div(self.n_out, kernels.TILE), ceil_div(n, kernels.TILE), splits),
                kernels.GEMM_THREADS, x, self.w, self.partial, I32(n), I, O, I32(k_per_split))
-        _splitk_reduce(self.partial, splits, self.out, bias=self.b, relu=True, count=n * self.n_out)
+        kernels.splitk_reduce(self.partial, splits, self.out, bias=self.b, relu=True, count=n * self.n_out)
         return self.out
 
     def _weight_grad(self, d_pre, n):
@@ -482,7 +474,7 @@ class HiddenLayerFast:
                kernels.GEMM_THREADS, self.x, d_pre, self.dw if splits == 1 else self.w_partial, I32(n), I, O,
                I32(k_per_split))
         if splits > 1:
-            _splitk_reduce(self.w_partial, splits, self.dw)
+            kernels.splitk_reduce(self.w_partial, splits, self.dw)
 
     def backward(self, d_pre, n):
         I, O = I32(self.n_in), I32(self.n_out)

@@ -51,7 +51,7 @@ def test_every_launched_kernel_exists():
     defined = {k for f in kernels.SOURCE_FILES for k in kernels.kernel_names(kernels.read_source(f))}
     root = kernels.kernel_dir().parent
     launched = set()
-    for path in [root / "mnist_cuda" / "model.py", root / "mnist_cuda" / "kernel_checks.py"]:
+    for path in [root / "mnist_cuda" / n for n in ("model.py", "kernel_checks.py", "kernels.py")]:
         launched |= set(re.findall(r'launch(?:_1d)?\(\s*"(\w+)"', path.read_text()))
     assert len(launched) > 30 and launched <= defined, launched - defined
 
