@@ -8,8 +8,9 @@
 
 #define CEIL_DIV(a, b) (((a) + (b) - 1) / (b))
 
-// Sum over a warp by butterfly exchange; every lane ends with the same total.
-__device__ __forceinline__ float warp_sum(float v) {
+// Sum over a warp by butterfly exchange; every lane ends with the same total (float or double).
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
     for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);
     return v;
 }
@@ -107,12 +108,13 @@ __device__ __forceinline__ void chan_merge(float* mean, float* m2, float* n, flo
 // for each in turn (about half a microsecond apiece from L2), and that made the last-block reductions
 // the slowest part of their kernels at small batches.
 #define SUM_BATCH 32
-__device__ __forceinline__ float sum_in_order(const float* p, int count, size_t stride) {
-    float s = 0.0f;
+template <class T>
+__device__ __forceinline__ T sum_in_order(const T* p, int count, size_t stride) {
+    T s = 0;
     for (int b0 = 0; b0 < count; b0 += SUM_BATCH) {
-        float v[SUM_BATCH];
+        T v[SUM_BATCH];
 #pragma unroll
-        for (int j = 0; j < SUM_BATCH; j++) v[j] = b0 + j < count ? __ldcg(p + (size_t)(b0 + j) * stride) : 0.0f;
+        for (int j = 0; j < SUM_BATCH; j++) v[j] = b0 + j < count ? __ldcg(p + (size_t)(b0 + j) * stride) : T(0);
 #pragma unroll
         for (int j = 0; j < SUM_BATCH; j++)
             if (b0 + j < count) s += v[j];

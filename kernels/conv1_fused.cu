@@ -2,23 +2,29 @@
 // fused, for the fast kernel version.
 //
 // conv1's output a[n,c,h,w] costs 9 multiply-adds from a 3 KB image, yet would be 100 KB per image
-// if stored (N*C*784 floats, read and written several times). So it is never stored: each kernel
-// below stages the image in shared memory and recomputes a where it needs it, always with the same
-// conv1_window(), so every recomputation gives the same bits.
+// if stored (N*C*784 floats, read and written several times). So it is never stored. The forward
+// stages the image in shared memory and recomputes a where it needs it (conv1_window). BatchNorm's
+// sums over the batch need no a at all: a = sum_t w[c,t] X_t, where X_t is the zero-padded image
+// shifted by tap t, so every sum BatchNorm takes over a is a combination of the batch's image moments
+//     S_t = sum X_t,   G_tu = sum X_t X_u     (over the batch's N*28*28 outputs; 9 + 45 numbers),
+// the same for all channels: mean_c = w_c.S / count, E[a^2] = w_c' G w_c / count. The moments are
+// summed in double: a product of two floats is exact in double, so they are exact up to double's
+// rounding, and the cancellation in var = E[a^2] - mean^2 costs nothing. The backward likewise needs
+// of each channel only dbeta = sum dz and E_t = sum dz X_t, where dz is nonzero at one position per
+// pooled window at most (see conv1_backward_fast).
 //
-//   conv1_bn_stats_fast           batch statistics of a            (training forward, 1st launch)
-//   conv1_bn_relu_pool_fast       pooled = maxpool(relu(bn(a)))    (forward, 2nd launch; eval too)
-//   conv1_bn_backward_reduce_fast dgamma, dbeta                    (backward, 1st launch)
-//   conv1_backward_weight_fast    dw, through BN's input gradient (backward, 2nd launch)
+//   conv1_bn_stats_fast      the image moments -> each channel's mean, invstd  (training forward, 1st)
+//   conv1_bn_relu_pool_fast  pooled = maxpool(relu(bn(a)))                    (forward, 2nd; eval too)
+//   conv1_backward_fast      dgamma, dbeta and dw from the pooled gradient     (backward, one launch)
 //
-// Layout: a block handles CHANNELS channels; thread t < 196 owns pooled window t, i.e. the 2x2
-// outputs under it. It copies the 4x4 input patch those four outputs read into registers (eight
-// float2 loads), then computes the four outputs of each channel from registers: 36 multiply-adds
-// per 8 shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds.
+// Layout: thread t < 196 owns pooled window t, i.e. the 2x2 outputs under it. It copies the 4x4 input
+// patch those four outputs read into registers (eight float2 loads), then computes from registers:
+// the pool kernel the four outputs of each of its CHANNELS channels (36 multiply-adds per 8
+// shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds).
 // The images come as bytes and are normalised as they are staged (normalize_pixel, common.cuh, by a
 // table of the 256 values in shared memory).
 // The reductions (statistics, backward) give each block a part of the batch (imgs_per_block images),
-// sum inside the block in a fixed order, and let the last block of each channel group combine the parts.
+// sum inside the block in a fixed order, and let the last block (of each channel group) combine the parts.
 #include "common.cuh"
 
 #define S1 28                      // conv1's input and output size
@@ -26,7 +32,11 @@
 #define POOLED1 (S1 / 2)
 #define WINDOWS (POOLED1 * POOLED1)  // 196 pooled windows per image and channel
 #define CHANNELS 8                 // channels per block
-#define WEIGHT_CHANNELS 4          // channels per block of conv1_backward_weight_fast
+#define GRAD_CHANNELS 4            // channels per block of conv1_backward_fast (fewer registers: 2 blocks per SM)
+#define TAPS 9
+#define MOMENTS 54                 // S_t, then G_tu for t <= u, row by row (doubles)
+#define GRAD_SUMS 10               // per channel in the backward: sum dz, then E_t
+static_assert(MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && GRAD_SUMS == 1 + TAPS, "moment counts");
 #define THREADS 224                // 7 warps; threads 196..223 own no window but join the reductions
 #define NO_POSITION 4              // "the ReLU blocked this window": no gradient reaches conv1
 
@@ -130,20 +140,34 @@ __device__ __forceinline__ void conv1_window(const float p[4][4], const float4 w
     }
 }
 
-// The value at window position `at` of out[4] (registers cannot be indexed by a runtime value).
-__device__ __forceinline__ float select4(const float out[4], int at) {
-    return at == 0 ? out[0] : at == 1 ? out[1] : at == 2 ? out[2] : out[3];
-}
+// What reaches pooled window t of image n from above, for channels c0 .. c0 + GRAD_CHANNELS - 1: the
+// gradient dz at its argmax position `at`, or at = NO_POSITION where the ReLU blocked it (pooled <= 0)
+// or the channel is past C. fetch() issues the loads; take() waits for them. conv1_backward_fast fetches
+// an image ahead, so that the loads' latency overlaps the work on the image before.
+struct PooledGrads {
+    float grad[GRAD_CHANNELS], value[GRAD_CHANNELS];
+    unsigned char position[GRAD_CHANNELS];
 
-// What reaches pooled window idx from above: the gradient dz at its argmax position `at`, or
-// at = NO_POSITION where the ReLU blocked it (pooled <= 0). The three loads go out together.
-__device__ __forceinline__ void pooled_grad(const float* d_pooled, const float* pooled, const unsigned char* argmax,
-                                            int idx, float* dz, int* at) {
-    const float value = pooled[idx], grad = d_pooled[idx];
-    const int position = argmax[idx];
-    *dz = value > 0.0f ? grad : 0.0f;
-    *at = value > 0.0f ? position : NO_POSITION;
-}
+    __device__ __forceinline__ void fetch(const float* d_pooled, const float* pooled, const unsigned char* argmax,
+                                          int n, int C, int c0, int t) {
+#pragma unroll
+        for (int cl = 0; cl < GRAD_CHANNELS; cl++) {
+            const bool inside = c0 + cl < C;
+            const int idx = (n * C + c0 + cl) * WINDOWS + t;
+            grad[cl] = inside ? d_pooled[idx] : 0.0f;
+            value[cl] = inside ? pooled[idx] : 0.0f;
+            position[cl] = inside ? argmax[idx] : 0;
+        }
+    }
+
+    __device__ __forceinline__ void take(float dz[GRAD_CHANNELS], int at[GRAD_CHANNELS]) const {
+#pragma unroll
+        for (int cl = 0; cl < GRAD_CHANNELS; cl++) {
+            dz[cl] = value[cl] > 0.0f ? grad[cl] : 0.0f;
+            at[cl] = value[cl] > 0.0f ? position[cl] : NO_POSITION;
+        }
+    }
+};
 
 // The images of block part b: [first, last).
 __device__ __forceinline__ void part_images(int b, int imgs_per_block, int N, int* first, int* last) {
@@ -152,86 +176,103 @@ __device__ __forceinline__ void part_images(int b, int imgs_per_block, int N, in
 }
 
 // Each of the K values v[k] summed over the block in a fixed order (warp butterflies, then the warps
-// in order); thread k < K returns total k, the others 0. red: K * (blockDim.x / 32) floats.
-template <int K>
-__device__ __forceinline__ float block_sums(const float (&v)[K], float* red) {
+// in order); thread k < K returns total k, the others 0. red: K * (blockDim.x / 32) values.
+template <class T, int K>
+__device__ __forceinline__ T block_sums(const T (&v)[K], T* red) {
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
 #pragma unroll
     for (int k = 0; k < K; k++) {
-        const float s = warp_sum(v[k]);
+        const T s = warp_sum(v[k]);
         if (lane == 0) red[warp * K + k] = s;
     }
     __syncthreads();
-    float total = 0.0f;
+    T total = 0;
     if (threadIdx.x < K)
         for (int w = 0; w < warps; w++) total += red[w * K + threadIdx.x];
     return total;
 }
 
-// Per (channel, part): mean and M2 of conv1's output over the part's images. Each thread keeps the
-// running (mean, M2, count) of its own window, adding each image's four outputs with Chan's merge;
-// the block merges its threads in a fixed order. For each group of CHANNELS channels, the last of its
-// blocks merges the parts and finalizes BatchNorm (mean, invstd and the running statistics).
-// grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [C, parts, 2]; counter: one per group.
+// Where G_tu (t <= u) is among the moments.
+__device__ __forceinline__ int moment_index(int t, int u) {
+    return TAPS + TAPS * t - t * (t - 1) / 2 + (u - t);
+}
+
+// G_tu for any t, u (G is symmetric).
+__device__ __forceinline__ double gram(const double* moments, int t, int u) {
+    return moments[t <= u ? moment_index(t, u) : moment_index(u, t)];
+}
+
+// The 3x3 input patch of the output at window position `at` (0..3) from the window's 4x4 patch p, in
+// tap order. Selects, not p[at / 2 + i][...]: indexing registers by a runtime value would put p in local
+// memory.
+__device__ __forceinline__ void patch_at(const float p[4][4], int at, float x[TAPS]) {
+    const bool down = at >= 2, right = at % 2 == 1;
+#pragma unroll
+    for (int i = 0; i < 3; i++) {
+        float row[4];
+#pragma unroll
+        for (int j = 0; j < 4; j++) row[j] = down ? p[i + 1][j] : p[i][j];
+#pragma unroll
+        for (int j = 0; j < 3; j++) x[i * 3 + j] = right ? row[j + 1] : row[j];
+    }
+}
+
+// The batch's image moments (S_t and G_tu, in double), then every channel's BatchNorm statistics from
+// them: mean = w.S / count, var = w'Gw / count - mean^2 (see the top of this file). Each block sums its
+// part of the batch; the last block merges the parts in order, keeps the moments for the backward, and
+// finalizes BatchNorm (mean, invstd and the running statistics) for all C channels.
+// grid (parts), THREADS threads; moment_partial [parts, MOMENTS]; moments [MOMENTS]; counter: one.
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_bn_stats_fast(const unsigned char* x, const float* w, int N, int C, int imgs_per_block, float* partial,
-                    unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
-                    float* running_mean, float* running_var) {
+conv1_bn_stats_fast(const unsigned char* x, const float* w, int N, int C, int imgs_per_block,
+                    double* moment_partial, unsigned int* counter, double* moments, float eps, float momentum,
+                    float* save_mean, float* save_invstd, float* running_mean, float* running_var) {
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float4 ws[CHANNELS][3];
-    __shared__ float red[THREADS / 32][CHANNELS][3];  // per warp: mean, M2, count
-    const int t = threadIdx.x, c0 = blockIdx.y * CHANNELS, lane = t % 32, warp = t / 32;
+    __shared__ double red[THREADS / 32 * MOMENTS];
+    __shared__ double total[MOMENTS];
+    const int t = threadIdx.x;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    load_channel_weights(w, C, c0, ws);
-    float mean[CHANNELS], m2[CHANNELS], count = 0.0f;
+    double acc[MOMENTS];
 #pragma unroll
-    for (int cl = 0; cl < CHANNELS; cl++) mean[cl] = m2[cl] = 0.0f;
+    for (int k = 0; k < MOMENTS; k++) acc[k] = 0.0;
     for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
+        // this window's sums over its four outputs in float, added to the double sums (a quarter of the
+        // double-precision additions; float's rounding on four terms is far below the tests' 1e-5)
 #pragma unroll
-        for (int cl = 0; cl < CHANNELS; cl++) {
-            float a[4], n_cl = count;
-            conv1_window(p, ws[cl], a);
-            const float m = (a[0] + a[1] + a[2] + a[3]) * 0.25f;  // this image's four outputs: two passes
-            const float q = (a[0] - m) * (a[0] - m) + (a[1] - m) * (a[1] - m) + (a[2] - m) * (a[2] - m) +
-                            (a[3] - m) * (a[3] - m);
-            chan_merge(&mean[cl], &m2[cl], &n_cl, m, q, 4.0f);
+        for (int a = 0; a < TAPS; a++) {
+#pragma unroll
+            for (int b = a - 1; b < TAPS; b++) {  // b = a - 1 stands for S_a
+                float s = 0.0f;
+#pragma unroll
+                for (int pos = 0; pos < 4; pos++) {
+                    const float xa = p[pos / 2 + a / 3][pos % 2 + a % 3];
+                    s = b < a ? s + xa : fmaf(xa, p[pos / 2 + b / 3][pos % 2 + b % 3], s);
+                }
+                acc[b < a ? a : moment_index(a, b)] += s;
+            }
         }
-        count += 4.0f;
     });
-    // merge the threads' statistics, by the parallel form of Chan's merge (see batchnorm_merge_finalize):
-    // in each warp by butterflies, then the block's warps in order by thread cl
-    const float n_warp = warp_sum(count);
-#pragma unroll
-    for (int cl = 0; cl < CHANNELS; cl++) {
-        const float mean_warp = warp_sum(count * mean[cl]) / n_warp;
-        const float m2_warp = warp_sum(m2[cl] + count * (mean[cl] - mean_warp) * (mean[cl] - mean_warp));
-        if (lane == 0) {
-            red[warp][cl][0] = mean_warp;
-            red[warp][cl][1] = m2_warp;
-            red[warp][cl][2] = n_warp;
-        }
-    }
+    const double sum = block_sums(acc, red);
+    if (t < MOMENTS) moment_partial[(size_t)blockIdx.x * MOMENTS + t] = sum;
+    if (!last_block_done(counter, gridDim.x)) return;
+    if (t < MOMENTS) moments[t] = total[t] = sum_in_order(moment_partial + t, gridDim.x, MOMENTS);
     __syncthreads();
-    const int c = c0 + t;
-    if (t < CHANNELS && c < C) {
-        float s = 0.0f, n = 0.0f, q = 0.0f;
-        for (int v = 0; v < THREADS / 32; v++) {
-            s += red[v][t][2] * red[v][t][0];
-            n += red[v][t][2];
+    const double count = (double)N * S1 * S1;
+    for (int c = t; c < C; c += blockDim.x) {
+        double wc[TAPS], mean = 0.0, square = 0.0;
+#pragma unroll
+        for (int a = 0; a < TAPS; a++) wc[a] = w[c * TAPS + a];
+#pragma unroll
+        for (int a = 0; a < TAPS; a++) {
+            mean += wc[a] * total[a];
+#pragma unroll
+            for (int b = 0; b < TAPS; b++) square += wc[a] * wc[b] * gram(total, a, b);
         }
-        const float mean_all = s / n;
-        for (int v = 0; v < THREADS / 32; v++) {
-            const float d = red[v][t][0] - mean_all;
-            q += red[v][t][1] + red[v][t][2] * d * d;
-        }
-        float* pair = part_pair(partial, c, gridDim.x, blockIdx.x);
-        pair[0] = mean_all;
-        pair[1] = q;
+        mean /= count;
+        const double var = fmax(square / count - mean * mean, 0.0);
+        batchnorm_finalize(c, (float)mean, (float)var, (float)count, eps, momentum, save_mean, save_invstd,
+                           running_mean, running_var);
     }
-    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, S1 * S1, c0, min(C, c0 + CHANNELS), eps,
-                             momentum, save_mean, save_invstd, running_mean, running_var);
 }
 
 // pooled[n,c,ph,pw] = max over the 2x2 window of relu(batchnorm(a)), with the window position.
@@ -261,109 +302,76 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, const float* mea
     });
 }
 
-// dbeta[c] = sum dz, dgamma[c] = sum dz * xhat over the batch, where dz (the gradient at BN's output)
-// is nonzero only at each window's argmax, and only where the ReLU passed (pooled > 0): one term per
-// window at most. grid (parts, ceil(C/CHANNELS)), THREADS threads; partial [C, parts, 2]; counter: one
-// per group of CHANNELS channels.
-extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_bn_backward_reduce_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
-                              const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
-                              int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
-                              float* dbeta) {
+// conv1's whole backward from the pooled gradient, by the moments (see the top of this file). dz, the
+// gradient at BN's output, is nonzero only at each window's argmax, and only where the ReLU passed
+// (pooled > 0). Each thread adds, per channel, dz and dz times the 3x3 input patch there: dbeta = sum dz
+// and E_t = sum dz X_t. Then, with a = w.X, xhat = (a - mean) invstd and BN's input gradient
+// da = gamma invstd / count (count dz - dbeta - xhat dgamma):
+//     dgamma = sum dz xhat = invstd (w.E - mean dbeta)
+//     dw_t   = sum da X_t  = gamma invstd / count (count E_t - dbeta S_t - dgamma invstd ((G w)_t - mean S_t))
+// computed in double by the last block of each group of GRAD_CHANNELS channels, after merging the parts.
+// grid (parts, ceil(C/GRAD_CHANNELS)), THREADS threads; partial [C, parts, GRAD_SUMS]; counter: one per
+// group; moments from conv1_bn_stats_fast.
+extern "C" __global__ void __launch_bounds__(THREADS, 2)
+conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
+                    const float* gamma, const double* moments, const float* d_pooled, const float* pooled,
+                    const unsigned char* argmax, int N, int C, int imgs_per_block, float* partial,
+                    unsigned int* counter, float* dgamma, float* dbeta, float* dw) {
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float4 ws[CHANNELS][3];
-    __shared__ float red[THREADS / 32 * CHANNELS * 2];
-    __shared__ float mean[CHANNELS], invstd[CHANNELS];
-    const int t = threadIdx.x, c0 = blockIdx.y * CHANNELS;
+    __shared__ float red[THREADS / 32 * GRAD_CHANNELS * GRAD_SUMS];
+    __shared__ float total[GRAD_CHANNELS * GRAD_SUMS];
+    __shared__ double mom[MOMENTS];
+    const int t = threadIdx.x, c0 = blockIdx.y * GRAD_CHANNELS;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    load_channel_weights(w, C, c0, ws);
-    if (t < CHANNELS && c0 + t < C) {
-        mean[t] = save_mean[c0 + t];
-        invstd[t] = save_invstd[c0 + t];
-    }
-    float sums[2 * CHANNELS];  // sum dz, then sum dz*xhat, of each channel
+    float acc[GRAD_CHANNELS * GRAD_SUMS];
 #pragma unroll
-    for (int i = 0; i < 2 * CHANNELS; i++) sums[i] = 0.0f;
+    for (int i = 0; i < GRAD_CHANNELS * GRAD_SUMS; i++) acc[i] = 0.0f;
+    PooledGrads ahead;  // the next image's
+    if (t < WINDOWS) ahead.fetch(d_pooled, pooled, argmax, first, C, c0, t);
     for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
-        float dz[CHANNELS];
-        int at[CHANNELS];
+        float dz[GRAD_CHANNELS];
+        int at[GRAD_CHANNELS];
+        ahead.take(dz, at);
+        if (n + 1 < last) ahead.fetch(d_pooled, pooled, argmax, n + 1, C, c0, t);
 #pragma unroll
-        for (int cl = 0; cl < CHANNELS; cl++) {  // every channel's loads first: one memory latency
-            at[cl] = NO_POSITION;
-            if (c0 + cl < C) pooled_grad(d_pooled, pooled, argmax, (n * C + c0 + cl) * WINDOWS + t, &dz[cl], &at[cl]);
-        }
+        for (int cl = 0; cl < GRAD_CHANNELS; cl++) {
+            if (at[cl] == NO_POSITION) continue;
+            float xs[TAPS];
+            patch_at(p, at[cl], xs);
+            acc[cl * GRAD_SUMS] += dz[cl];
 #pragma unroll
-        for (int cl = 0; cl < CHANNELS; cl++) {
-            if (at[cl] == NO_POSITION) continue;  // (also every channel past C)
-            float a[4];
-            conv1_window(p, ws[cl], a);
-            sums[cl] += dz[cl];
-            sums[CHANNELS + cl] += dz[cl] * (select4(a, at[cl]) - mean[cl]) * invstd[cl];
+            for (int tap = 0; tap < TAPS; tap++)
+                acc[cl * GRAD_SUMS + 1 + tap] = fmaf(dz[cl], xs[tap], acc[cl * GRAD_SUMS + 1 + tap]);
         }
     });
-    const float total = block_sums(sums, red);
-    const int c = c0 + t % CHANNELS;
-    if (t < 2 * CHANNELS && c < C) part_pair(partial, c, gridDim.x, blockIdx.x)[t / CHANNELS] = total;
+    const float sum = block_sums(acc, red);
+    const int c = c0 + t / GRAD_SUMS;
+    if (t < GRAD_CHANNELS * GRAD_SUMS && c < C)
+        partial[((size_t)c * gridDim.x + blockIdx.x) * GRAD_SUMS + t % GRAD_SUMS] = sum;
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    sum_parts_pairs(partial, gridDim.x, c0, min(C, c0 + CHANNELS), dbeta, dgamma);
-}
-
-// dw[c, tap] = sum over the batch of da[n,c,h,w] * x[n, h+tap/3-1, w+tap%3-1], where BN's input
-// gradient da = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) is recomputed per output
-// (xhat from conv1_window, dz from the pooled gradient). Each thread adds its window's four outputs
-// times its patch into 9 sums per channel, for WEIGHT_CHANNELS channels (36 sums: with CHANNELS, the
-// 72 sums would need more registers than two blocks per SM allow). grid (parts, ceil(C/WEIGHT_CHANNELS)),
-// THREADS threads; partial [parts, C, 9], summed by the last block of each group of WEIGHT_CHANNELS
-// channels (counter: one per group).
-extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_backward_weight_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
-                           const float* gamma, const float* dgamma, const float* dbeta, const float* d_pooled,
-                           const float* pooled, const unsigned char* argmax, int N, int C, int imgs_per_block,
-                           float* partial, unsigned int* counter, float* dw) {
-    __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float4 ws[CHANNELS][3];
-    __shared__ float red[THREADS / 32 * WEIGHT_CHANNELS * 9];
-    __shared__ float mean[WEIGHT_CHANNELS], invstd[WEIGHT_CHANNELS], k[WEIGHT_CHANNELS], db[WEIGHT_CHANNELS],
-        dg[WEIGHT_CHANNELS];
-    const int t = threadIdx.x, c0 = blockIdx.y * WEIGHT_CHANNELS;
-    const float count = (float)N * S1 * S1;
-    int first, last;
-    part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    load_channel_weights(w, C, c0, ws);
-    if (t < WEIGHT_CHANNELS && c0 + t < C) {
-        const int c = c0 + t;
-        mean[t] = save_mean[c];
-        invstd[t] = save_invstd[c];
-        k[t] = gamma[c] * save_invstd[c] / count;
-        db[t] = dbeta[c];
-        dg[t] = dgamma[c];
+    if (t < MOMENTS) mom[t] = moments[t];
+    if (t < GRAD_CHANNELS * GRAD_SUMS && c < C)
+        total[t] = sum_in_order(partial + (size_t)c * gridDim.x * GRAD_SUMS + t % GRAD_SUMS, gridDim.x, GRAD_SUMS);
+    __syncthreads();
+    if (t >= GRAD_CHANNELS || c0 + t >= C) return;
+    const int ch = c0 + t;
+    const float* sums = total + t * GRAD_SUMS;  // sum dz, E_0 .. E_8
+    const double count = (double)N * S1 * S1, mean = save_mean[ch], invstd = save_invstd[ch], db = sums[0];
+    double wc[TAPS], wE = 0.0;
+#pragma unroll
+    for (int a = 0; a < TAPS; a++) {
+        wc[a] = w[ch * TAPS + a];
+        wE += wc[a] * sums[1 + a];
     }
-    float acc[WEIGHT_CHANNELS * 9];
+    const double dg = invstd * (wE - mean * db), k = gamma[ch] * invstd / count;
 #pragma unroll
-    for (int i = 0; i < WEIGHT_CHANNELS * 9; i++) acc[i] = 0.0f;
-    for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
+    for (int a = 0; a < TAPS; a++) {
+        double gw = 0.0;  // (G w)_a
 #pragma unroll
-        for (int cl = 0; cl < WEIGHT_CHANNELS; cl++) {
-            if (c0 + cl >= C) break;
-            float dz, a[4];
-            int at;
-            pooled_grad(d_pooled, pooled, argmax, (n * C + c0 + cl) * WINDOWS + t, &dz, &at);
-            conv1_window(p, ws[cl], a);
-#pragma unroll
-            for (int pos = 0; pos < 4; pos++) {
-                const float xhat = (a[pos] - mean[cl]) * invstd[cl];
-                const float da = k[cl] * (count * (pos == at ? dz : 0.0f) - db[cl] - xhat * dg[cl]);
-#pragma unroll
-                for (int tap = 0; tap < 9; tap++)
-                    acc[cl * 9 + tap] = fmaf(da, p[pos / 2 + tap / 3][pos % 2 + tap % 3], acc[cl * 9 + tap]);
-            }
-        }
-    });
-    const float total = block_sums(acc, red);
-    const int c = c0 + t / 9;
-    if (t < WEIGHT_CHANNELS * 9 && c < C) partial[(blockIdx.x * C + c) * 9 + t % 9] = total;
-    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    for (int i = c0 * 9 + threadIdx.x; i < min(C, c0 + WEIGHT_CHANNELS) * 9; i += blockDim.x)
-        dw[i] = sum_in_order(partial + i, gridDim.x, C * 9);
+        for (int b = 0; b < TAPS; b++) gw += gram(mom, a, b) * wc[b];
+        dw[ch * TAPS + a] = (float)(k * (count * sums[1 + a] - db * mom[a] - dg * invstd * (gw - mean * mom[a])));
+    }
+    dgamma[ch] = (float)dg;
+    dbeta[ch] = (float)db;
 }

@@ -411,8 +411,17 @@ def _bn_batch_stats(a):
     return mean, var, 1 / np.sqrt(var + ref.BN_EPS)
 
 
+def image_moments(x) -> np.ndarray:
+    """What conv1_bn_stats_fast keeps for the backward: the sums S_t of the zero-padded images shifted by
+    tap t over the 28x28 outputs of the batch x [N,1,28,28], then G_tu = sum X_t X_u for t <= u, row by row."""
+    xp = np.pad(np.asarray(x, np.float64)[:, 0], ((0, 0), (1, 1), (1, 1)))
+    shifted = np.stack([xp[:, i:i + 28, j:j + 28].ravel() for i in range(3) for j in range(3)])
+    gram = shifted @ shifted.T
+    return np.concatenate([shifted.sum(axis=1)] + [gram[t, t:] for t in range(9)])
+
+
 def bn_stats_fast_case(layer):
-    """conv1_bn_stats_fast (layer 1: statistics of conv1 recomputed from x) or batchnorm_stats_fast."""
+    """conv1_bn_stats_fast (layer 1: statistics of conv1 from the batch's image moments) or batchnorm_stats_fast."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         x, xd = _block_input(rng, d, layer, 2.0, 0.5)
@@ -427,17 +436,20 @@ def bn_stats_fast_case(layer):
         outs = {k: _poison(K) for k in ("mean", "invstd")}
         rmd, rvd = _dev(rm), _dev(rv)
         tail = (EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd)
+        expected = {}
         if layer == 1:
             wd = _dev(w)
-            run = lambda: launch("conv1_bn_stats_fast", (parts, ceil_div(K, kernels.CONV1_CHANNELS)),
-                                 kernels.CONV1_THREADS, xd, wd, I32(N), I32(K), I32(per_part), partial, counter, *tail)
-            work = (2.0 * 2 * a.size * 9, _bytes(xd))
+            moment_partial = _poison((parts, kernels.CONV1_MOMENTS), np.float64)
+            outs["moments"], expected["moments"] = _poison(kernels.CONV1_MOMENTS, np.float64), image_moments(x)
+            run = lambda: launch("conv1_bn_stats_fast", parts, kernels.CONV1_THREADS, xd, wd, I32(N), I32(K),
+                                 I32(per_part), moment_partial, counter, outs["moments"], *tail)
+            work = (2.0 * 4 * kernels.CONV1_MOMENTS * N * 196, _bytes(xd))  # 4 outputs per window, in double
         else:
             run = lambda: launch("batchnorm_stats_fast", (parts, ceil_div(K, 8)), 256, xd, I32(N), I32(K),
                                  I32(S * S), I32(per_part), partial, counter, *tail)
             work = (3.0 * x.size, 2 * _bytes(x))
         return Prepared(run, {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
-                        {"mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv,
+                        {**expected, "mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv,
                          "counter": np.zeros(K)}, work)
     return Case(f"{'conv1_bn_stats' if layer == 1 else 'batchnorm_stats'}_fast[bn{layer}]", make)
 
@@ -467,8 +479,8 @@ def bn_relu_pool_fast_case(layer):
 
 
 def block_backward_fast_case(layer):
-    """The BN backward of a block from its pooled gradient: layer 1 runs conv1_bn_backward_reduce_fast +
-    conv1_backward_weight_fast (-> dgamma, dbeta, dw); layer 2 runs batchnorm_backward_reduce_fast +
+    """The BN backward of a block from its pooled gradient: layer 1 runs conv1_backward_fast (-> dgamma,
+    dbeta, dw; from the batch's image moments); layer 2 runs batchnorm_backward_reduce_fast +
     batchnorm_backward_apply_fast (-> dgamma, dbeta, dx)."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
@@ -483,7 +495,8 @@ def block_backward_fast_case(layer):
         da, dgamma, dbeta = ref.batchnorm_backward(dz, gamma.astype(np.float64), cache)
         mean, invstd = cache[2].astype(np.float32), cache[1].astype(np.float32)
         parts, per_part = kernels.parts_of(N)
-        partial, counters = _poison(parts * K * 9), _dev(np.zeros((2, K)), np.uint32)  # per kernel and group
+        partial = _poison(parts * K * kernels.CONV1_GRAD_SUMS)
+        counters = _dev(np.zeros((2, K)), np.uint32)  # per kernel and group
         dg, db = _poison(K), _poison(K)
         common = [_dev(v) for v in (mean, invstd)]
         pooled_in = (_dev(d_pooled), _dev(pooled), _dev(argmax, np.uint8))
@@ -491,17 +504,14 @@ def block_backward_fast_case(layer):
         if layer == 1:
             dw = _poison(w.shape)
 
-            def run():
-                launch("conv1_bn_backward_reduce_fast", (parts, ceil_div(K, kernels.CONV1_CHANNELS)),
-                       kernels.CONV1_THREADS, xd, wd, *common, *pooled_in,
-                       I32(N), I32(K), I32(per_part), partial, counters[0], dg, db)
-                grid, w_per_part = kernels.conv1_weight_grid(N, K)
-                launch("conv1_backward_weight_fast", grid, kernels.CONV1_THREADS, xd, wd, *common, gd, dg, db,
-                       *pooled_in, I32(N), I32(K), I32(w_per_part), partial, counters[1], dw)
+            moments = _dev(image_moments(x), np.float64)
+            grid, per_part = kernels.conv1_backward_grid(N, K)
+            run = lambda: launch("conv1_backward_fast", grid, kernels.CONV1_THREADS, xd, wd, *common, gd, moments,
+                                 *pooled_in, I32(N), I32(K), I32(per_part), partial, counters[0], dg, db, dw)
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
             return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
                             {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
-                            (2.0 * a.size * 9 * 3, _bytes(xd) + 3 * pooled.nbytes))
+                            (2.0 * pooled.size * kernels.CONV1_GRAD_SUMS, _bytes(xd) + 3 * pooled.nbytes))
         dx = _poison(x.shape)
 
         def run():

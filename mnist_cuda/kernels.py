@@ -199,7 +199,8 @@ CONV_ROWS, CONV_STAGED_PIXELS = 7, 146
 WGRAD_THREADS, WGRAD_CHANNELS, WGRAD_OUT, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 32, 64, 4, 6
 HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block of head_forward_backward_fast (kernels/loss.cu)
 CONV1_CHANNELS, CONV1_THREADS = 8, 224  # channels and threads per block of kernels/conv1_fused.cu
-CONV1_WEIGHT_CHANNELS = 4  # channels per block of its conv1_backward_weight_fast
+CONV1_MOMENTS, CONV1_GRAD_SUMS = 54, 10  # the batch's image moments (doubles), the backward's sums per channel
+CONV1_GRAD_CHANNELS = 4  # channels per block of conv1_backward_fast
 MAX_PARTS = 64  # per-part reductions (BatchNorm, conv1) use at most this many parts
 MAX_SPLITS = 64
 
@@ -295,9 +296,9 @@ def parts_of(n: int, max_parts: int = MAX_PARTS) -> tuple[int, int]:
     return ceil_div(n, per_part), per_part
 
 
-def conv1_weight_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
-    """Grid of conv1_backward_weight_fast and its images per part: one wave (its 128 registers per
-    thread fit two blocks per SM; at batch 64 a second wave of 64 parts x 8 groups cost ~5 us)."""
-    groups = ceil_div(channels, CONV1_WEIGHT_CHANNELS)
+def conv1_backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
+    """Grid of conv1_backward_fast and its images per part: one wave at its two blocks per SM (each block
+    loads an image's gradients while it works on the image before, so a longer part costs little)."""
+    groups = ceil_div(channels, CONV1_GRAD_CHANNELS)
     parts, per_part = parts_of(n, 2 * sm_count() // groups)
     return (parts, groups), per_part

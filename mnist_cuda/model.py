@@ -338,14 +338,17 @@ class _BatchNormParams:
 
 class Conv1BlockFast(_BatchNormParams):
     """conv1 (one input channel) -> BN -> ReLU -> maxpool, fused; conv1's output is recomputed, never
-    stored (kernels/conv1_fused.cu)."""
+    stored, and BatchNorm's sums come from the batch's image moments (kernels/conv1_fused.cu)."""
 
     def __init__(self, model: Model, c_out: int, batch: int):
+        cp = model.cp
         self.c_out, self.m = c_out, model
-        self._init_bn(model, 1, c_out, kernels.MAX_PARTS * c_out * 9)
+        self._init_bn(model, 1, c_out, kernels.MAX_PARTS * c_out * kernels.CONV1_GRAD_SUMS)
         half = (batch, c_out, 14, 14)
-        self.out = model.cp.empty(half, model.cp.float32)
-        self.argmax = model.cp.empty(half, model.cp.uint8)
+        self.out = cp.empty(half, cp.float32)
+        self.argmax = cp.empty(half, cp.uint8)
+        self.moment_partial = cp.empty((kernels.MAX_PARTS, kernels.CONV1_MOMENTS), cp.float64)
+        self.moments = cp.empty(kernels.CONV1_MOMENTS, cp.float64)  # this batch's, from forward to backward
         self.x = None
 
     def forward(self, x, n, train):
@@ -353,9 +356,9 @@ class Conv1BlockFast(_BatchNormParams):
         C, groups, threads = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS), kernels.CONV1_THREADS
         parts, per_part = parts_of(n)
         if train:
-            launch("conv1_bn_stats_fast", (parts, groups), threads, x, self.w, I32(n), I32(C), I32(per_part),
-                   self.partial, self.counters[0], F32(reference.BN_EPS), F32(reference.BN_MOMENTUM),
-                   self.mean, self.invstd, self.running_mean, self.running_var)
+            launch("conv1_bn_stats_fast", parts, threads, x, self.w, I32(n), I32(C), I32(per_part),
+                   self.moment_partial, self.counters[0], self.moments, F32(reference.BN_EPS),
+                   F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.running_mean, self.running_var)
         else:
             self._eval_stats(C)
         launch("conv1_bn_relu_pool_fast", (n, groups), threads, x, self.w, *self._bn_args(), I32(n), I32(C),
@@ -364,14 +367,10 @@ class Conv1BlockFast(_BatchNormParams):
 
     def backward(self, d_out, n, need_input_grad):
         assert not need_input_grad, "the input images need no gradient"
-        C, groups, threads = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS), kernels.CONV1_THREADS
-        parts, per_part = parts_of(n)
-        pooled = (d_out, self.out, self.argmax, I32(n), I32(C))
-        launch("conv1_bn_backward_reduce_fast", (parts, groups), threads, self.x, self.w, self.mean, self.invstd,
-               *pooled, I32(per_part), self.partial, self.counters[1], self.dgamma, self.dbeta)
-        grid, per_part = kernels.conv1_weight_grid(n, C)
-        launch("conv1_backward_weight_fast", grid, threads, self.x, self.w, self.mean, self.invstd, self.gamma,
-               self.dgamma, self.dbeta, *pooled, I32(per_part), self.partial, self.counters[2], self.dw)
+        grid, per_part = kernels.conv1_backward_grid(n, self.c_out)
+        launch("conv1_backward_fast", grid, kernels.CONV1_THREADS, self.x, self.w, self.mean, self.invstd, self.gamma,
+               self.moments, d_out, self.out, self.argmax, I32(n), I32(self.c_out), I32(per_part), self.partial,
+               self.counters[1], self.dgamma, self.dbeta, self.dw)
         return None
 
 

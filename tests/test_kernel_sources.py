@@ -79,7 +79,9 @@ def test_launch_geometry_mirrors_the_kernels_defines():
              ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
              ("conv1_fused.cu", "CHANNELS", kernels.CONV1_CHANNELS),
              ("conv1_fused.cu", "THREADS", kernels.CONV1_THREADS),
-             ("conv1_fused.cu", "WEIGHT_CHANNELS", kernels.CONV1_WEIGHT_CHANNELS)]
+             ("conv1_fused.cu", "MOMENTS", kernels.CONV1_MOMENTS),
+             ("conv1_fused.cu", "GRAD_SUMS", kernels.CONV1_GRAD_SUMS),
+             ("conv1_fused.cu", "GRAD_CHANNELS", kernels.CONV1_GRAD_CHANNELS)]
     for source, name, value in pairs:
         assert define(source, name) == value, (source, name)
     for name, value in (("MNIST_MEAN", data.MEAN), ("MNIST_STD", data.STD)):  # the kernels' normalisation
