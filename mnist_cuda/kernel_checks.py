@@ -439,6 +439,7 @@ def bn_stats_fast_case(layer):
         expected = {}
         if layer == 1:
             wd = _dev(w)
+            parts, per_part = kernels.conv1_stats_parts(N)
             moment_partial = _poison((parts, kernels.CONV1_MOMENTS), np.float64)
             outs["moments"], expected["moments"] = _poison(kernels.CONV1_MOMENTS, np.float64), image_moments(x)
             run = lambda: launch("conv1_bn_stats_fast", parts, kernels.CONV1_THREADS, xd, wd, I32(N), I32(K),

@@ -302,3 +302,10 @@ def conv1_backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
     groups = ceil_div(channels, CONV1_GRAD_CHANNELS)
     parts, per_part = parts_of(n, 2 * sm_count() // groups)
     return (parts, groups), per_part
+
+
+def conv1_stats_parts(n: int) -> tuple[int, int]:
+    """(parts, images per part) of conv1_bn_stats_fast: up to a part per SM (a block fills an SM's
+    registers, and its last block merges the parts with sum_in_order, which takes any number)."""
+    per_part = ceil_div(n, sm_count())
+    return ceil_div(n, per_part), per_part

@@ -347,14 +347,14 @@ class Conv1BlockFast(_BatchNormParams):
         half = (batch, c_out, 14, 14)
         self.out = cp.empty(half, cp.float32)
         self.argmax = cp.empty(half, cp.uint8)
-        self.moment_partial = cp.empty((kernels.MAX_PARTS, kernels.CONV1_MOMENTS), cp.float64)
+        self.moment_partial = cp.empty((kernels.sm_count(), kernels.CONV1_MOMENTS), cp.float64)
         self.moments = cp.empty(kernels.CONV1_MOMENTS, cp.float64)  # this batch's, from forward to backward
         self.x = None
 
     def forward(self, x, n, train):
         self.x = x
         C, groups, threads = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS), kernels.CONV1_THREADS
-        parts, per_part = parts_of(n)
+        parts, per_part = kernels.conv1_stats_parts(n)
         if train:
             launch("conv1_bn_stats_fast", parts, threads, x, self.w, I32(n), I32(C), I32(per_part),
                    self.moment_partial, self.counters[0], self.moments, F32(reference.BN_EPS),
