@@ -7,13 +7,15 @@
                 allocated once, so a training step allocates nothing and can be captured as a graph.
 
 One step = load (async host-to-device copy) -> forward (+ loss) -> backward -> update -> zero-grad,
-all launched on the current stream; nothing waits for the host unless a caller reads the loss.
+all launched on the current stream; nothing waits for the host unless a caller reads the loss. Captured
+as a CUDA graph (capture_train_step), the step instead loads the *next* batch on a side branch, into the
+other of two device input buffers, while it computes on this one (graph_step runs that protocol).
 """
 from __future__ import annotations
 
 import numpy as np
 
-from . import kernels, reference
+from . import data, kernels, reference
 from .kernels import ceil_div, launch, launch_1d, parts_of, split_k
 
 I32, F32 = np.int32, np.float32
@@ -92,17 +94,18 @@ class Model:
     # ---- the step ---------------------------------------------------------------------------
 
     def load(self, ws: "Workspace", slot: int, n: int):
-        """Async copy of the n staged samples (pinned host memory) into the fixed device input buffers."""
+        """Async copy of the n samples staged in pinned slot `slot` into device input buffer `slot`."""
         rt, stream = self.cp.cuda.runtime, self.cp.cuda.get_current_stream().ptr
         src = ws.stage[slot]  # images and labels in one buffer: one copy (of the whole buffer, even if n < B)
-        rt.memcpyAsync(ws.batch.data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, stream)
+        rt.memcpyAsync(ws.batch[slot].data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, stream)
 
-    def forward(self, ws: "Workspace", n: int, train: bool = True):
-        """Logits into ws.logits; in training also the loss (ws.loss, ws.loss_log) and dlogits."""
-        h = ws.block1.forward(ws.x, n, train)
+    def forward(self, ws: "Workspace", n: int, train: bool = True, slot: int = 0):
+        """Logits of the batch in device input buffer `slot` into ws.logits; in training also the loss
+        (ws.loss, ws.loss_log) and dlogits."""
+        h = ws.block1.forward(ws.x[slot], n, train)
         h = ws.block2.forward(h, n, train)
         h = ws.fc1.forward(h, n)
-        ws.head.forward(h, ws.y, n, train)
+        ws.head.forward(h, ws.y[slot], n, train)
 
     def backward(self, ws: "Workspace", n: int):
         d = ws.head.backward(n)
@@ -125,14 +128,15 @@ class Model:
         rt.memsetAsync(self.grads.data.ptr, 0, self.grads.nbytes, self.cp.cuda.get_current_stream().ptr)
 
     def phases(self, ws: "Workspace", slot: int, lr: float):
-        """The five phases of a training step on ws.batch_size staged samples, as callables."""
+        """The five phases of a training step on the ws.batch_size samples staged in `slot`, as callables."""
         n = ws.batch_size
-        return (lambda: self.load(ws, slot, n), lambda: self.forward(ws, n, True),
+        return (lambda: self.load(ws, slot, n), lambda: self.forward(ws, n, True, slot),
                 lambda: self.backward(ws, n), lambda: self.update(lr), self.zero_grad)
 
     def train_step(self, ws: "Workspace", slot: int, lr: float, events=None):
-        """One training step, launched kernel by kernel. With events (6 CUDA events) the phase
-        boundaries are recorded for per-phase timing."""
+        """One training step on the batch staged in `slot`, launched kernel by kernel. With events (6
+        CUDA events) the phase boundaries are recorded for per-phase timing."""
+        ws.prefetched = [False, False]  # (graph_step's bookkeeping: this step loads its own batch)
         if events is not None:
             events[0].record()
         for i, phase in enumerate(self.phases(ws, slot, lr)):
@@ -156,23 +160,46 @@ class Model:
         return graph
 
     def capture_train_step(self, ws: "Workspace", slot: int, lr: float):
-        """The whole step (load included) as one CUDA graph."""
-        return self.capture(*self.phases(ws, slot, lr))
+        """The whole step as one CUDA graph: forward, backward, update and zero-grad on the batch in device
+        input buffer `slot`, and on a side branch beside them the load of the next batch (staged in pinned
+        slot 1 - slot) into the other device buffer. A batch copied right after the host wrote it is slow
+        to copy (30 instead of 13 us at batch 512, NOTES.md), and at the head of the step nothing overlaps
+        it. Replay with graph_step."""
+        n, other = ws.batch_size, 1 - slot
+        load, forward, backward, update, zero_grad = self.phases(ws, slot, lr)
+        prefetch = lambda: ws.prefetch.run(lambda: self.load(ws, other, n))
+        return self.capture(prefetch, forward, backward, update, zero_grad, ws.prefetch.join)
+
+    def graph_step(self, graphs, ws: "Workspace", step: int, stream, x, y, idx, next_idx=None):
+        """Training step number `step` on the samples idx of (x, y) by replaying graphs[step % 2] (from
+        capture_train_step, one per slot) on `stream`. The batch is on the device already if the step
+        before prefetched it; otherwise it is staged and loaded here first. next_idx (the next step's
+        samples, if known) is staged now, for this step's graph to prefetch."""
+        slot, other = step % 2, 1 - step % 2
+        with stream:
+            if not ws.prefetched[slot]:
+                ws.stage_batch(slot, x, y, idx)
+                self.load(ws, slot, ws.batch_size)
+                ws.stage_free[slot].record(stream)
+            if next_idx is not None:
+                ws.stage_batch(other, x, y, next_idx)
+            graphs[slot].launch(stream)
+            ws.stage_free[other].record(stream)  # the graph copied from the other slot
+        ws.prefetched = [False, False]
+        ws.prefetched[other] = next_idx is not None
+        self.num_batches_tracked += 1
 
     def capture_phases(self, ws: "Workspace", slot: int, lr: float):
         """One graph per phase, for per-phase timing of graph replays."""
         return [self.capture(phase) for phase in self.phases(ws, slot, lr)]
 
-    def replay(self, graph, stream):
-        """One training step by replaying a graph from capture_train_step."""
-        graph.launch(stream)
-        self.num_batches_tracked += 1
-
     def eval_batch(self, ws: "Workspace", slot: int, n: int):
-        """Forward in eval mode (running statistics) and add the correct predictions to ws.correct."""
+        """Forward in eval mode (running statistics) of the n samples staged in `slot`, and add the correct
+        predictions to ws.correct."""
+        ws.prefetched = [False, False]
         self.load(ws, slot, n)
-        self.forward(ws, n, train=False)
-        launch("count_correct", 1, REDUCE_THREADS, ws.logits, ws.y, ws.correct, I32(n))
+        self.forward(ws, n, False, slot)
+        launch("count_correct", 1, REDUCE_THREADS, ws.logits, ws.y[slot], ws.correct, I32(n))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -552,12 +579,16 @@ class Workspace:
         if B * max(c1, c2) * 28 * 28 >= 2 ** 31:
             raise ValueError(f"batch size {B} is too large for 32-bit indexing")
         # One byte buffer holds a batch's images (uint8, as MNIST stores them: the kernels normalise) and
-        # then its labels (int32; B * 784 bytes keep them aligned), on the host (pinned, per staging slot)
-        # and on the device, so that the load is a single copy of a quarter of the float32 batch. x, y
-        # and stage_x, stage_y are views into them.
+        # then its labels (int32; B * 784 bytes keep them aligned), on the host (pinned) and on the device,
+        # so that the load is a single copy of a quarter of the float32 batch. Two of each (slots): the
+        # host fills one pinned slot while the GPU copies from the other, and the step graph computes on
+        # one device buffer while it loads the next batch into the other. x, y and stage_x, stage_y are
+        # views into them, per slot.
         size = B * 784 + 4 * B
-        self.batch = cp.zeros(size, cp.uint8)
-        self.x, self.y = self.batch[:B * 784].reshape(B, 1, 28, 28), self.batch[B * 784:].view(cp.int32)
+        self.batch = [cp.zeros(size, cp.uint8) for _ in range(self.STAGING_SLOTS)]
+        self.x = [b[:B * 784].reshape(B, 1, 28, 28) for b in self.batch]
+        self.y = [b[B * 784:].view(cp.int32) for b in self.batch]
+        self.prefetched = [False] * self.STAGING_SLOTS  # device buffer s holds the next step's batch (graph_step)
         self.stage = [kernels.pinned_empty((size,), np.uint8) for _ in range(self.STAGING_SLOTS)]
         self.stage_x = [st[:B * 784].reshape(B, 1, 28, 28) for st in self.stage]
         self.stage_y = [st[B * 784:].view(np.int32) for st in self.stage]
@@ -565,6 +596,7 @@ class Workspace:
             st[...] = 0  # labels of unfilled rows (a partial last batch) stay valid class numbers
         self.stage_free = [cp.cuda.Event(disable_timing=True) for _ in range(self.STAGING_SLOTS)]
         self.side = SideStream(cp)
+        self.prefetch = SideStream(cp)  # the step graph's load of the next batch
         if model.version == "fast":
             self.block1 = Conv1BlockFast(model, c1, B)
             self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B, self.side)
@@ -580,6 +612,12 @@ class Workspace:
     @property
     def logits(self):
         return self.head.logits
+
+    def stage_batch(self, slot: int, x, y, idx) -> int:
+        """Gather the samples idx of (x, y) into pinned slot `slot`, once the GPU has stopped reading it
+        (stage_free[slot]: record it after whatever reads the slot). Returns the batch length."""
+        self.stage_free[slot].synchronize()
+        return data.gather(x, y, idx, self.stage_x[slot], self.stage_y[slot])
 
     def losses(self, reset: bool = False) -> np.ndarray:
         """The losses logged since the last reset. Synchronises the whole device: the steps may run on

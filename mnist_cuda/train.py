@@ -135,20 +135,22 @@ class Trainer:
         self.phase_events = []  # one list of 6 events per sampled step
         self.step = 0
 
-    def run_step(self, x, y, idx):
-        ws, slot = self.ws, self.step % self.ws.STAGING_SLOTS
-        ws.stage_free[slot].synchronize()  # the step that last read this slot has finished
-        data.gather(x, y, idx, ws.stage_x[slot], ws.stage_y[slot])
-        with self.stream:
-            if self.graphs is None or self.step % PHASE_SAMPLE_EVERY == 0:
+    def run_step(self, x, y, idx, next_idx=None):
+        """One step on the samples idx of (x, y). next_idx, the next step's samples where known, lets the
+        step graph load them while it computes (Model.graph_step)."""
+        ws = self.ws
+        if self.graphs is not None and self.step % PHASE_SAMPLE_EVERY != 0:
+            self.model.graph_step(self.graphs, ws, self.step, self.stream, x, y, idx, next_idx)
+        else:
+            slot = self.step % ws.STAGING_SLOTS
+            ws.stage_batch(slot, x, y, idx)
+            with self.stream:
                 events = None
                 if self.step % PHASE_SAMPLE_EVERY == 0:
                     events = [self.cp.cuda.Event() for _ in range(len(PHASES) + 1)]
                     self.phase_events.append(events)
                 self.model.train_step(ws, slot, self.lr, events)
-            else:
-                self.model.replay(self.graphs[slot], self.stream)
-            ws.stage_free[slot].record()
+                ws.stage_free[slot].record()
         self.step += 1
 
     def phase_means_ms(self) -> dict[str, float]:
@@ -208,10 +210,9 @@ def train(args, parser) -> int:
                        leave=True, dynamic_ncols=True)
             t0 = time.perf_counter()
             losses = np.zeros(0, np.float32)
-            for i, idx in enumerate(data.batch_indices(order, args.batch_size, drop_last=True)):
-                if i == steps:
-                    break
-                trainer.run_step(ds.train_x, ds.train_y, idx)
+            batches = list(data.batch_indices(order, args.batch_size, drop_last=True))[:steps]
+            for i, idx in enumerate(batches):
+                trainer.run_step(ds.train_x, ds.train_y, idx, batches[i + 1] if i + 1 < len(batches) else None)
                 if (i + 1) % LOG_EVERY == 0 or i + 1 == steps:
                     losses = ws.losses()
                     _check_finite(losses, start_step + done)

@@ -241,12 +241,6 @@ class OurSide:
         self.phase_graphs = None
         self.i = 0
 
-    def stage(self, x, y, idx):
-        slot = self.i % self.ws.STAGING_SLOTS
-        self.ws.stage_free[slot].synchronize()
-        data.gather(x, y, idx, self.ws.stage_x[slot], self.ws.stage_y[slot])
-        return slot
-
     def new_event(self):
         return self.cp.cuda.Event()
 
@@ -261,15 +255,19 @@ class OurSide:
     def synchronize(self):
         self.stream.synchronize()
 
-    def step(self, x, y, idx, mode, phase_events=None):
-        slot = self.stage(x, y, idx)
+    def step(self, x, y, idx, mode, phase_events=None, next_idx=None):
+        """One step on the samples idx. In graph mode the step graph also loads the next step's samples,
+        next_idx, where given (Model.graph_step); the other modes load each batch in their step."""
+        if mode == "graph":
+            if self.graphs is None:
+                self.graphs = [self.model.capture_train_step(self.ws, s, self.lr) for s in range(self.ws.STAGING_SLOTS)]
+            self.model.graph_step(self.graphs, self.ws, self.i, self.stream, x, y, idx, next_idx)
+            self.i += 1
+            return
+        slot = self.i % self.ws.STAGING_SLOTS
+        self.ws.stage_batch(slot, x, y, idx)
         with self.stream:
-            if mode == "graph":
-                if self.graphs is None:
-                    self.graphs = [self.model.capture_train_step(self.ws, s, self.lr)
-                                   for s in range(self.ws.STAGING_SLOTS)]
-                self.model.replay(self.graphs[slot], self.stream)
-            elif mode == "phase_graphs":
+            if mode == "phase_graphs":
                 if self.phase_graphs is None:
                     self.phase_graphs = [self.model.capture_phases(self.ws, s, self.lr)
                                          for s in range(self.ws.STAGING_SLOTS)]
@@ -277,6 +275,7 @@ class OurSide:
                 for k, g in enumerate(self.phase_graphs[slot]):
                     g.launch(self.stream)
                     phase_events[k + 1].record(self.stream)
+                self.ws.prefetched = [False, False]  # (this step loaded its own batch)
                 self.model.num_batches_tracked += 1
             else:
                 self.model.train_step(self.ws, slot, self.lr, phase_events)
@@ -392,7 +391,7 @@ class TorchSide:
     def synchronize(self):
         self.torch.cuda.synchronize()
 
-    def step(self, x, y, idx, mode=None, phase_events=None):
+    def step(self, x, y, idx, mode=None, phase_events=None, next_idx=None):
         slot = self.i % 2
         self.stage_free[slot].synchronize()
         n = data.gather(x, y, idx, self.stage_x[slot].numpy(), self.stage_y[slot].numpy())
@@ -460,13 +459,13 @@ def measure_phases(side, x, y, order, warmup, steps, mode="eager"):
 
 def measure_loop(side, x, y, order, warmup, steps, mode):
     """Whole-step times of a loop with no synchronisation inside: one event per step boundary."""
-    idxs = batches(order, side.batch, warmup + steps)
-    for idx in idxs[:warmup]:
-        side.step(x, y, idx, mode)
+    idxs = batches(order, side.batch, warmup + steps + 1)
+    for i in range(warmup):
+        side.step(x, y, idxs[i], mode, next_idx=idxs[i + 1])
     side.synchronize()
     marks = [side.event()]
-    for idx in idxs[warmup:]:
-        side.step(x, y, idx, mode)
+    for i in range(warmup, warmup + steps):
+        side.step(x, y, idxs[i], mode, next_idx=idxs[i + 1])
         marks.append(side.event())
     side.synchronize()
     per_step = [side.elapsed_ms(a, b) for a, b in zip(marks, marks[1:])]
@@ -480,8 +479,9 @@ def measure_epoch(side, x, y, seed, mode):
     side.synchronize()
     t0 = time.perf_counter()
     order = data.epoch_order(len(x), seed, 1)
-    for idx in data.batch_indices(order, side.batch, drop_last=True):
-        side.step(x, y, idx, mode)
+    idxs = list(data.batch_indices(order, side.batch, drop_last=True))
+    for i, idx in enumerate(idxs):
+        side.step(x, y, idx, mode, next_idx=idxs[i + 1] if i + 1 < len(idxs) else None)
     side.synchronize()
     return time.perf_counter() - t0
 

@@ -1,6 +1,7 @@
 """What each launch of the training step costs inside the whole-step CUDA graph.
 
-For every launch of one step (the load's copy, each kernel, in order), the step is captured again with
+For every launch of one step (the copy of the next batch on the graph's side branch, each kernel, in
+order), the step is captured again with
 that launch done twice, and the graph's replay time is compared with the plain step's: the difference
 is the launch's cost where it sits, gaps and contention with the other graph branch included (a kernel
 off the critical path costs little). Also times host-to-device copies of a batch's size in a graph.
@@ -102,6 +103,10 @@ def main(argv=None):
         for slot in range(ws.STAGING_SLOTS):
             ws.stage_x[slot][...] = rng.integers(0, 256, ws.stage_x[slot].shape, dtype=np.uint8)
             ws.stage_y[slot][...] = rng.integers(0, 10, batch)
+        with stream:  # the step graph computes on device buffer 0 and copies the next batch into buffer 1
+            for slot in range(ws.STAGING_SLOTS):
+                model.load(ws, slot, batch)
+        stream.synchronize()
         plain = doubling.capture(model, ws)
         names = list(doubling.names)
         baseline, rows = [replay_us(cp, plain, stream, args.reps)], []

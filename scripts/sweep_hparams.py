@@ -43,8 +43,9 @@ def run(ds, batch, lr, seed, epochs, version):
     accuracies = []
     for epoch in range(epochs):
         order = data.epoch_order(len(ds.train_x), seed, epoch)
-        for idx in data.batch_indices(order, batch, drop_last=True):
-            trainer.run_step(ds.train_x, ds.train_y, idx)
+        batches = list(data.batch_indices(order, batch, drop_last=True))
+        for i, idx in enumerate(batches):
+            trainer.run_step(ds.train_x, ds.train_y, idx, batches[i + 1] if i + 1 < len(batches) else None)
         ws.losses(reset=True)
         accuracies.append(train.evaluate(model, ws, ds.test_x, ds.test_y))
     return accuracies

@@ -107,21 +107,26 @@ def test_eval_forward_uses_running_stats(version):
 
 
 def run_steps(model, batches, lr, graph):
+    """Train on the batches launch by launch, or by graph_step (each step's graph loads the next batch;
+    the step after `prefetch_gap` gets no next batch and loads its own)."""
     import cupy
     ws = model.workspace(len(batches[0][0]))
     ws.losses(reset=True)
     stream = cupy.cuda.Stream(non_blocking=True)
     graphs = [model.capture_train_step(ws, s, lr) for s in range(2)] if graph else None
-    with stream:
-        for i, (x, y) in enumerate(batches):
+    x, y = np.concatenate([b[0] for b in batches]), np.concatenate([b[1] for b in batches])
+    idxs = np.arange(len(x)).reshape(len(batches), -1)
+    prefetch_gap = len(batches) // 2
+    for i, idx in enumerate(idxs):
+        if graph:
+            next_idx = idxs[i + 1] if i + 1 < len(idxs) and i != prefetch_gap else None
+            model.graph_step(graphs, ws, i, stream, x, y, idx, next_idx)
+        else:
             slot = i % 2
-            ws.stage_free[slot].synchronize()
-            stage(ws, slot, x, y)
-            if graph:
-                model.replay(graphs[slot], stream)
-            else:
+            ws.stage_batch(slot, x, y, idx)
+            with stream:
                 model.train_step(ws, slot, lr)
-            ws.stage_free[slot].record()
+                ws.stage_free[slot].record()
     stream.synchronize()
     return ws.losses(), model.params.get()
 
