@@ -171,10 +171,11 @@ class Model:
         return self.capture(prefetch, forward, backward, update, zero_grad, ws.prefetch.join)
 
     def graph_step(self, graphs, ws: "Workspace", step: int, stream, x, y, idx, next_idx=None):
-        """Training step number `step` on the samples idx of (x, y) by replaying graphs[step % 2] (from
-        capture_train_step, one per slot) on `stream`. The batch is on the device already if the step
-        before prefetched it; otherwise it is staged and loaded here first. next_idx (the next step's
-        samples, if known) is staged now, for this step's graph to prefetch."""
+        """Training step number `step` on the samples idx of (x, y) (a full batch: the graphs are captured
+        for ws.batch_size) by replaying graphs[step % 2] (from capture_train_step, one per slot) on
+        `stream`. The batch is on the device already if the step before prefetched it; otherwise it is
+        staged and loaded here first. next_idx (the next step's samples, if known) is staged now, for this
+        step's graph to prefetch."""
         slot, other = step % 2, 1 - step % 2
         with stream:
             if not ws.prefetched[slot]:
