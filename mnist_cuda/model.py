@@ -136,7 +136,6 @@ class Model:
     def train_step(self, ws: "Workspace", slot: int, lr: float, events=None):
         """One training step on the batch staged in `slot`, launched kernel by kernel. With events (6
         CUDA events) the phase boundaries are recorded for per-phase timing."""
-        ws.prefetched = [False, False]  # (graph_step's bookkeeping: this step loads its own batch)
         if events is not None:
             events[0].record()
         for i, phase in enumerate(self.phases(ws, slot, lr)):
@@ -166,7 +165,7 @@ class Model:
         to copy (30 instead of 13 us at batch 512, NOTES.md), and at the head of the step nothing overlaps
         it. Replay with graph_step."""
         n, other = ws.batch_size, 1 - slot
-        load, forward, backward, update, zero_grad = self.phases(ws, slot, lr)
+        _, forward, backward, update, zero_grad = self.phases(ws, slot, lr)
         prefetch = lambda: ws.prefetch.run(lambda: self.load(ws, other, n))
         return self.capture(prefetch, forward, backward, update, zero_grad, ws.prefetch.join)
 
@@ -178,7 +177,7 @@ class Model:
         step's graph to prefetch."""
         slot, other = step % 2, 1 - step % 2
         with stream:
-            if not ws.prefetched[slot]:
+            if ws.prefetched_step != step:
                 ws.stage_batch(slot, x, y, idx)
                 self.load(ws, slot, ws.batch_size)
                 ws.stage_free[slot].record(stream)
@@ -186,8 +185,7 @@ class Model:
                 ws.stage_batch(other, x, y, next_idx)
             graphs[slot].launch(stream)
             ws.stage_free[other].record(stream)  # the graph copied from the other slot
-        ws.prefetched = [False, False]
-        ws.prefetched[other] = next_idx is not None
+        ws.prefetched_step = step + 1 if next_idx is not None else None
         self.num_batches_tracked += 1
 
     def capture_phases(self, ws: "Workspace", slot: int, lr: float):
@@ -197,7 +195,7 @@ class Model:
     def eval_batch(self, ws: "Workspace", slot: int, n: int):
         """Forward in eval mode (running statistics) of the n samples staged in `slot`, and add the correct
         predictions to ws.correct."""
-        ws.prefetched = [False, False]
+        ws.prefetched_step = None  # this overwrites a device input buffer
         self.load(ws, slot, n)
         self.forward(ws, n, False, slot)
         launch("count_correct", 1, REDUCE_THREADS, ws.logits, ws.y[slot], ws.correct, I32(n))
@@ -589,7 +587,7 @@ class Workspace:
         self.batch = [cp.zeros(size, cp.uint8) for _ in range(self.STAGING_SLOTS)]
         self.x = [b[:B * 784].reshape(B, 1, 28, 28) for b in self.batch]
         self.y = [b[B * 784:].view(cp.int32) for b in self.batch]
-        self.prefetched = [False] * self.STAGING_SLOTS  # device buffer s holds the next step's batch (graph_step)
+        self.prefetched_step = None  # the step whose batch graph_step's last graph loaded (any other step loads its own)
         self.stage = [kernels.pinned_empty((size,), np.uint8) for _ in range(self.STAGING_SLOTS)]
         self.stage_x = [st[:B * 784].reshape(B, 1, 28, 28) for st in self.stage]
         self.stage_y = [st[B * 784:].view(np.int32) for st in self.stage]

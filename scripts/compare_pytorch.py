@@ -275,7 +275,6 @@ class OurSide:
                 for k, g in enumerate(self.phase_graphs[slot]):
                     g.launch(self.stream)
                     phase_events[k + 1].record(self.stream)
-                self.ws.prefetched = [False, False]  # (this step loaded its own batch)
                 self.model.num_batches_tracked += 1
             else:
                 self.model.train_step(self.ws, slot, self.lr, phase_events)
