@@ -13,9 +13,14 @@
 // of each channel only dbeta = sum dz and E_t = sum dz X_t, where dz is nonzero at one position per
 // pooled window at most (see conv1_backward_fast).
 //
-//   conv1_bn_stats_fast      the image moments -> each channel's mean, invstd  (training forward, 1st)
-//   conv1_bn_relu_pool_fast  pooled = maxpool(relu(bn(a)))                    (forward, 2nd; eval too)
-//   conv1_backward_fast      dgamma, dbeta and dw from the pooled gradient     (backward, one launch)
+//   conv1_image_moments_fast  the batch's image moments                      (when the batch is loaded)
+//   conv1_bn_relu_pool_fast   each channel's mean, invstd from the moments (training), then
+//                             pooled = maxpool(relu(bn(a)))                   (forward; eval too)
+//   conv1_backward_fast       dgamma, dbeta and dw from the pooled gradient    (backward, one launch)
+//
+// The moments depend on the images alone, so they are computed as the batch arrives (in the step graph
+// on the branch that loads the next batch, beside this step's work), and the forward's statistics cost
+// the pool kernel 90 multiply-adds per channel instead of a pass over the batch on the critical path.
 //
 // Layout: thread t < 196 owns pooled window t, i.e. the 2x2 outputs under it. It copies the 4x4 input
 // patch those four outputs read into registers (eight float2 loads), then computes from registers:
@@ -100,15 +105,17 @@ __device__ __forceinline__ void load_patch(const float* img, int t, float p[4][4
 // t < WINDOWS with its patch p of image n. The images pass through two shared-memory buffers: while
 // the block computes image n from one, image n+1 is on its way from global memory into registers, and
 // goes to the other buffer afterwards. One barrier per image, and the loads of the next image overlap
-// the work on this one.
-template <class Body>
+// the work on this one. setup() runs once while the first image is on its way; what it writes to
+// shared memory is visible to body (two barriers follow it).
+template <class Setup, class Body>
 __device__ __forceinline__ void for_each_image(const unsigned char* x, int first, int last, float img[2][P1 * P1],
-                                               Body body) {
+                                               Setup setup, Body body) {
     // normalize_pixel of every byte value, once per block (its two divisions per pixel, in every
     // kernel and channel group, made them up to 38% slower at batch 512)
     __shared__ float pixel_value[256];
     unsigned char next[IMAGE_REGS];
     fetch_padded_image(x, first, next);
+    setup();
     for (int v = threadIdx.x; v < 256; v += blockDim.x) pixel_value[v] = normalize_pixel((unsigned char)v);
     __syncthreads();
     store_padded_image(next, pixel_value, img[0]);
@@ -217,25 +224,21 @@ __device__ __forceinline__ void patch_at(const float p[4][4], int at, float x[TA
     }
 }
 
-// The batch's image moments (S_t and G_tu, in double), then every channel's BatchNorm statistics from
-// them: mean = w.S / count, var = w'Gw / count - mean^2 (see the top of this file). Each block sums its
-// part of the batch; the last block merges the parts in order, keeps the moments for the backward, and
-// finalizes BatchNorm (mean, invstd and the running statistics) for all C channels.
+// The batch's image moments, S_t and G_tu in double (see the top of this file). Each block sums its
+// part of the batch; the last block merges the parts in order.
 // grid (parts), THREADS threads; moment_partial [parts, MOMENTS]; moments [MOMENTS]; counter: one.
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_bn_stats_fast(const unsigned char* x, const float* w, int N, int C, int imgs_per_block,
-                    double* moment_partial, unsigned int* counter, double* moments, float eps, float momentum,
-                    float* save_mean, float* save_invstd, float* running_mean, float* running_var) {
+conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, double* moment_partial,
+                         unsigned int* counter, double* moments) {
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ double red[THREADS / 32 * MOMENTS];
-    __shared__ double total[MOMENTS];
     const int t = threadIdx.x;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
     double acc[MOMENTS];
 #pragma unroll
     for (int k = 0; k < MOMENTS; k++) acc[k] = 0.0;
-    for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
+    for_each_image(x, first, last, img, [] {}, [&](int n, const float (&p)[4][4]) {
         // this window's sums over its four outputs in float, added to the double sums (a quarter of the
         // double-precision additions; float's rounding on four terms is far below the tests' 1e-5)
 #pragma unroll
@@ -255,36 +258,64 @@ conv1_bn_stats_fast(const unsigned char* x, const float* w, int N, int C, int im
     const double sum = block_sums(acc, red);
     if (t < MOMENTS) moment_partial[(size_t)blockIdx.x * MOMENTS + t] = sum;
     if (!last_block_done(counter, gridDim.x)) return;
-    if (t < MOMENTS) moments[t] = total[t] = sum_in_order(moment_partial + t, gridDim.x, MOMENTS);
-    __syncthreads();
-    const double count = (double)N * S1 * S1;
-    for (int c = t; c < C; c += blockDim.x) {
-        double wc[TAPS], mean = 0.0, square = 0.0;
+    if (t < MOMENTS) moments[t] = sum_in_order(moment_partial + t, gridDim.x, MOMENTS);
+}
+
+// A channel's BatchNorm statistics over the batch's count outputs from its image moments and its
+// weights wq (as load_channel_weights stages them): mean = w.S / count, var = w'Gw / count - mean^2, in
+// double.
+__device__ __forceinline__ void channel_stats(const double* moments, const float4 wq[3], double count,
+                                              float* mean, float* var) {
+    const double wc[TAPS] = {wq[0].x, wq[0].y, wq[0].z, wq[0].w, wq[1].x, wq[1].y, wq[1].z, wq[1].w, wq[2].x};
+    double m = 0.0, square = 0.0;
 #pragma unroll
-        for (int a = 0; a < TAPS; a++) wc[a] = w[c * TAPS + a];
+    for (int a = 0; a < TAPS; a++) {
+        double gw = 0.0;  // (G w)_a
 #pragma unroll
-        for (int a = 0; a < TAPS; a++) {
-            mean += wc[a] * total[a];
-#pragma unroll
-            for (int b = 0; b < TAPS; b++) square += wc[a] * wc[b] * gram(total, a, b);
-        }
-        mean /= count;
-        const double var = fmax(square / count - mean * mean, 0.0);
-        batchnorm_finalize(c, (float)mean, (float)var, (float)count, eps, momentum, save_mean, save_invstd,
-                           running_mean, running_var);
+        for (int b = 0; b < TAPS; b++) gw += gram(moments, a, b) * wc[b];
+        m += wc[a] * moments[a];
+        square += wc[a] * gw;
     }
+    m /= count;
+    *mean = (float)m;
+    *var = (float)fmax(square / count - m * m, 0.0);
 }
 
 // pooled[n,c,ph,pw] = max over the 2x2 window of relu(batchnorm(a)), with the window position.
+// In training (train != 0) BatchNorm's statistics come from the batch's image moments (from
+// conv1_image_moments_fast): every block computes those of its channels, and the blocks of image 0
+// save them (mean, invstd: for the backward) and update the running statistics. In evaluation mean and
+// invstd are given (the running statistics', batchnorm_eval_stats) and moments is not read.
 // grid (N, ceil(C/CHANNELS)), THREADS threads: thread t < 196 is pooled window t of image n.
 extern "C" __global__ void __launch_bounds__(THREADS)
-conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, const float* mean, const float* invstd,
+conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
+                        float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
                         const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ float4 ws[CHANNELS][3];
+    __shared__ float bn_mean[CHANNELS], bn_invstd[CHANNELS];
+    __shared__ double mom[MOMENTS];
     const int c0 = blockIdx.y * CHANNELS;
     load_channel_weights(w, C, c0, ws);
-    for_each_image(x, blockIdx.x, blockIdx.x + 1, img, [&](int n, const float (&p)[4][4]) {
+    const auto statistics = [&] {  // while the image is on its way
+        const int cl = threadIdx.x, c = c0 + cl;
+        if (train && threadIdx.x < MOMENTS) mom[threadIdx.x] = moments[threadIdx.x];
+        __syncthreads();  // (every thread calls setup)
+        if (cl >= CHANNELS || c >= C) return;
+        if (!train) {
+            bn_mean[cl] = mean[c];
+            bn_invstd[cl] = invstd[c];
+            return;
+        }
+        const double count = (double)N * S1 * S1;
+        float m, var;
+        channel_stats(mom, ws[cl], count, &m, &var);
+        bn_mean[cl] = m;
+        bn_invstd[cl] = rsqrtf(var + eps);  // as batchnorm_finalize computes it
+        if (blockIdx.x == 0)
+            batchnorm_finalize(c, m, var, (float)count, eps, momentum, mean, invstd, running_mean, running_var);
+    };
+    for_each_image(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float (&p)[4][4]) {
         const int t = threadIdx.x;
 #pragma unroll
         for (int cl = 0; cl < CHANNELS; cl++) {
@@ -292,7 +323,7 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, const float* mea
             if (c >= C) break;
             float a[4];
             conv1_window(p, ws[cl], a);
-            const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
+            const float m = bn_mean[cl], is = bn_invstd[cl], g = gamma[c], b = beta[c];
             int at;
             const float v = relu_max4(batchnorm_apply(a[0], m, is, g, b), batchnorm_apply(a[1], m, is, g, b),
                                       batchnorm_apply(a[2], m, is, g, b), batchnorm_apply(a[3], m, is, g, b), &at);
@@ -311,7 +342,7 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, const float* mea
 //     dw_t   = sum da X_t  = gamma invstd / count (count E_t - dbeta S_t - dgamma invstd ((G w)_t - mean S_t))
 // computed in double by the last block of each group of GRAD_CHANNELS channels, after merging the parts.
 // grid (parts, ceil(C/GRAD_CHANNELS)), THREADS threads; partial [C, parts, GRAD_SUMS]; counter: one per
-// group; moments from conv1_bn_stats_fast.
+// group; moments from conv1_image_moments_fast.
 extern "C" __global__ void __launch_bounds__(THREADS, 2)
 conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
                     const float* gamma, const double* moments, const float* d_pooled, const float* pooled,
@@ -329,7 +360,7 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
     for (int i = 0; i < GRAD_CHANNELS * GRAD_SUMS; i++) acc[i] = 0.0f;
     PooledGrads ahead;  // the next image's
     if (t < WINDOWS) ahead.fetch(d_pooled, pooled, argmax, first, C, c0, t);
-    for_each_image(x, first, last, img, [&](int n, const float (&p)[4][4]) {
+    for_each_image(x, first, last, img, [] {}, [&](int n, const float (&p)[4][4]) {
         float dz[GRAD_CHANNELS];
         int at[GRAD_CHANNELS];
         ahead.take(dz, at);

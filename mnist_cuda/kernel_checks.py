@@ -412,71 +412,86 @@ def _bn_batch_stats(a):
 
 
 def image_moments(x) -> np.ndarray:
-    """What conv1_bn_stats_fast keeps for the backward: the sums S_t of the zero-padded images shifted by
-    tap t over the 28x28 outputs of the batch x [N,1,28,28], then G_tu = sum X_t X_u for t <= u, row by row."""
+    """What conv1_image_moments_fast computes: the sums S_t of the zero-padded images shifted by tap t over
+    the 28x28 outputs of the batch x [N,1,28,28], then G_tu = sum X_t X_u for t <= u, row by row."""
     xp = np.pad(np.asarray(x, np.float64)[:, 0], ((0, 0), (1, 1), (1, 1)))
     shifted = np.stack([xp[:, i:i + 28, j:j + 28].ravel() for i in range(3) for j in range(3)])
     gram = shifted @ shifted.T
     return np.concatenate([shifted.sum(axis=1)] + [gram[t, t:] for t in range(9)])
 
 
-def bn_stats_fast_case(layer):
-    """conv1_bn_stats_fast (layer 1: statistics of conv1 from the batch's image moments) or batchnorm_stats_fast."""
+def conv1_moments_case():
+    """conv1_image_moments_fast: the batch's image moments (conv1's BatchNorm statistics come from them)."""
     def make(rng, d):
-        N, C_in, K, S = _geometry(d, layer)
-        x, xd = _block_input(rng, d, layer, 2.0, 0.5)
-        w = _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        N = d.batch
+        x, xd = _block_input(rng, d, 1, 1.0, 0.0)
+        parts, per_part = kernels.conv1_moments_parts(N)
+        moment_partial, counter = _poison((parts, kernels.CONV1_MOMENTS), np.float64), _dev(np.zeros(1), np.uint32)
+        moments = _poison(kernels.CONV1_MOMENTS, np.float64)
+        run = lambda: launch("conv1_image_moments_fast", parts, kernels.CONV1_THREADS, xd, I32(N), I32(per_part),
+                             moment_partial, counter, moments)
+        return Prepared(run, {"moments": moments, "counter": counter}, {"moments": image_moments(x), "counter": [0]},
+                        (2.0 * 4 * kernels.CONV1_MOMENTS * N * 196, _bytes(xd)))  # 4 outputs per window, in double
+    return Case("conv1_image_moments_fast", make)
+
+
+def bn_stats_fast_case():
+    """batchnorm_stats_fast (BN2's statistics over conv2's output)."""
+    def make(rng, d):
+        N, C_in, K, S = _geometry(d, 2)
+        x, xd = _block_input(rng, d, 2, 2.0, 0.5)
         rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
-        a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
-        mean, var, invstd = _bn_batch_stats(a)
+        mean, var, invstd = _bn_batch_stats(x.astype(np.float64))
         want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64), mean, var,
                                                         N * S * S)
         parts, per_part = kernels.parts_of(N)
         partial, counter = _poison(parts * K * 2), _dev(np.zeros(K), np.uint32)  # a counter per channel group
         outs = {k: _poison(K) for k in ("mean", "invstd")}
         rmd, rvd = _dev(rm), _dev(rv)
-        tail = (EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd)
-        expected = {}
-        if layer == 1:
-            wd = _dev(w)
-            parts, per_part = kernels.conv1_stats_parts(N)
-            moment_partial = _poison((parts, kernels.CONV1_MOMENTS), np.float64)
-            outs["moments"], expected["moments"] = _poison(kernels.CONV1_MOMENTS, np.float64), image_moments(x)
-            run = lambda: launch("conv1_bn_stats_fast", parts, kernels.CONV1_THREADS, xd, wd, I32(N), I32(K),
-                                 I32(per_part), moment_partial, counter, outs["moments"], *tail)
-            work = (2.0 * 4 * kernels.CONV1_MOMENTS * N * 196, _bytes(xd))  # 4 outputs per window, in double
-        else:
-            run = lambda: launch("batchnorm_stats_fast", (parts, ceil_div(K, 8)), 256, xd, I32(N), I32(K),
-                                 I32(S * S), I32(per_part), partial, counter, *tail)
-            work = (3.0 * x.size, 2 * _bytes(x))
+        run = lambda: launch("batchnorm_stats_fast", (parts, ceil_div(K, 8)), 256, xd, I32(N), I32(K), I32(S * S),
+                             I32(per_part), partial, counter, EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd)
         return Prepared(run, {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
-                        {**expected, "mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv,
-                         "counter": np.zeros(K)}, work)
-    return Case(f"{'conv1_bn_stats' if layer == 1 else 'batchnorm_stats'}_fast[bn{layer}]", make)
+                        {"mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv,
+                         "counter": np.zeros(K)}, (3.0 * x.size, 2 * _bytes(x)))
+    return Case("batchnorm_stats_fast[bn2]", make)
 
 
-def bn_relu_pool_fast_case(layer):
-    """conv1_bn_relu_pool_fast (layer 1) or batchnorm_relu_maxpool_fast: pooled = maxpool(relu(bn(a)))."""
+def bn_relu_pool_fast_case(layer, train=False):
+    """conv1_bn_relu_pool_fast (layer 1) or batchnorm_relu_maxpool_fast: pooled = maxpool(relu(bn(a))) with
+    given statistics; for layer 1 in training (train=True) with the batch's own, from its image moments
+    (the kernel also saves them and updates the running statistics)."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         (x, xd), w = _block_input(rng, d, layer, 1.0, 0.0), _f32(rng, (K, C_in, 3, 3), 1 / 3)
         mean, invstd, gamma, beta = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5, _f32(rng, K), _f32(rng, K, 0.5)
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
+        outs, expected, stats = {}, {}, [_dev(v) for v in (mean, invstd, gamma, beta)]
+        if train:
+            rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
+            mean, var, invstd = _bn_batch_stats(a)
+            want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64), mean, var,
+                                                            N * S * S)
+            outs.update(mean=_poison(K), invstd=_poison(K), running_mean=_dev(rm), running_var=_dev(rv))
+            stats[:2] = outs["mean"], outs["invstd"]  # written by the kernel
+            expected.update(mean=mean, invstd=invstd, running_mean=want_rm, running_var=want_rv)
         bn = [v.astype(np.float64)[:, None, None] for v in (mean, invstd, gamma, beta)]
         pooled, argmax, windows = _pool_reference((a - bn[0]) * bn[1] * bn[2] + bn[3])
-        y, am = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
-        stats = [_dev(v) for v in (mean, invstd, gamma, beta)]
+        outs["pooled"], outs["argmax"] = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
+        expected.update(pooled=pooled, argmax=argmax)
+        y, am = outs["pooled"], outs["argmax"]
         if layer == 1:
-            wd = _dev(w)
+            wd, moments = _dev(w), _dev(image_moments(x), np.float64)
+            running = (outs["running_mean"], outs["running_var"]) if train else (stats[0], stats[1])  # (unused in eval)
             run = lambda: launch("conv1_bn_relu_pool_fast", (N, ceil_div(K, kernels.CONV1_CHANNELS)),
-                                 kernels.CONV1_THREADS, xd, wd, *stats, I32(N), I32(K), y, am)
+                                 kernels.CONV1_THREADS, xd, wd, I32(train), moments, EPS, MOMENTUM, stats[0], stats[1],
+                                 *running, stats[2], stats[3], I32(N), I32(K), y, am)
             work = (2.0 * a.size * 9, _bytes(xd) + pooled.nbytes / 2)
         else:
             run = lambda: launch_1d("batchnorm_relu_maxpool_fast", y.size, xd, *stats, I32(N), I32(K), I32(S), y, am)
             work = (3.0 * x.size, _bytes(x) + pooled.nbytes / 2 + argmax.nbytes)
-        return Prepared(run, {"pooled": y, "argmax": am}, {"pooled": pooled, "argmax": argmax}, work,
-                        compare={"argmax": argmax_near_ties(windows)})
-    return Case(f"{'conv1_bn_relu_pool' if layer == 1 else 'batchnorm_relu_maxpool'}_fast[block{layer}]", make)
+        return Prepared(run, outs, expected, work, compare={"argmax": argmax_near_ties(windows)})
+    mode = "[train]" if train else ""
+    return Case(f"{'conv1_bn_relu_pool' if layer == 1 else 'batchnorm_relu_maxpool'}_fast[block{layer}]{mode}", make)
 
 
 def block_backward_fast_case(layer):
@@ -607,7 +622,8 @@ def sgd_fast_case():
 def fast_cases() -> list[Case]:
     return ([conv_stage_weights_case(), conv_forward_case(2, "fast"), conv_backward_input_case("fast"),
              conv_backward_weight_case(2, "fast")]
-            + [bn_stats_fast_case(layer) for layer in (1, 2)] + [bn_relu_pool_fast_case(layer) for layer in (1, 2)]
+            + [conv1_moments_case(), bn_stats_fast_case(), bn_relu_pool_fast_case(1, train=True)]
+            + [bn_relu_pool_fast_case(layer) for layer in (1, 2)]
             + [block_backward_fast_case(layer) for layer in (1, 2)]
             + [linear_fast_case(part) for part in ("forward", "input", "weight")] + [head_fast_case(), sgd_fast_case()])
 

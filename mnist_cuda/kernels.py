@@ -304,8 +304,8 @@ def conv1_backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
     return (parts, groups), per_part
 
 
-def conv1_stats_parts(n: int) -> tuple[int, int]:
-    """(parts, images per part) of conv1_bn_stats_fast: up to a part per SM (a block fills an SM's
+def conv1_moments_parts(n: int) -> tuple[int, int]:
+    """(parts, images per part) of conv1_image_moments_fast: up to a part per SM (a block fills an SM's
     registers, and its last block merges the parts with sum_in_order, which takes any number)."""
     per_part = ceil_div(n, sm_count())
     return ceil_div(n, per_part), per_part

@@ -6,8 +6,9 @@
     Workspace   everything one batch size needs: activations, pinned staging buffers, the loss log;
                 allocated once, so a training step allocates nothing and can be captured as a graph.
 
-One step = load (async host-to-device copy) -> forward (+ loss) -> backward -> update -> zero-grad,
-all launched on the current stream; nothing waits for the host unless a caller reads the loss. Captured
+One step = load (async host-to-device copy; the fast version also takes the batch's image moments
+there, for conv1's BatchNorm) -> forward (+ loss) -> backward -> update -> zero-grad, all launched on
+the current stream; nothing waits for the host unless a caller reads the loss. Captured
 as a CUDA graph (capture_train_step), the step instead loads the *next* batch on a side branch, into the
 other of two device input buffers, while it computes on this one (graph_step runs that protocol).
 """
@@ -94,15 +95,19 @@ class Model:
     # ---- the step ---------------------------------------------------------------------------
 
     def load(self, ws: "Workspace", slot: int, n: int):
-        """Async copy of the n samples staged in pinned slot `slot` into device input buffer `slot`."""
+        """Async copy of the n samples staged in pinned slot `slot` into device input buffer `slot`; the
+        fast version then also takes the batch's image moments (conv1's BatchNorm statistics come from
+        them, and they depend on the images alone)."""
         rt, stream = self.cp.cuda.runtime, self.cp.cuda.get_current_stream().ptr
         src = ws.stage[slot]  # images and labels in one buffer: one copy (of the whole buffer, even if n < B)
         rt.memcpyAsync(ws.batch[slot].data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, stream)
+        if self.version == "fast":
+            ws.block1.image_moments(ws.x[slot], n, slot)
 
     def forward(self, ws: "Workspace", n: int, train: bool = True, slot: int = 0):
         """Logits of the batch in device input buffer `slot` into ws.logits; in training also the loss
         (ws.loss, ws.loss_log) and dlogits."""
-        h = ws.block1.forward(ws.x[slot], n, train)
+        h = ws.block1.forward(ws.x[slot], n, train, slot)
         h = ws.block2.forward(h, n, train)
         h = ws.fc1.forward(h, n)
         ws.head.forward(h, ws.y[slot], n, train)
@@ -232,7 +237,8 @@ class ConvBlock:
         self.images = cp.empty((batch, 1, size, size), cp.float32) if index == 1 else None
         self.x = None
 
-    def forward(self, x, n, train):
+    def forward(self, x, n, train, slot=0):
+        """slot: the device input buffer x is (only the fast conv1 needs it, for that batch's moments)."""
         if self.images is not None:
             launch_1d("normalize_images", x[:n].size, x, self.images, I32(x[:n].size))
             x = self.images
@@ -364,9 +370,10 @@ class _BatchNormParams:
 
 class Conv1BlockFast(_BatchNormParams):
     """conv1 (one input channel) -> BN -> ReLU -> maxpool, fused; conv1's output is recomputed, never
-    stored, and BatchNorm's sums come from the batch's image moments (kernels/conv1_fused.cu)."""
+    stored, and BatchNorm's sums come from the batch's image moments, taken when the batch is loaded
+    (kernels/conv1_fused.cu)."""
 
-    def __init__(self, model: Model, c_out: int, batch: int):
+    def __init__(self, model: Model, c_out: int, batch: int, slots: int):
         cp = model.cp
         self.c_out, self.m = c_out, model
         self._init_bn(model, 1, c_out, kernels.MAX_PARTS * c_out * kernels.CONV1_GRAD_SUMS)
@@ -374,28 +381,31 @@ class Conv1BlockFast(_BatchNormParams):
         self.out = cp.empty(half, cp.float32)
         self.argmax = cp.empty(half, cp.uint8)
         self.moment_partial = cp.empty((kernels.sm_count(), kernels.CONV1_MOMENTS), cp.float64)
-        self.moments = cp.empty(kernels.CONV1_MOMENTS, cp.float64)  # this batch's, from forward to backward
-        self.x = None
+        # the image moments of the batch in each device input buffer, from its load to its backward
+        self.moments = [cp.empty(kernels.CONV1_MOMENTS, cp.float64) for _ in range(slots)]
+        self.x = self.batch_moments = None
 
-    def forward(self, x, n, train):
-        self.x = x
-        C, groups, threads = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS), kernels.CONV1_THREADS
-        parts, per_part = kernels.conv1_stats_parts(n)
-        if train:
-            launch("conv1_bn_stats_fast", parts, threads, x, self.w, I32(n), I32(C), I32(per_part),
-                   self.moment_partial, self.counters[0], self.moments, F32(reference.BN_EPS),
-                   F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.running_mean, self.running_var)
-        else:
+    def image_moments(self, x, n, slot):
+        """The image moments of the n images x (device input buffer `slot`) into self.moments[slot]."""
+        parts, per_part = kernels.conv1_moments_parts(n)
+        launch("conv1_image_moments_fast", parts, kernels.CONV1_THREADS, x, I32(n), I32(per_part), self.moment_partial,
+               self.counters[0], self.moments[slot])
+
+    def forward(self, x, n, train, slot=0):
+        self.x, self.batch_moments = x, self.moments[slot]
+        C, groups = self.c_out, ceil_div(self.c_out, kernels.CONV1_CHANNELS)
+        if not train:
             self._eval_stats(C)
-        launch("conv1_bn_relu_pool_fast", (n, groups), threads, x, self.w, *self._bn_args(), I32(n), I32(C),
-               self.out, self.argmax)
+        launch("conv1_bn_relu_pool_fast", (n, groups), kernels.CONV1_THREADS, x, self.w, I32(train), self.batch_moments,
+               F32(reference.BN_EPS), F32(reference.BN_MOMENTUM), self.mean, self.invstd, self.running_mean,
+               self.running_var, self.gamma, self.beta, I32(n), I32(C), self.out, self.argmax)
         return self.out
 
     def backward(self, d_out, n, need_input_grad):
         assert not need_input_grad, "the input images need no gradient"
         grid, per_part = kernels.conv1_backward_grid(n, self.c_out)
         launch("conv1_backward_fast", grid, kernels.CONV1_THREADS, self.x, self.w, self.mean, self.invstd, self.gamma,
-               self.moments, d_out, self.out, self.argmax, I32(n), I32(self.c_out), I32(per_part), self.partial,
+               self.batch_moments, d_out, self.out, self.argmax, I32(n), I32(self.c_out), I32(per_part), self.partial,
                self.counters[1], self.dgamma, self.dbeta, self.dw)
         return None
 
@@ -428,7 +438,7 @@ class ConvBlockFast(_BatchNormParams):
         self.x = x
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
-        kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads)
+        self.stage_weights()
         kernels.launch_conv_image_tile("conv2d_forward_fast", n, self.c_out, x, self.forward_quads, self.a, I32(n),
                                        C, K, S, S)
         if train:
@@ -440,6 +450,10 @@ class ConvBlockFast(_BatchNormParams):
         launch_1d("batchnorm_relu_maxpool_fast", self.out[:n].size, self.a, *self._bn_args(), I32(n), K, S,
                   self.out, self.argmax)
         return self.out
+
+    def stage_weights(self):
+        """The weights as both products read them."""
+        kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads)
 
     def _weight_grad(self, n):
         parts = kernels.launch_conv_weight_grad(n, self.c_in, self.c_out, self.x, self.d_a, self.w_partial)
@@ -597,7 +611,7 @@ class Workspace:
         self.side = SideStream(cp)
         self.prefetch = SideStream(cp)  # the step graph's load of the next batch
         if model.version == "fast":
-            self.block1 = Conv1BlockFast(model, c1, B)
+            self.block1 = Conv1BlockFast(model, c1, B, self.STAGING_SLOTS)
             self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B, self.side)
             self.fc1 = HiddenLayerFast(model, c2 * 49, model.hidden, B, self.side)
             self.head = HeadFast(model, model.hidden, B, self.LOSS_CAPACITY)
