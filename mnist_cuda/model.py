@@ -107,6 +107,8 @@ class Model:
     def forward(self, ws: "Workspace", n: int, train: bool = True, slot: int = 0):
         """Logits of the batch in device input buffer `slot` into ws.logits; in training also the loss
         (ws.loss, ws.loss_log) and dlogits."""
+        if self.version == "fast":  # conv2's weights staged for its products on the side stream, beside conv1
+            ws.side.run(ws.block2.stage_weights)
         h = ws.block1.forward(ws.x[slot], n, train, slot)
         h = ws.block2.forward(h, n, train)
         h = ws.fc1.forward(h, n)
@@ -431,14 +433,14 @@ class ConvBlockFast(_BatchNormParams):
         # the weights as the products read them, split into TF32 parts (conv2d_stage_weights_fast)
         self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out), 4), cp.float32)
         self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in), 4), cp.float32)
-        self.side = side  # the weight gradient overlaps the input gradient and conv1's backward
+        self.side = side  # staging beside conv1's forward; weight gradient beside the input gradient, conv1's backward
         self.x = None
 
     def forward(self, x, n, train):
         self.x = x
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
-        self.stage_weights()
+        self.side.join()  # stage_weights
         kernels.launch_conv_image_tile("conv2d_forward_fast", n, self.c_out, x, self.forward_quads, self.a, I32(n),
                                        C, K, S, S)
         if train:
@@ -452,7 +454,7 @@ class ConvBlockFast(_BatchNormParams):
         return self.out
 
     def stage_weights(self):
-        """The weights as both products read them."""
+        """The weights as both products read them (Model.forward launches this on the side stream first)."""
         kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads)
 
     def _weight_grad(self, n):
@@ -552,9 +554,10 @@ class HeadFast:
 
 class SideStream:
     """A second stream for work that may overlap the current stream's: the weight gradients, which
-    nothing reads before the update. run(fn) launches fn's kernels on the side stream after everything
-    launched so far on the current stream; join() makes the current stream wait for them. Captured in
-    a graph, the two streams become two branches of it."""
+    nothing reads before the update, and conv2's weight staging, which nothing reads before conv2.
+    run(fn) launches fn's kernels on the side stream after everything launched so far on the current
+    stream; join() makes the current stream wait for them. Captured in a graph, the two streams become
+    two branches of it."""
 
     def __init__(self, cp):
         self.cp = cp
