@@ -18,7 +18,9 @@ Timing, per batch size, after --warmup steps, over --steps steps (median and mea
   per phase   load (host-to-device copy), forward (+ loss), backward, update, zero-grad, with CUDA
               events between the phases and one synchronisation per step;
   whole step  a training loop with no synchronisation inside (gather the batch on the host, copy,
-              step), one event per step boundary; for every mode of each side:
+              step), a timing event after every --timing-window steps: each window's mean step is
+              one sample (a timing event between two steps holds the next one back until the GPU has
+              drained: ~7 us per step at batch 64, NOTES.md); for every mode of each side:
                 torch:  eager; whole step in one torch.cuda.graph (static input buffers);
                         torch.compile'd model inside that graph (default when torch.compile works);
                         torch.compile alone (--compile);
@@ -76,7 +78,9 @@ def build_parser():
     p = argparse.ArgumentParser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch-sizes", type=_int_list, default=[64, 512], help="comma-separated")
-    p.add_argument("--steps", type=int_at_least(1), default=300, help="timed steps per measurement (method: >= 100)")
+    p.add_argument("--steps", type=int_at_least(1), default=500, help="timed steps per measurement (method: >= 100)")
+    p.add_argument("--timing-window", type=int_at_least(1), default=10,
+                   help="whole-step loops: steps between timing events (1: an event per step)")
     p.add_argument("--warmup", type=int_at_least(0), default=20, help="untimed steps first (method: >= 20)")
     p.add_argument("--parity-steps", type=int_at_least(0), default=200, help="0 skips the parity run")
     p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
@@ -129,7 +133,9 @@ def format_tables(result: dict) -> str:
             t, o = tp.get(ph, {}).get("median_us"), op.get(ph, {}).get("median_us")
             g = og.get(ph, {}).get("median_us")
             lines.append(f"| {ph} | {_us(t)} | {_us(o)} | {_ratio(t, o)} | {_us(g)} |")
-        lines += ["", f"batch {bs}: whole step (no sync inside the loop)",
+        window = next((m.get("window_steps", 1) for m in r["ours"]["modes"].values() if "median_us" in m), 1)
+        how = "a timing event per step" if window == 1 else f"median of {window}-step windows' mean step"
+        lines += ["", f"batch {bs}: whole step (no sync inside the loop; {how})",
                   "| side | mode | median us | mean us | epoch s |", "|---|---|---:|---:|---:|"]
         for side in ("torch", "ours"):
             for mode, m in r[side]["modes"].items():
@@ -456,8 +462,11 @@ def measure_phases(side, x, y, order, warmup, steps, mode="eager"):
     return out
 
 
-def measure_loop(side, x, y, order, warmup, steps, mode):
-    """Whole-step times of a loop with no synchronisation inside: one event per step boundary."""
+def measure_loop(side, x, y, order, warmup, steps, mode, window=1):
+    """Whole-step times of a loop with no synchronisation inside: a timing event every `window` steps
+    (steps // window windows); each window's mean step is one sample of the median."""
+    windows = max(1, steps // window)
+    steps = windows * window
     idxs = batches(order, side.batch, warmup + steps + 1)
     for i in range(warmup):
         side.step(x, y, idxs[i], mode, next_idx=idxs[i + 1])
@@ -465,11 +474,13 @@ def measure_loop(side, x, y, order, warmup, steps, mode):
     marks = [side.event()]
     for i in range(warmup, warmup + steps):
         side.step(x, y, idxs[i], mode, next_idx=idxs[i + 1])
-        marks.append(side.event())
+        if (i - warmup + 1) % window == 0:
+            marks.append(side.event())
     side.synchronize()
-    per_step = [side.elapsed_ms(a, b) for a, b in zip(marks, marks[1:])]
+    per_step = [side.elapsed_ms(a, b) / window for a, b in zip(marks, marks[1:])]
     out = summarize_ms(per_step)
     out["mean_us"] = side.elapsed_ms(marks[0], marks[-1]) * 1000.0 / steps
+    out["window_steps"] = window
     return out
 
 
@@ -532,7 +543,7 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
          "modes": {}}
     for mode in OUR_MODES:
         log(f"batch {batch}: ours, whole step, {mode}")
-        m = measure_loop(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, mode)
+        m = measure_loop(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, mode, args.timing_window)
         if not args.no_epoch:
             m["epoch_s"] = measure_epoch(ours, ds.train_x, ds.train_y, args.seed, mode)
         o["modes"][mode] = m
@@ -550,7 +561,7 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
         try:
             side = eager if mode == "eager" else TorchSide(torch, state, batch, args.lr, mode, channels, hidden)
             side.prepare(ds.train_x, ds.train_y64, order)
-            m = measure_loop(side, ds.train_x, ds.train_y64, order, args.warmup, args.steps, mode)
+            m = measure_loop(side, ds.train_x, ds.train_y64, order, args.warmup, args.steps, mode, args.timing_window)
             if not args.no_epoch:
                 m["epoch_s"] = measure_epoch(side, ds.train_x, ds.train_y64, args.seed, mode)
             if side.compile_s is not None:
@@ -647,7 +658,7 @@ def main(argv=None) -> int:
               "command": "python scripts/compare_pytorch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "env": env,
               "config": {"lr": args.lr, "seed": args.seed, "dataset": args.dataset, "steps": args.steps,
-                         "warmup": args.warmup, "kernels": args.kernels, "channels": list(channels),
+                         "timing_window": args.timing_window, "warmup": args.warmup, "kernels": args.kernels, "channels": list(channels),
                          "hidden": hidden, "batch_sizes": args.batch_sizes},
               "batch_sizes": {}, "parity": None}
     if args.parity_steps:

@@ -52,12 +52,51 @@ def sample_result(cmp, parity_pass=True):
 def test_arguments(cmp):
     p = cmp.build_parser()
     a = p.parse_args([])
-    assert a.batch_sizes == [64, 512] and a.steps == 300 and a.warmup == 20 and a.parity_steps == 200
+    assert a.batch_sizes == [64, 512] and a.steps == 500 and a.warmup == 20 and a.parity_steps == 200
+    assert a.timing_window == 10
     assert p.parse_args(["--batch-sizes", "1,65"]).batch_sizes == [1, 65]
     for bad in (["--batch-sizes", "0"], ["--batch-sizes", "a,b"], ["--steps", "0"], ["--lr", "-1"],
-                ["--warmup", "-1"], ["--kernels", "turbo"]):
+                ["--warmup", "-1"], ["--kernels", "turbo"], ["--timing-window", "0"]):
         with pytest.raises(SystemExit):
             p.parse_args(bad)
+
+
+class ClockSide:
+    """A side whose events read a clock that each step advances by its cost (ms): steps 0, 1, 2, ... cost
+    costs[i % len(costs)]."""
+
+    batch = 4
+
+    def __init__(self, costs):
+        self.costs, self.clock, self.steps = costs, 0.0, 0
+
+    def step(self, x, y, idx, mode, next_idx=None):
+        self.clock += self.costs[self.steps % len(self.costs)]
+        self.steps += 1
+
+    def event(self):
+        return self.clock
+
+    def elapsed_ms(self, a, b):
+        return b - a
+
+    def synchronize(self):
+        pass
+
+
+def test_measure_loop_windows(cmp):
+    order = list(range(400))
+    # every 10th step costs 1 ms more: a window of 10 steps always holds one of them
+    side = ClockSide([0.2] * 9 + [1.2])
+    m = cmp.measure_loop(side, None, None, order, 20, 100, "graph", window=10)
+    assert m["n"] == 10 and m["window_steps"] == 10 and side.steps == 120
+    assert m["median_us"] == pytest.approx(300.0) and m["mean_us"] == pytest.approx(300.0)
+    side = ClockSide([0.2] * 9 + [1.2])
+    m = cmp.measure_loop(side, None, None, order, 20, 100, "graph", window=1)
+    assert m["n"] == 100 and m["median_us"] == pytest.approx(200.0) and m["mean_us"] == pytest.approx(300.0)
+    side = ClockSide([0.5])
+    m = cmp.measure_loop(side, None, None, order, 0, 25, "graph", window=10)  # the last 5 steps make no window
+    assert m["n"] == 2 and side.steps == 20 and m["median_us"] == pytest.approx(500.0)
 
 
 def test_bad_arguments_exit_2_with_usage():
