@@ -358,8 +358,9 @@ class _BatchNormParams:
         self.running_var = model.running[f"bn{index}.running_var"]
         self.mean, self.invstd = cp.empty(channels, cp.float32), cp.empty(channels, cp.float32)
         self.partial = cp.empty(scratch, cp.float32)  # per-part sums; each launch consumes its own
-        # last-block counters: a row per kernel that needs them, one per group of channels
-        self.counters = cp.zeros((3, channels), cp.uint32)
+        # last-block counters, one per group of channels: row 0 for the forward's statistics (conv1: its
+        # image moments), row 1 for the backward's reduction
+        self.counters = cp.zeros((2, channels), cp.uint32)
 
     def _eval_stats(self, channels):
         """Evaluation normalises with the running statistics: put them where the forward kernels look."""
