@@ -63,22 +63,19 @@ extern "C" __global__ void count_correct(const float* logits, const int* labels,
 //   3. HEAD_GROUPS threads per column o of h, each over every HEAD_GROUPS-th sample: d_pre[., o] and
 //      the block's sums of dW[., o] and fc1's bias gradient, the groups combined by warp butterflies;
 //      db and the loss summed in sample order.
-// Blocks write their sums as partial results, which the last block adds in block order (it also
-// writes the mean loss); a single block writes them as the final ones. With train = 0 only the logits.
-// grid ceil(N/HEAD_SAMPLES), HEAD_THREADS threads; partial [blocks, 11*H + 11].
+// Blocks write their sums as partial results, which head_sum_parts adds (the fc1 input gradient after
+// this needs d_pre only, so that second launch runs beside it). With train = 0 only the logits.
+// grid ceil(N/HEAD_SAMPLES), HEAD_THREADS threads; partial [blocks, HEAD_SUMS(H)].
 #define HEAD_SAMPLES 16
 #define HEAD_THREADS 512
 #define HEAD_GROUPS 4  // threads per column in step 3 (a power of two, at most 32)
 #define HEAD_CHUNK 128  // columns of h and W staged at a time in step 1
-#define HEAD_MERGE 4        // last block: elements per thread
-#define HEAD_MERGE_PARTS 16  // last block: parts per load round
+#define HEAD_SUMS(H) (11 * (H) + 11)  // a block's sums: dW [10,H], fc1's bias gradient [H], db [10], the loss
 #define HEAD_STAGE_REGS CEIL_DIV((HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK, HEAD_THREADS)
 
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
 head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
-                           int train, float* logits, float* d_pre, float* partial, unsigned int* counter,
-                           float* dw, float* db, float* d_bias_fc1, float* loss, float* loss_log,
-                           int* loss_count, int loss_capacity) {
+                           int train, float* logits, float* d_pre, float* partial) {
     __shared__ float rows[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1];  // (+1: conflict-free columns)
     __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];  // logits, then dlogits
     __shared__ float sample_loss[HEAD_SAMPLES];
@@ -142,7 +139,7 @@ head_forward_backward_fast(const float* h, const float* w, const float* b, const
     __syncthreads();
 
     // 3. lane = HEAD_GROUPS * (column in the warp's) + g; group g takes samples g, g + HEAD_GROUPS, ...
-    float* part = gridDim.x == 1 ? nullptr : partial + (size_t)blockIdx.x * (11 * H + 11);
+    float* part = partial + (size_t)blockIdx.x * HEAD_SUMS(H);
     const int g = lane % HEAD_GROUPS;
     for (int o0 = warp * (32 / HEAD_GROUPS); o0 < H; o0 += HEAD_THREADS / HEAD_GROUPS) {  // warp-uniform
         const int o = o0 + lane / HEAD_GROUPS;
@@ -173,51 +170,27 @@ head_forward_backward_fast(const float* h, const float* w, const float* b, const
         }
         if (valid && g == 0) {
 #pragma unroll
-            for (int j = 0; j < NUM_CLASSES; j++) {
-                if (part) part[j * H + o] = sum_dw[j];
-                else dw[j * H + o] = sum_dw[j];
-            }
-            if (part) part[NUM_CLASSES * H + o] = sum_bias;
-            else d_bias_fc1[o] = sum_bias;
+            for (int j = 0; j < NUM_CLASSES; j++) part[j * H + o] = sum_dw[j];
+            part[NUM_CLASSES * H + o] = sum_bias;
         }
     }
     if (t <= NUM_CLASSES) {  // db (thread j < 10), then the loss (thread 10), in sample order
         float acc = 0.0f;
         for (int s = 0; s < count; s++) acc += t < NUM_CLASSES ? z[s][t] : sample_loss[s];
-        if (part) part[11 * H + t] = acc;
-        else if (t < NUM_CLASSES) db[t] = acc;
-        else record_loss(acc / N, loss, loss_log, loss_count, loss_capacity);
+        part[11 * H + t] = acc;
     }
-    if (!part || !last_block_done(counter, gridDim.x)) return;
+}
 
-    // the last block: each thread sums HEAD_MERGE elements over the parts, HEAD_MERGE_PARTS parts of all
-    // of them loaded before any is added (one memory latency per round, not one per element)
-    const int size = 11 * H + 11;
-    for (int i0 = t; i0 < size; i0 += HEAD_MERGE * HEAD_THREADS) {
-        float acc[HEAD_MERGE];
-#pragma unroll
-        for (int e = 0; e < HEAD_MERGE; e++) acc[e] = 0.0f;
-        for (int b0 = 0; b0 < gridDim.x; b0 += HEAD_MERGE_PARTS) {
-            float v[HEAD_MERGE][HEAD_MERGE_PARTS];
-#pragma unroll
-            for (int e = 0; e < HEAD_MERGE; e++)
-#pragma unroll
-                for (int j = 0; j < HEAD_MERGE_PARTS; j++) {
-                    const int i = i0 + e * HEAD_THREADS, b = b0 + j;
-                    v[e][j] = i < size && b < gridDim.x ? __ldcg(partial + (size_t)b * size + i) : 0.0f;
-                }
-#pragma unroll
-            for (int e = 0; e < HEAD_MERGE; e++)
-#pragma unroll
-                for (int j = 0; j < HEAD_MERGE_PARTS; j++) acc[e] += v[e][j];  // parts in order (zeros past the end)
-        }
-#pragma unroll
-        for (int e = 0; e < HEAD_MERGE; e++) {
-            const int i = i0 + e * HEAD_THREADS;
-            if (i < NUM_CLASSES * H) dw[i] = acc[e];
-            else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = acc[e];
-            else if (i < 11 * H + NUM_CLASSES) db[i - 11 * H] = acc[e];
-            else if (i == size - 1) record_loss(acc[e] / N, loss, loss_log, loss_count, loss_capacity);
-        }
-    }
+// The head's sums over its blocks, in block order: fc2's dW and db, fc1's bias gradient, and the mean loss
+// (record_loss). A thread per element. partial [blocks, HEAD_SUMS(H)].
+extern "C" __global__ void head_sum_parts(const float* partial, int blocks, int N, int H, float* dw, float* db,
+                                          float* d_bias_fc1, float* loss, float* loss_log, int* loss_count,
+                                          int loss_capacity) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x, size = HEAD_SUMS(H);
+    if (i >= size) return;
+    const float s = sum_in_order(partial + i, blocks, size);
+    if (i < NUM_CLASSES * H) dw[i] = s;
+    else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = s;
+    else if (i < 11 * H + NUM_CLASSES) db[i - 11 * H] = s;
+    else record_loss(s / N, loss, loss_log, loss_count, loss_capacity);
 }

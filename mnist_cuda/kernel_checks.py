@@ -594,17 +594,20 @@ def head_fast_case():
         blocks = ceil_div(N, kernels.HEAD_SAMPLES)
         outs = {"logits": _poison((N, 10)), "d_pre": _poison((N, H)), "dw": _poison((10, H)), "db": _poison(10),
                 "d_bias_fc1": _poison(H), "loss": _poison(1)}
-        log, count, counter = _poison(3), cupy.array([1], dtype=cupy.int32), _dev(np.zeros(1), np.uint32)
-        partial = _poison(blocks * (11 * H + 11))
+        log, count = _poison(3), cupy.array([1], dtype=cupy.int32)
+        partial = _poison(blocks * kernels.head_sums(H))
         args = (_dev(h), _dev(w), _dev(b), _dev(labels, np.int32))
-        run = lambda: launch("head_forward_backward_fast", blocks, kernels.HEAD_THREADS, *args, I32(N), I32(H), I32(1),
-                             outs["logits"], outs["d_pre"], partial, counter, outs["dw"], outs["db"],
-                             outs["d_bias_fc1"], outs["loss"], log, count, I32(3))
-        return Prepared(run, {**outs, "logged": log[1:2], "count": count, "counter": counter},
+
+        def run():
+            launch("head_forward_backward_fast", blocks, kernels.HEAD_THREADS, *args, I32(N), I32(H), I32(1),
+                   outs["logits"], outs["d_pre"], partial)
+            launch_1d("head_sum_parts", kernels.head_sums(H), partial, I32(blocks), I32(N), I32(H), outs["dw"],
+                      outs["db"], outs["d_bias_fc1"], outs["loss"], log, count, I32(3))
+        return Prepared(run, {**outs, "logged": log[1:2], "count": count},
                         {"logits": logits, "d_pre": d_pre, "dw": dw, "db": db, "d_bias_fc1": d_pre.sum(0),
-                         "loss": [loss], "logged": [loss], "count": [2], "counter": [0]},
+                         "loss": [loss], "logged": [loss], "count": [2]},
                         (8.0 * N * H * 10, _bytes(h) * 2))
-    return Case("head_forward_backward_fast", make)
+    return Case("head_forward_backward_fast+head_sum_parts", make)
 
 
 def sgd_fast_case():

@@ -296,6 +296,11 @@ def parts_of(n: int, max_parts: int = MAX_PARTS) -> tuple[int, int]:
     return ceil_div(n, per_part), per_part
 
 
+def head_sums(hidden: int) -> int:
+    """Floats of one head_forward_backward_fast block's sums (HEAD_SUMS in kernels/loss.cu)."""
+    return 11 * hidden + 11
+
+
 def conv1_backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
     """Grid of conv1_backward_fast and its images per part: one wave at its two blocks per SM (each block
     loads an image's gradients while it works on the image before, so a longer part costs little)."""

@@ -105,8 +105,8 @@ class Model:
             ws.block1.image_moments(ws.x[slot], n, slot)
 
     def forward(self, ws: "Workspace", n: int, train: bool = True, slot: int = 0):
-        """Logits of the batch in device input buffer `slot` into ws.logits; in training also the loss
-        (ws.loss, ws.loss_log) and dlogits."""
+        """Logits of the batch in device input buffer `slot` into ws.logits; in training also dlogits and the
+        loss (ws.loss, ws.loss_log; the fast version records it in backward(), with the head's other sums)."""
         if self.version == "fast":  # conv2's weights staged for its products on the side stream, beside conv1
             ws.side.run(ws.block2.stage_weights)
         h = ws.block1.forward(ws.x[slot], n, train, slot)
@@ -119,7 +119,7 @@ class Model:
         d = ws.fc1.backward(d, n)
         d = ws.block2.backward(d, n, need_input_grad=True)
         ws.block1.backward(d, n, need_input_grad=False)
-        ws.side.join()  # the weight gradients launched on the side stream (fast version)
+        ws.side.join()  # the weight gradients and the head's sums launched on the side stream (fast version)
 
     def update(self, lr: float):
         if self.version == "fast":  # the update also zeroes the gradients (ALIGN keeps the size a multiple of 4)
@@ -528,34 +528,40 @@ class HiddenLayerFast:
 
 class HeadFast:
     """fc2 -> log_softmax -> NLL and all of their backward in one kernel (kernels/loss.cu), which also
-    produces fc1's bias gradient and the gradient at fc1's pre-activation."""
+    produces fc1's bias gradient and the gradient at fc1's pre-activation. Its sums over the batch (fc2's
+    gradients, fc1's bias gradient, the loss) are added by a second kernel, which backward() launches on
+    the side stream: only the update reads them."""
 
-    def __init__(self, model: Model, n_in: int, batch: int, loss_capacity: int):
+    def __init__(self, model: Model, n_in: int, batch: int, loss_capacity: int, side: "SideStream"):
         cp = model.cp
-        self.n_in = n_in
+        self.n_in, self.side = n_in, side
         self.w, self.b = model.p["fc2.weight"], model.p["fc2.bias"]
         self.dw, self.db, self.d_bias_fc1 = model.g["fc2.weight"], model.g["fc2.bias"], model.g["fc1.bias"]
         self.logits = cp.empty((batch, 10), cp.float32)
         self.d_pre = cp.empty((batch, n_in), cp.float32)
-        self.partial = cp.empty(ceil_div(batch, kernels.HEAD_SAMPLES) * (11 * n_in + 11), cp.float32)
-        self.counter = cp.zeros(1, cp.uint32)
+        self.partial = cp.empty(ceil_div(batch, kernels.HEAD_SAMPLES) * kernels.head_sums(n_in), cp.float32)
         self.loss = cp.zeros(1, cp.float32)
         self.loss_log = cp.zeros(loss_capacity, cp.float32)
         self.loss_count = cp.zeros(1, cp.int32)
 
     def forward(self, x, labels, n, train):
         launch("head_forward_backward_fast", ceil_div(n, kernels.HEAD_SAMPLES), kernels.HEAD_THREADS, x, self.w,
-               self.b, labels, I32(n), I32(self.n_in), I32(train), self.logits, self.d_pre, self.partial,
-               self.counter, self.dw, self.db, self.d_bias_fc1, self.loss, self.loss_log, self.loss_count,
-               I32(self.loss_log.size))
+               self.b, labels, I32(n), I32(self.n_in), I32(train), self.logits, self.d_pre, self.partial)
 
     def backward(self, n):
-        return self.d_pre  # computed with the loss in forward()
+        """The gradient at fc1's pre-activation, computed in forward(); the blocks' sums are added beside
+        what follows."""
+        self.side.run(lambda: launch_1d("head_sum_parts", kernels.head_sums(self.n_in), self.partial,
+                                        I32(ceil_div(n, kernels.HEAD_SAMPLES)), I32(n), I32(self.n_in), self.dw,
+                                        self.db, self.d_bias_fc1, self.loss, self.loss_log, self.loss_count,
+                                        I32(self.loss_log.size)))
+        return self.d_pre
 
 
 class SideStream:
-    """A second stream for work that may overlap the current stream's: the weight gradients, which
-    nothing reads before the update, and conv2's weight staging, which nothing reads before conv2.
+    """A second stream for work that may overlap the current stream's: the weight gradients and the head's
+    sums over the batch, which nothing reads before the update, and conv2's weight staging, which nothing
+    reads before conv2.
     run(fn) launches fn's kernels on the side stream after everything launched so far on the current
     stream; join() makes the current stream wait for them. Captured in a graph, the two streams become
     two branches of it."""
@@ -618,7 +624,7 @@ class Workspace:
             self.block1 = Conv1BlockFast(model, c1, B, self.STAGING_SLOTS)
             self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B, self.side)
             self.fc1 = HiddenLayerFast(model, c2 * 49, model.hidden, B, self.side)
-            self.head = HeadFast(model, model.hidden, B, self.LOSS_CAPACITY)
+            self.head = HeadFast(model, model.hidden, B, self.LOSS_CAPACITY, self.side)
         else:
             self.block1 = ConvBlock(model, 1, 1, c1, 28, B)
             self.block2 = ConvBlock(model, 2, c1, c2, 14, B)
