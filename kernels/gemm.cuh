@@ -74,7 +74,7 @@ __device__ __forceinline__ void mma_3xtf32(float c[4], const unsigned a_big[4], 
 template <int TM, int TN>
 struct WarpTiles {
     static constexpr int MI = TM / 2 / 16, NI = TN / 4 / 8;
-    static_assert(MI * NI == 4, "16 accumulators per thread");
+    static_assert(MI * NI <= 4, "at most 16 accumulators per thread (acc[4][4]; a 64 x 32 tile uses 8)");
     static_assert(GEMM_THREADS == 256, "8 warps");
     __device__ static int row0() { return (threadIdx.x / 32 / 4) * (TM / 2); }  // the warp's first row
     __device__ static int col0() { return (threadIdx.x / 32 % 4) * (TN / 4); }

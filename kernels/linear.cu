@@ -62,15 +62,26 @@ linear_forward_fast(const float* x, const float* w, float* partial, int N, int I
     });
 }
 
-// dx = dy W as C[n][i] = sum_o dy[n,o] W[o,i].  grid (ceil(I/64), ceil(N/64))
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
-    const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
+// dx = dy W as C[n][i] = sum_o dy[n,o] W[o,i], in tiles TN columns wide.  grid (ceil(I/TN), ceil(N/64))
+template <int TN>
+__device__ __forceinline__ void linear_backward_input(const float* dy, const float* w, float* dx, int N, int I, int O) {
+    const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TN;
     float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, true, true>(Dense{dy, N, O, O, 1}, Dense{w, I, O, 1, I}, m0, n0, 0, O, acc);
-    gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int n, int i, float v) {
+    gemm_tile<TILE_M, TN, true, true>(Dense{dy, N, O, O, 1}, Dense{w, I, O, 1, I}, m0, n0, 0, O, acc);
+    gemm_store<TILE_M, TN>(acc, m0, n0, [&](int n, int i, float v) {
         if (n < N && i < I) dx[n * I + i] = v;
     });
+}
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
+    linear_backward_input<TILE_N>(dy, w, dx, N, I, O);
+}
+// The same in tiles half as wide, for when the 64-wide ones would leave SMs idle (fc1 at batch 64: 49 of
+// them): each warp's chain of steps then does half the products (bench at 64: 7.8 -> 6.1 us; at 512,
+// where there are blocks enough, the wide tiles' fewer loads win: 16.4 against 20.6 us).
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
+    linear_backward_input<TILE_N / 2>(dy, w, dx, N, I, O);
 }
 
 // dW = dy^T x as C[o][i] = sum_n dy[n,o] x[n,i], the batch cut into gridDim.z splits.

@@ -542,8 +542,8 @@ def block_backward_fast_case(layer):
 
 
 def linear_fast_case(part):
-    """fc1's products on the tiled core: forward (+ bias + ReLU via splitk_reduce), input and weight
-    gradients (split-K where the batch is long enough)."""
+    """fc1's products on the tiled core: forward (+ bias + ReLU via splitk_reduce), input gradient (in 64- or
+    32-wide tiles) and weight gradient (split-K where the batch is long enough)."""
     def make(rng, d):
         N, I, O = _linear_geometry(d, "fc1")
         x, w, b, dy = _f32(rng, (N, I)), _f32(rng, (O, I), 1 / np.sqrt(I)), _f32(rng, O), _f32(rng, (N, O))
@@ -561,10 +561,10 @@ def linear_fast_case(part):
             return Prepared(run, {"y": y}, {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
                             (2.0 * N * I * O, _bytes(x, w, y)))
         dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
-        if part == "input":
-            dx = _poison((N, I))
-            run = lambda: launch("linear_backward_input_fast", (ceil_div(I, 64), ceil_div(N, 64)), 256, dyd, wd, dx,
-                                 I32(N), I32(I), I32(O))
+        if part.startswith("input"):  # input (64-wide tiles), input_narrow (32-wide)
+            dx, width = _poison((N, I)), 32 if part == "input_narrow" else 64
+            kernel = "linear_backward_input_narrow_fast" if part == "input_narrow" else "linear_backward_input_fast"
+            run = lambda: launch(kernel, (ceil_div(I, width), ceil_div(N, 64)), 256, dyd, wd, dx, I32(N), I32(I), I32(O))
             return Prepared(run, {"dx": dx}, {"dx": dx_want}, (2.0 * N * I * O, _bytes(dy, w, dx)))
         dw = _poison((O, I))
         splits, k_per_split = kernels.split_k(N, ceil_div(I, 64) * ceil_div(O, 64))
@@ -628,7 +628,8 @@ def fast_cases() -> list[Case]:
             + [conv1_moments_case(), bn_stats_fast_case(), bn_relu_pool_fast_case(1, train=True)]
             + [bn_relu_pool_fast_case(layer) for layer in (1, 2)]
             + [block_backward_fast_case(layer) for layer in (1, 2)]
-            + [linear_fast_case(part) for part in ("forward", "input", "weight")] + [head_fast_case(), sgd_fast_case()])
+            + [linear_fast_case(part) for part in ("forward", "input", "input_narrow", "weight")]
+            + [head_fast_case(), sgd_fast_case()])
 
 
 def naive_cases() -> list[Case]:

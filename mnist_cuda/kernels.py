@@ -296,6 +296,15 @@ def parts_of(n: int, max_parts: int = MAX_PARTS) -> tuple[int, int]:
     return ceil_div(n, per_part), per_part
 
 
+def linear_input_grad_launch(n: int, n_in: int) -> tuple[str, tuple[int, int]]:
+    """(kernel, grid) of fc1's input gradient for a batch of n: linear_backward_input_fast's 64-wide tiles,
+    or its narrow form's 32-wide ones where the wide would be fewer blocks than the GPU has SMs."""
+    rows = ceil_div(n, TILE)
+    if ceil_div(n_in, TILE) * rows < sm_count():
+        return "linear_backward_input_narrow_fast", (ceil_div(n_in, TILE // 2), rows)
+    return "linear_backward_input_fast", (ceil_div(n_in, TILE), rows)
+
+
 def head_sums(hidden: int) -> int:
     """Floats of one head_forward_backward_fast block's sums (HEAD_SUMS in kernels/loss.cu)."""
     return 11 * hidden + 11

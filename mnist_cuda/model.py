@@ -521,8 +521,8 @@ class HiddenLayerFast:
     def backward(self, d_pre, n):
         I, O = I32(self.n_in), I32(self.n_out)
         self.side.run(lambda: self._weight_grad(d_pre, n))
-        launch("linear_backward_input_fast", (ceil_div(self.n_in, kernels.TILE), ceil_div(n, kernels.TILE)),
-               kernels.GEMM_THREADS, d_pre, self.w, self.d_in, I32(n), I, O)
+        kernel, grid = kernels.linear_input_grad_launch(n, self.n_in)
+        launch(kernel, grid, kernels.GEMM_THREADS, d_pre, self.w, self.d_in, I32(n), I, O)
         return self.d_in
 
 
