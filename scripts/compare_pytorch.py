@@ -14,7 +14,8 @@ weights and batches, already differs by 4e-2 in the loss within 50 steps at lr 0
 and 3e-7 (50 steps) / 1.7e-5 (200 steps) at 0.002. Identical computation is what parity tests, so it
 runs where rounding cannot snowball.
 
-Timing, per batch size, after --warmup steps, over --steps steps (median and mean):
+Timing, per batch size, after --warmup steps (the whole-step loops: and --warmup-seconds), over --steps
+steps (median and mean):
   per phase   load (host-to-device copy), forward (+ loss), backward, update, zero-grad, with CUDA
               events between the phases and one synchronisation per step;
   whole step  a training loop with no synchronisation inside (gather the batch on the host, copy,
@@ -34,6 +35,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import platform
 import re
 import subprocess
@@ -74,6 +76,16 @@ def _int_list(text):
     return values
 
 
+def seconds(text):
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not (math.isfinite(v) and v >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return v
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -82,6 +94,8 @@ def build_parser():
     p.add_argument("--timing-window", type=int_at_least(1), default=10,
                    help="whole-step loops: steps between timing events (1: an event per step)")
     p.add_argument("--warmup", type=int_at_least(0), default=20, help="untimed steps first (method: >= 20)")
+    p.add_argument("--warmup-seconds", type=seconds, default=1.0,
+                   help="the whole-step loops' warm-up lasts at least this long as well (the GPU's clocks settle)")
     p.add_argument("--parity-steps", type=int_at_least(0), default=200, help="0 skips the parity run")
     p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
     p.add_argument("--parity-lr", type=learning_rate, default=0.002, help="learning rate of the parity run (see above)")
@@ -462,19 +476,27 @@ def measure_phases(side, x, y, order, warmup, steps, mode="eager"):
     return out
 
 
-def measure_loop(side, x, y, order, warmup, steps, mode, window=1):
+def measure_loop(side, x, y, order, warmup, steps, mode, window=1, warmup_s=0.0, clock=time.perf_counter):
     """Whole-step times of a loop with no synchronisation inside: a timing event every `window` steps
-    (steps // window windows); each window's mean step is one sample of the median."""
+    (steps // window windows); each window's mean step is one sample of the median. Untimed first: at
+    least `warmup` steps and `warmup_s` seconds of them (on the first `warmup` batches, cycled): under a
+    light load the GPU's clocks settle over about a second (NOTES.md). Each step is handed the batch the
+    one before prefetched (next_idx)."""
     windows = max(1, steps // window)
     steps = windows * window
     idxs = batches(order, side.batch, warmup + steps + 1)
-    for i in range(warmup):
-        side.step(x, y, idxs[i], mode, next_idx=idxs[i + 1])
+    warm = idxs[:max(warmup, 1)]
+    side.synchronize()
+    t0, j = clock(), 0
+    while j < warmup or clock() - t0 < warmup_s:
+        side.step(x, y, warm[j % len(warm)], mode, next_idx=warm[(j + 1) % len(warm)])
+        j += 1
+    timed = [warm[j % len(warm)]] + idxs[warmup + 1:] if j else idxs  # (starting with the batch prefetched last)
     side.synchronize()
     marks = [side.event()]
-    for i in range(warmup, warmup + steps):
-        side.step(x, y, idxs[i], mode, next_idx=idxs[i + 1])
-        if (i - warmup + 1) % window == 0:
+    for i in range(steps):
+        side.step(x, y, timed[i], mode, next_idx=timed[i + 1])
+        if (i + 1) % window == 0:
             marks.append(side.event())
     side.synchronize()
     per_step = [side.elapsed_ms(a, b) / window for a, b in zip(marks, marks[1:])]
@@ -543,7 +565,8 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
          "modes": {}}
     for mode in OUR_MODES:
         log(f"batch {batch}: ours, whole step, {mode}")
-        m = measure_loop(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, mode, args.timing_window)
+        m = measure_loop(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, mode, args.timing_window,
+                         args.warmup_seconds)
         if not args.no_epoch:
             m["epoch_s"] = measure_epoch(ours, ds.train_x, ds.train_y, args.seed, mode)
         o["modes"][mode] = m
@@ -561,7 +584,8 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
         try:
             side = eager if mode == "eager" else TorchSide(torch, state, batch, args.lr, mode, channels, hidden)
             side.prepare(ds.train_x, ds.train_y64, order)
-            m = measure_loop(side, ds.train_x, ds.train_y64, order, args.warmup, args.steps, mode, args.timing_window)
+            m = measure_loop(side, ds.train_x, ds.train_y64, order, args.warmup, args.steps, mode, args.timing_window,
+                             args.warmup_seconds)
             if not args.no_epoch:
                 m["epoch_s"] = measure_epoch(side, ds.train_x, ds.train_y64, args.seed, mode)
             if side.compile_s is not None:
@@ -658,7 +682,8 @@ def main(argv=None) -> int:
               "command": "python scripts/compare_pytorch.py " + " ".join(argv if argv is not None else sys.argv[1:]),
               "env": env,
               "config": {"lr": args.lr, "seed": args.seed, "dataset": args.dataset, "steps": args.steps,
-                         "timing_window": args.timing_window, "warmup": args.warmup, "kernels": args.kernels, "channels": list(channels),
+                         "timing_window": args.timing_window, "warmup": args.warmup,
+                         "warmup_seconds": args.warmup_seconds, "kernels": args.kernels, "channels": list(channels),
                          "hidden": hidden, "batch_sizes": args.batch_sizes},
               "batch_sizes": {}, "parity": None}
     if args.parity_steps:

@@ -53,10 +53,12 @@ def test_arguments(cmp):
     p = cmp.build_parser()
     a = p.parse_args([])
     assert a.batch_sizes == [64, 512] and a.steps == 500 and a.warmup == 20 and a.parity_steps == 200
-    assert a.timing_window == 10
+    assert a.timing_window == 10 and a.warmup_seconds == 1.0
+    assert p.parse_args(["--warmup-seconds", "0"]).warmup_seconds == 0.0
     assert p.parse_args(["--batch-sizes", "1,65"]).batch_sizes == [1, 65]
     for bad in (["--batch-sizes", "0"], ["--batch-sizes", "a,b"], ["--steps", "0"], ["--lr", "-1"],
-                ["--warmup", "-1"], ["--kernels", "turbo"], ["--timing-window", "0"]):
+                ["--warmup", "-1"], ["--kernels", "turbo"], ["--timing-window", "0"], ["--warmup-seconds", "-1"],
+                ["--warmup-seconds", "nan"], ["--warmup-seconds", "soon"]):
         with pytest.raises(SystemExit):
             p.parse_args(bad)
 
@@ -69,8 +71,11 @@ class ClockSide:
 
     def __init__(self, costs):
         self.costs, self.clock, self.steps = costs, 0.0, 0
+        self.prefetched = None  # what the step before said the next step would get
 
     def step(self, x, y, idx, mode, next_idx=None):
+        assert self.prefetched is None or list(idx) == list(self.prefetched), "a step got another batch than prefetched"
+        self.prefetched = next_idx
         self.clock += self.costs[self.steps % len(self.costs)]
         self.steps += 1
 
@@ -97,6 +102,17 @@ def test_measure_loop_windows(cmp):
     side = ClockSide([0.5])
     m = cmp.measure_loop(side, None, None, order, 0, 25, "graph", window=10)  # the last 5 steps make no window
     assert m["n"] == 2 and side.steps == 20 and m["median_us"] == pytest.approx(500.0)
+
+
+def test_measure_loop_warms_up_for_steps_and_seconds(cmp):
+    order = list(range(400))
+    side = ClockSide([0.5])  # 0.5 ms per step: 10 ms of warm-up take 20 steps
+    m = cmp.measure_loop(side, None, None, order, 3, 30, "graph", window=10, warmup_s=0.010,
+                         clock=lambda: side.clock / 1000.0)
+    assert side.steps == 20 + 30 and m["n"] == 3 and m["median_us"] == pytest.approx(500.0)
+    side = ClockSide([0.5])
+    cmp.measure_loop(side, None, None, order, 40, 30, "graph", window=10, warmup_s=0.010, clock=lambda: side.clock / 1000.0)
+    assert side.steps == 40 + 30  # the step count when that is longer
 
 
 def test_bad_arguments_exit_2_with_usage():
