@@ -564,7 +564,10 @@ class SideStream:
     reads before conv2.
     run(fn) launches fn's kernels on the side stream after everything launched so far on the current
     stream; join() makes the current stream wait for them. Captured in a graph, the two streams become
-    two branches of it."""
+    two branches of it. Outside a capture fn runs on the current stream instead: launched one by one, a
+    step is bound by the host's launches and a second stream gains nothing, while eager work on the side
+    stream (two launches queued there beside the current stream's) made every later replay of the step
+    graph ~3 us slower at batch 64, for the rest of the process (H100, NOTES.md; the cause is not known)."""
 
     def __init__(self, cp):
         self.cp = cp
@@ -574,7 +577,11 @@ class SideStream:
         self.pending = False
 
     def run(self, fn):
-        self.forked.record(self.cp.cuda.get_current_stream())
+        current = self.cp.cuda.get_current_stream()
+        if not current.is_capturing():
+            fn()
+            return
+        self.forked.record(current)
         self.stream.wait_event(self.forked)
         with self.stream:
             fn()
