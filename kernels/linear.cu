@@ -77,8 +77,8 @@ linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, in
     linear_backward_input<TILE_N>(dy, w, dx, N, I, O);
 }
 // The same in tiles half as wide, for when the 64-wide ones would leave SMs idle (fc1 at batch 64: 49 of
-// them): each warp's chain of steps then does half the products (bench at 64: 7.8 -> 6.1 us; at 512,
-// where there are blocks enough, the wide tiles' fewer loads win: 16.4 against 20.6 us).
+// them): each warp's chain of steps then does half the products (bench at 64: 7.9 -> 6.1 us; at 512,
+// where there are blocks enough, the wide tiles' fewer loads win: 16.5 against 20.9 us).
 extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
     linear_backward_input<TILE_N / 2>(dy, w, dx, N, I, O);

@@ -84,6 +84,8 @@ def test_launch_geometry_mirrors_the_kernels_defines():
              ("conv1_fused.cu", "GRAD_CHANNELS", kernels.CONV1_GRAD_CHANNELS)]
     for source, name, value in pairs:
         assert define(source, name) == value, (source, name)
+    m = re.search(r"^#define HEAD_SUMS\(H\) \((\d+) \* \(H\) \+ (\d+)\)", kernels.read_source("loss.cu"), re.MULTILINE)
+    assert m and all(int(m.group(1)) * h + int(m.group(2)) == kernels.head_sums(h) for h in (1, 33, 128)), "HEAD_SUMS"
     for name, value in (("MNIST_MEAN", data.MEAN), ("MNIST_STD", data.STD)):  # the kernels' normalisation
         m = re.search(rf"^#define {name} ([0-9.]+)f$", kernels.read_source("common.cuh"), re.MULTILINE)
         assert m and float(m.group(1)) == value, name
