@@ -309,6 +309,13 @@ def batch_indices(order: np.ndarray, batch_size: int, drop_last: bool) -> Iterat
         yield order[start:start + batch_size]
 
 
+def with_next(batches: list) -> Iterator[tuple]:
+    """(batch, the one after it) for each of the batches, None after the last: a step graph loads the next
+    step's batch while it computes (Model.graph_step)."""
+    for i, batch in enumerate(batches):
+        yield batch, batches[i + 1] if i + 1 < len(batches) else None
+
+
 def gather(x: np.ndarray, y: np.ndarray, idx: np.ndarray, out_x: np.ndarray, out_y: np.ndarray):
     """Copy the samples idx into the (pinned) staging buffers; returns the batch length."""
     n = len(idx)

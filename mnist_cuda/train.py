@@ -211,8 +211,8 @@ def train(args, parser) -> int:
             t0 = time.perf_counter()
             losses = np.zeros(0, np.float32)
             batches = list(data.batch_indices(order, args.batch_size, drop_last=True))[:steps]
-            for i, idx in enumerate(batches):
-                trainer.run_step(ds.train_x, ds.train_y, idx, batches[i + 1] if i + 1 < len(batches) else None)
+            for i, (idx, next_idx) in enumerate(data.with_next(batches)):
+                trainer.run_step(ds.train_x, ds.train_y, idx, next_idx)
                 if (i + 1) % LOG_EVERY == 0 or i + 1 == steps:
                     losses = ws.losses()
                     _check_finite(losses, start_step + done)

@@ -512,8 +512,8 @@ def measure_epoch(side, x, y, seed, mode):
     t0 = time.perf_counter()
     order = data.epoch_order(len(x), seed, 1)
     idxs = list(data.batch_indices(order, side.batch, drop_last=True))
-    for i, idx in enumerate(idxs):
-        side.step(x, y, idx, mode, next_idx=idxs[i + 1] if i + 1 < len(idxs) else None)
+    for idx, next_idx in data.with_next(idxs):
+        side.step(x, y, idx, mode, next_idx=next_idx)
     side.synchronize()
     return time.perf_counter() - t0
 

@@ -44,8 +44,8 @@ def run(ds, batch, lr, seed, epochs, version):
     for epoch in range(epochs):
         order = data.epoch_order(len(ds.train_x), seed, epoch)
         batches = list(data.batch_indices(order, batch, drop_last=True))
-        for i, idx in enumerate(batches):
-            trainer.run_step(ds.train_x, ds.train_y, idx, batches[i + 1] if i + 1 < len(batches) else None)
+        for idx, next_idx in data.with_next(batches):
+            trainer.run_step(ds.train_x, ds.train_y, idx, next_idx)
         ws.losses(reset=True)
         accuracies.append(train.evaluate(model, ws, ds.test_x, ds.test_y))
     return accuracies

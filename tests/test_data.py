@@ -94,6 +94,8 @@ def test_epoch_order_and_batches():
     assert np.array_equal(data.epoch_order(5, 0, 0, shuffle=False), np.arange(5))
     assert [len(i) for i in data.batch_indices(np.arange(10), 4, drop_last=True)] == [4, 4]
     assert [len(i) for i in data.batch_indices(np.arange(10), 4, drop_last=False)] == [4, 4, 2]
+    assert list(data.with_next(["a", "b", "c"])) == [("a", "b"), ("b", "c"), ("c", None)]
+    assert list(data.with_next([])) == []
 
 
 # ---- sources: user directory and cache -----------------------------------------------------------
