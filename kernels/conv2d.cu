@@ -177,15 +177,15 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 template <int N>
 __device__ __forceinline__ void wgmma_tf32(float* d, unsigned long long a, unsigned long long b);
 template <>
-__device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n112k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, %56, %57, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+__device__ __forceinline__ void wgmma_tf32<96>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
                  : "l"(a), "l"(b));
 }
 template <>
-__device__ __forceinline__ void wgmma_tf32<192>(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n192k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63,%64,%65,%66,%67,%68,%69,%70,%71,%72,%73,%74,%75,%76,%77,%78,%79,%80,%81,%82,%83,%84,%85,%86,%87,%88,%89,%90,%91,%92,%93,%94,%95}, %96, %97, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95])
+__device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n112k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, %56, %57, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
                  : "l"(a), "l"(b));
 }
 #else
@@ -336,14 +336,15 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 // border, on the 16-wide grid) and one dy row, split into TF32 parts; consecutive items of an image quad
 // share two of the x rows, so the block stages the next item's dy row and its one new x row (three at a
 // quad's start) while the tensor cores work on this item. A block has three warpgroups, one per kernel
-// row; each multiplies A = dy (64 output channels) by B = x shifted by its three taps. B's 192 columns
-// are the three taps' [big parts | small parts] of the block's 32 channels, which in the staged row are
-// side by side (a tap is the next pixel), so per k-step two wgmma m64n192k8, dy_big * B and dy_small *
-// B, give all three products of 3xTF32 (and the tiny small * small) for the three taps; columns c and c
-// + 32 of a tap are added at the end. Other GPUs run the three products as mma.sync.
+// row; each multiplies A = dy (64 output channels) by B = x shifted by its three taps.
+// A staged pixel holds its channels by octets, each octet's 8 big parts then its 8 small parts
+// ([octet][part][8 channels][4 images]: 128 bytes per part, one core matrix), so a part of a staged
+// row is every other core matrix. B, one part of the three taps' pixels side by side (a tap is the next
+// pixel), is then 96 columns at a constant stride, and a k-step is the three products of 3xTF32 as
+// three wgmma m64n96k8: dy_big * x_big into one set of accumulators, dy_big * x_small and dy_small *
+// x_big into the other (NOTES.md, v17j: two m64n192k8 with both parts of x also did the small * small
+// product); a channel's two sums are added at the end. Other GPUs run the products as mma.sync.
 #define WGRAD_THREADS 384    // 3 warpgroups: kernel rows 0, 1, 2; 3 taps x 32 accumulators per thread
-                             // (per tap and k-step an m64n64 wgmma and an m64n32 one for dy_small * x_big
-                             // only took 18% longer: NOTES.md, v14)
 #define WGRAD_OUT 64         // output channels per block: the 64 rows of A
 #define WGRAD_CHANNELS 32    // input channels per block: a tap's 64 columns of B are their big and small parts
 #define WGRAD_IMAGES 4       // images per 16-byte unit of k
@@ -354,7 +355,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N,
                                                          int C, int K, int items_per_part) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, PAIRS = S / 2;
-    constexpr int X_PIXEL = 2 * WGRAD_CHANNELS * 4, DY_PIXEL = 2 * WGRAD_OUT * 4;  // floats: [part][channel][4]
+    constexpr int X_PIXEL = 2 * WGRAD_CHANNELS * 4, DY_PIXEL = 2 * WGRAD_OUT * 4;  // floats: [octet][part][8][4]
     constexpr int X_ROW = P * X_PIXEL, DY_ROW = S * DY_PIXEL;
     constexpr int X_ROW_TASKS = WGRAD_CHANNELS * 8, DY_ROW_TASKS = WGRAD_OUT * 8;
     static_assert(DY_ROW_TASKS + X_ROW_TASKS == 2 * WGRAD_THREADS && X_ROW_TASKS == 2 * 128, "two tasks per thread");
@@ -387,13 +388,13 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
             v[i] = inside && img0 + i < N ? *reinterpret_cast<const float2*>(src + i * image_stride)
                                           : make_float2(0.0f, 0.0f);
     };
-    auto store = [&](float* row, int f, int pixel, const float2 v[WGRAD_IMAGES]) {  // split, [pixel][part][channel][4]
+    auto store = [&](float* row, int f, int pixel, const float2 v[WGRAD_IMAGES]) {  // split, [pixel][octet][part][8][4]
         const int pair = f / 8 % 8;
         if (pair >= PAIRS) return;
-        float* dst = row + 2 * pair * pixel + (f / 64 * 8 + f % 8) * 4;
+        float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;  // octet f / 64's big parts, then its small
         const float v0[4] = {v[0].x, v[1].x, v[2].x, v[3].x}, v1[4] = {v[0].y, v[1].y, v[2].y, v[3].y};
-        split4(v0, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + pixel / 2));
-        split4(v1, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + pixel / 2));
+        split4(v0, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
+        split4(v1, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
     };
     // Where the rows of item i and channel offset start: image quad i / 14, and x's row
     // (grid row p, image row p - 1) or dy's row i % 14.
@@ -429,7 +430,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         }
     };
 
-    float acc[3][32] = {};  // per tap of this kernel row: acc[tc][4j + r] = D(row 16 warp + g + 8 (r / 2), column 8j + 2t + r % 2)
+    // per part of x: acc[part][16 tc + 4 octet + r] = D(row 16 warp + g + 8 (r / 2), channel 8 octet + 2t + r % 2)
+    // of tap tc of this kernel row (wgmma's column 8j + 2t + r % 2 at d[4j + r], j = 4 tc + octet)
+    float acc[2][48] = {};
     if (first < last) {
         fetch(first);
         __syncthreads();  // the zeros are written before any stash
@@ -442,16 +445,17 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         const float* x_s = x_slot(item, item % S + tap_row);  // this warpgroup's kernel row
         const float* dy_s = dy_slots + (item - first) % 2 * DY_ROW;
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-        // Descriptors as offsets from two bases (units of 16 bytes): pixel 2j of x and of dy.
-        const unsigned long long x_desc = wgmma_descriptor(x_s, X_PIXEL * 4, 128);
-        const unsigned long long dy_desc = wgmma_descriptor(dy_s, DY_PIXEL * 4, 128);
+        // Descriptors as offsets (units of 16 bytes; a part's core matrices 256 bytes apart) from the big
+        // parts of pixel 2j of dy and x; the small parts are the next core matrix.
+        const unsigned long long dy_desc = wgmma_descriptor(dy_s, DY_PIXEL * 4, 256);
+        const unsigned long long x_desc = wgmma_descriptor(x_s, X_PIXEL * 4, 256);
         wgmma_fence();
 #pragma unroll
         for (int j = 0; j < PAIRS; j++) {  // k-step j: pixels 2j and 2j + 1 of the 4 images
-            const unsigned long long a_big = dy_desc + 2 * j * DY_PIXEL / 4, a_small = a_big + DY_PIXEL / 8;
-            const unsigned long long b = x_desc + 2 * j * X_PIXEL / 4;  // the three taps' columns side by side
-            wgmma_tf32<192>(&acc[0][0], a_big, b);
-            wgmma_tf32<192>(&acc[0][0], a_small, b);
+            const unsigned long long dy_big = dy_desc + 2 * j * DY_PIXEL / 4, x_big = x_desc + 2 * j * X_PIXEL / 4;
+            wgmma_tf32<96>(acc[0], dy_big, x_big);
+            wgmma_tf32<96>(acc[1], dy_big, x_big + 8);
+            wgmma_tf32<96>(acc[1], dy_big + 8, x_big);
         }
         wgmma_commit();
         if (item + 1 < last) {  // staged while the tensor cores work
@@ -465,26 +469,27 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
 #pragma unroll
         for (int j = 0; j < PAIRS; j++) {
             // A: ldmatrix tiles (rows 0-7, pixel 2j), (rows 8-15, 2j), (rows 0-7, 2j + 1), (rows 8-15, 2j + 1)
-            // of the warp's 16 rows are mma's a[0..3]; a 16-byte row of a tile is a pixel of 4 images.
+            // of the warp's 16 rows (octets 2 warp and 2 warp + 1) are mma's a[0..3]; a 16-byte row of a
+            // tile is a pixel of 4 images.
             unsigned a[2][4];
 #pragma unroll
             for (int part = 0; part < 2; part++)
-                ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + part * DY_PIXEL / 2 +
-                                         (16 * warp + 8 * (lane / 8 % 2) + lane % 8) * 4);
+                ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + (2 * warp + lane / 8 % 2) * 64 + part * 32 +
+                                         lane % 8 * 4);
 #pragma unroll
             for (int tc = 0; tc < 3; tc++)
 #pragma unroll
                 for (int i = 0; i < 8; i += 2) {
                     // B: tiles (pixel 2j + tc, columns 8i..), (2j + 1 + tc, 8i..), (2j + tc, 8i + 8..),
-                    // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. and of 8i + 8..
+                    // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. (octet i / 2's big parts) and b[2..3]
+                    // of 8i + 8.. (its small parts)
                     unsigned b[4];
                     ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
-                    mma_tf32(acc[tc] + 4 * i, a[0], b);
-                    mma_tf32(acc[tc] + 4 * i + 4, a[0], b + 2);
-                    if (i < 4) {  // dy small x x big (small x small: more registers than it is worth)
-                        mma_tf32(acc[tc] + 4 * i, a[1], b);
-                        mma_tf32(acc[tc] + 4 * i + 4, a[1], b + 2);
-                    }
+                    float* big = acc[0] + 16 * tc + 2 * i;
+                    float* small = acc[1] + 16 * tc + 2 * i;
+                    mma_tf32(big, a[0], b);
+                    mma_tf32(small, a[0], b + 2);
+                    mma_tf32(small, a[1], b);  // dy small x x big
                 }
         }
         if (item + 1 < last) {
@@ -495,8 +500,7 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
 #endif
     }
 
-    // Columns c and c + 32 (x's big and small parts) are in the same thread: acc[tc][4j + r] and
-    // [16 + 4j + r]. Their sums go through shared memory in dw's order [o][c][tap] (a row of 289 floats:
+    // A channel's two sums (x's big and small parts) are in the same thread. Their sums go through shared memory in dw's order [o][c][tap] (a row of 289 floats:
     // the 8 rows of a store land in different banks), then out coalesced.
     constexpr int ROW = WGRAD_CHANNELS * 9 + 1;
     static_assert(WGRAD_OUT * ROW <= WGRAD_X_SLOTS * X_ROW + 2 * DY_ROW, "the sums fit in the staging slots");
@@ -508,7 +512,7 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
 #pragma unroll
             for (int r = 0; r < 4; r++)
                 smem[(16 * warp + g + 8 * (r / 2)) * ROW + (8 * j + 2 * t + r % 2) * 9 + 3 * tap_row + tc] =
-                    acc[tc][4 * j + r] + acc[tc][16 + 4 * j + r];
+                    acc[0][16 * tc + 4 * j + r] + acc[1][16 * tc + 4 * j + r];
     __syncthreads();
     float* out = partial + (size_t)blockIdx.x * K * C * 9;
     for (int e = tid; e < WGRAD_OUT * WGRAD_CHANNELS * 9; e += WGRAD_THREADS) {
