@@ -119,7 +119,8 @@ class Model:
         d = ws.fc1.backward(d, n)
         d = ws.block2.backward(d, n, need_input_grad=True)
         ws.block1.backward(d, n, need_input_grad=False)
-        ws.side.join()  # the weight gradients and the head's sums launched on the side stream (fast version)
+        ws.conv_side.join()  # the weight gradients and the head's sums launched on the side streams (fast version)
+        ws.side.join()
 
     def update(self, lr: float):
         if self.version == "fast":  # the update also zeroes the gradients (ALIGN keeps the size a multiple of 4)
@@ -418,7 +419,7 @@ class ConvBlockFast(_BatchNormParams):
     pooled gradient, BN's input gradient, then the convolution's weight (split-K) and input gradients."""
 
     def __init__(self, model: Model, index: int, c_in: int, c_out: int, size: int, batch: int,
-                 side: "SideStream"):
+                 side: "SideStream", grad_side: "SideStream"):
         if size != 14:
             raise ValueError("the fast convolution kernels are compiled for conv2's 14x14")
         cp = model.cp
@@ -434,7 +435,8 @@ class ConvBlockFast(_BatchNormParams):
         # the weights as the products read them, split into TF32 parts (conv2d_stage_weights_fast)
         self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out), 4), cp.float32)
         self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in), 4), cp.float32)
-        self.side = side  # staging beside conv1's forward; weight gradient beside the input gradient, conv1's backward
+        self.side = side  # staging beside conv1's forward
+        self.grad_side = grad_side  # weight gradient beside the input gradient and conv1's backward
         self.x = None
 
     def forward(self, x, n, train):
@@ -470,7 +472,7 @@ class ConvBlockFast(_BatchNormParams):
                self.counters[1], self.dgamma, self.dbeta)
         launch_1d("batchnorm_backward_apply_fast", self.out[:n].size, self.a, self.mean, self.invstd, self.gamma,
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
-        self.side.run(lambda: self._weight_grad(n))
+        self.grad_side.run(lambda: self._weight_grad(n))
         if need_input_grad:
             kernels.launch_conv_image_tile("conv2d_backward_input_fast", n, self.c_in, self.d_a, self.input_grad_quads,
                                            self.d_in, I32(n), C, K, S, S)
@@ -625,11 +627,15 @@ class Workspace:
         for st in self.stage:
             st[...] = 0  # labels of unfilled rows (a partial last batch) stay valid class numbers
         self.stage_free = [cp.cuda.Event(disable_timing=True) for _ in range(self.STAGING_SLOTS)]
-        self.side = SideStream(cp)
+        self.side = SideStream(cp)  # conv2's weight staging, the head's sums and fc1's weight gradient
+        # conv2's weight gradient, on a stream of its own: behind fc1's weight gradient (which shares the SMs
+        # with the main branch) it started late (batch 512: 361 -> 350 us, H100, NOTES.md v17k; the staging
+        # on this stream too made the step slower at both sizes)
+        self.conv_side = SideStream(cp)
         self.prefetch = SideStream(cp)  # the step graph's load of the next batch
         if model.version == "fast":
             self.block1 = Conv1BlockFast(model, c1, B, self.STAGING_SLOTS)
-            self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B, self.side)
+            self.block2 = ConvBlockFast(model, 2, c1, c2, 14, B, self.side, self.conv_side)
             self.fc1 = HiddenLayerFast(model, c2 * 49, model.hidden, B, self.side)
             self.head = HeadFast(model, model.hidden, B, self.LOSS_CAPACITY, self.side)
         else:
