@@ -344,9 +344,9 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 // three wgmma m64n96k8: dy_big * x_big into one set of accumulators, dy_big * x_small and dy_small *
 // x_big into the other (NOTES.md, v17j: two m64n192k8 with both parts of x also did the small * small
 // product); a channel's two sums are added at the end. Other GPUs run the products as mma.sync.
-#define WGRAD_THREADS 384    // 3 warpgroups: kernel rows 0, 1, 2; 3 taps x 32 accumulators per thread
+#define WGRAD_THREADS 384    // 3 warpgroups: kernel rows 0, 1, 2; 2 parts x 3 taps x 16 accumulators per thread
 #define WGRAD_OUT 64         // output channels per block: the 64 rows of A
-#define WGRAD_CHANNELS 32    // input channels per block: a tap's 64 columns of B are their big and small parts
+#define WGRAD_CHANNELS 32    // input channels per block: a tap's 32 columns of B (of one part)
 #define WGRAD_IMAGES 4       // images per 16-byte unit of k
 #define WGRAD_X_SLOTS 6      // staged x rows: the three an item reads, and up to three for the next item
 // A block's dynamic shared memory (WGRAD_X_SLOTS staged x rows and two dy rows) is
@@ -500,8 +500,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
 #endif
     }
 
-    // A channel's two sums (x's big and small parts) are in the same thread. Their sums go through shared memory in dw's order [o][c][tap] (a row of 289 floats:
-    // the 8 rows of a store land in different banks), then out coalesced.
+    // A channel's two sums (over x's big and small parts) are in the same thread; added, they go through
+    // shared memory in dw's order [o][c][tap] (a row of 289 floats: the 8 rows of a store land in
+    // different banks), then out coalesced.
     constexpr int ROW = WGRAD_CHANNELS * 9 + 1;
     static_assert(WGRAD_OUT * ROW <= WGRAD_X_SLOTS * X_ROW + 2 * DY_ROW, "the sums fit in the staging slots");
     __syncthreads();  // every warpgroup's products are done: the staging slots are free
