@@ -135,6 +135,21 @@ __device__ __forceinline__ void split4(const float v[4], float4* big, float4* sm
     *small = make_float4(__uint_as_float(s[0]), __uint_as_float(s[1]), __uint_as_float(s[2]), __uint_as_float(s[3]));
 }
 
+// An activation's staged form. 3xTF32 (TF32 false): its big and small parts. Plain TF32 (the _tf32
+// entry points): the value rounded to the nearest TF32 (unbiased, unlike the big part's truncation:
+// a weight gradient sums 12,544 products per value at batch 64), and no small part at all.
+template <bool TF32>
+__device__ __forceinline__ void stage4(const float v[4], float4* big, float4* small) {
+    if (TF32) {
+        unsigned r[4];
+#pragma unroll
+        for (int i = 0; i < 4; i++) asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r[i]) : "f"(v[i]));
+        *big = make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]), __uint_as_float(r[3]));
+    } else {
+        split4(v, big, small);
+    }
+}
+
 // Weight float4 q of a product with Cin input and Cout output channels: [tile][chunk][tap][quad][row],
 // holding channels chunk * 8 + quad * 4 + 0..3 of output channel tile * 32 + row % 32, big parts for
 // rows < 32 and small parts for the others. Channels past Cin and past Cout are zeros.
@@ -200,6 +215,7 @@ __device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const float* shared) 
 }
 #endif
 
+template <bool TF32>
 __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin,
                                                    int Cout) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = ROWS * P;  // N: columns
@@ -243,8 +259,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
             const int e = tid + r * CONV_THREADS, p = e % IN_PIXELS, quad = e / IN_PIXELS;
             if (e < IN_TASKS) {
                 const int pixel = (p / S) * P + p % S + 1;
-                split4(in_next[r], reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
-                       reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
+                stage4<TF32>(in_next[r], reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
+                             reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
             }
         }
     };
@@ -266,8 +282,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         for (int s = 0; s < 9; s++) {  // tap s: A's 64 rows at a_chunk[s * 128], B from staged pixel shift(s)
             const int shift = (s / 3) * P + s % 3;
             const unsigned long long a = wgmma_descriptor(a_chunk + s * 128, 64 * 16, 128);
-            wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + shift * 4, PLANE * 4, 128));              // B big
-            wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + 2 * PLANE + shift * 4, PLANE * 4, 128));  // B small
+            wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + shift * 4, PLANE * 4, 128));  // B big
+            if (!TF32) wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + 2 * PLANE + shift * 4, PLANE * 4, 128));
         }
         wgmma_commit();
         if (chunk + 1 < chunks) {  // staged while the tensor cores work
@@ -285,7 +301,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
             ldmatrix_x4(a, reinterpret_cast<const float*>(a_chunk + s * 128) +
                                ((lane / 16) * 64 + 16 * warp + 8 * (lane / 8 % 2) + lane % 8) * 4);
 #pragma unroll
-            for (int part = 0; part < 2; part++)
+            for (int part = 0; part < (TF32 ? 1 : 2); part++)
 #pragma unroll
                 for (int j = 0; j < N / 8; j += 2) {
                     // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
@@ -352,6 +368,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 // A block's dynamic shared memory (WGRAD_X_SLOTS staged x rows and two dy rows) is
 // mnist_cuda.kernels.conv_weight_grad_shared_bytes().
 
+template <bool TF32>
 __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N,
                                                          int C, int K, int items_per_part) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, PAIRS = S / 2;
@@ -393,8 +410,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         if (pair >= PAIRS) return;
         float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;  // octet f / 64's big parts, then its small
         const float v0[4] = {v[0].x, v[1].x, v[2].x, v[3].x}, v1[4] = {v[0].y, v[1].y, v[2].y, v[3].y};
-        split4(v0, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
-        split4(v1, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
+        stage4<TF32>(v0, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
+        stage4<TF32>(v1, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
     };
     // Where the rows of item i and channel offset start: image quad i / 14, and x's row
     // (grid row p, image row p - 1) or dy's row i % 14.
@@ -454,8 +471,10 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         for (int j = 0; j < PAIRS; j++) {  // k-step j: pixels 2j and 2j + 1 of the 4 images
             const unsigned long long dy_big = dy_desc + 2 * j * DY_PIXEL / 4, x_big = x_desc + 2 * j * X_PIXEL / 4;
             wgmma_tf32<96>(acc[0], dy_big, x_big);
-            wgmma_tf32<96>(acc[1], dy_big, x_big + 8);
-            wgmma_tf32<96>(acc[1], dy_big + 8, x_big);
+            if (!TF32) {
+                wgmma_tf32<96>(acc[1], dy_big, x_big + 8);
+                wgmma_tf32<96>(acc[1], dy_big + 8, x_big);
+            }
         }
         wgmma_commit();
         if (item + 1 < last) {  // staged while the tensor cores work
@@ -473,7 +492,7 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
             // tile is a pixel of 4 images.
             unsigned a[2][4];
 #pragma unroll
-            for (int part = 0; part < 2; part++)
+            for (int part = 0; part < (TF32 ? 1 : 2); part++)
                 ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + (2 * warp + lane / 8 % 2) * 64 + part * 32 +
                                          lane % 8 * 4);
 #pragma unroll
@@ -488,8 +507,10 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
                     float* big = acc[0] + 16 * tc + 2 * i;
                     float* small = acc[1] + 16 * tc + 2 * i;
                     mma_tf32(big, a[0], b);
-                    mma_tf32(small, a[0], b + 2);
-                    mma_tf32(small, a[1], b);  // dy small x x big
+                    if (!TF32) {
+                        mma_tf32(small, a[0], b + 2);
+                        mma_tf32(small, a[1], b);  // dy small x x big
+                    }
                 }
         }
         if (item + 1 < last) {
@@ -537,14 +558,14 @@ extern "C" __global__ void conv2d_stage_weights_fast(const float* w, int C, int 
 // grid (N, ceil(K / CONV_TILE_CHANNELS), 14 / CONV_ROWS), CONV_THREADS threads, conv_tile_shared_bytes()
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2d_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K, int H, int W) {
-    conv3x3_image_tile(x, forward_quads, y, C, K);
+    conv3x3_image_tile<false>(x, forward_quads, y, C, K);
 }
 
 // grid (N, ceil(C / CONV_TILE_CHANNELS), 14 / CONV_ROWS), as the forward
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2d_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K, int H,
                            int W) {
-    conv3x3_image_tile(dy, input_grad_quads, dx, K, C);
+    conv3x3_image_tile<false>(dy, input_grad_quads, dx, K, C);
 }
 
 // grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads,
@@ -552,5 +573,27 @@ conv2d_backward_input_fast(const float* dy, const float4* input_grad_quads, floa
 extern "C" __global__ void __launch_bounds__(WGRAD_THREADS, 1)
 conv2d_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
                             int W, int items_per_part) {
-    conv3x3_weight_grad_rows(x, dy, partial, N, C, K, items_per_part);
+    conv3x3_weight_grad_rows<false>(x, dy, partial, N, C, K, items_per_part);
+}
+
+// The same three products in plain TF32 (train and compare --tf32): the activations (x, dy) rounded to
+// TF32 and multiplied once, as cuDNN's TF32 convolutions do; the weights keep both parts in the image
+// tiles' A, which costs nothing there (A's 64 rows are the big and small parts of 32 channels). A third of
+// the weight gradient's tensor work and half of the image tiles', and about 3e-4 relative error instead
+// of 1e-6. Same grids and shared memory as the _fast ones.
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
+conv2d_forward_tf32(const float* x, const float4* forward_quads, float* y, int N, int C, int K, int H, int W) {
+    conv3x3_image_tile<true>(x, forward_quads, y, C, K);
+}
+
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
+conv2d_backward_input_tf32(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K, int H,
+                           int W) {
+    conv3x3_image_tile<true>(dy, input_grad_quads, dx, K, C);
+}
+
+extern "C" __global__ void __launch_bounds__(WGRAD_THREADS, 1)
+conv2d_backward_weight_tf32(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
+                            int W, int items_per_part) {
+    conv3x3_weight_grad_rows<true>(x, dy, partial, N, C, K, items_per_part);
 }

@@ -259,11 +259,17 @@ def conv_weight_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int
     return (ceil_div(items, per_part), rows, cols), per_part
 
 
-def launch_conv_weight_grad(n: int, c_in: int, c_out: int, x, dy, partial) -> int:
-    """conv2d_backward_weight_fast: its partial results [parts, c_out, c_in, 3, 3] into partial (room for
-    sm_count() parts is enough); returns parts, for splitk_reduce."""
+def conv_product(name: str, tf32: bool = False) -> str:
+    """The entry point of one of conv2's three products ("forward", "backward_input", "backward_weight"):
+    conv2d_<name>_fast (3xTF32, fp32 accuracy), or conv2d_<name>_tf32 (plain TF32, --tf32)."""
+    return f"conv2d_{name}_{'tf32' if tf32 else 'fast'}"
+
+
+def launch_conv_weight_grad(n: int, c_in: int, c_out: int, x, dy, partial, tf32: bool = False) -> int:
+    """conv2d_backward_weight_fast (or _tf32): its partial results [parts, c_out, c_in, 3, 3] into partial
+    (room for sm_count() parts is enough); returns parts, for splitk_reduce."""
     grid, per_part = conv_weight_grid(n, c_in, c_out)
-    launch("conv2d_backward_weight_fast", grid, WGRAD_THREADS, x, dy, partial, np.int32(n), np.int32(c_in),
+    launch(conv_product("backward_weight", tf32), grid, WGRAD_THREADS, x, dy, partial, np.int32(n), np.int32(c_in),
            np.int32(c_out), np.int32(14), np.int32(14), np.int32(per_part), shared_mem=conv_weight_grad_shared_bytes())
     return grid[0]
 

@@ -34,11 +34,15 @@ def _offsets(shapes: dict[str, tuple]) -> tuple[dict[str, int], int]:
 
 
 class Model:
-    def __init__(self, channels=(32, 64), hidden=128, kernels_version="naive"):
+    def __init__(self, channels=(32, 64), hidden=128, kernels_version="naive", tf32=False):
+        """tf32: conv2's three products in plain TF32 (as PyTorch's cuDNN convolutions by default) instead
+        of 3xTF32; the fast version only."""
         if kernels_version not in KERNEL_VERSIONS:
             raise ValueError(f"unknown kernel version {kernels_version!r}; choose from {KERNEL_VERSIONS}")
+        if tf32 and kernels_version != "fast":
+            raise ValueError("tf32 needs the fast kernels (the naive ones compute in plain fp32)")
         self.cp = cp = kernels.require_gpu()
-        self.channels, self.hidden, self.version = tuple(channels), hidden, kernels_version
+        self.channels, self.hidden, self.version, self.tf32 = tuple(channels), hidden, kernels_version, bool(tf32)
         self.shapes = reference.param_shapes(self.channels, hidden)
         offsets, total = _offsets(self.shapes)
         self.params = cp.zeros(total, dtype=cp.float32)
@@ -444,8 +448,8 @@ class ConvBlockFast(_BatchNormParams):
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
         self.side.join()  # stage_weights
-        kernels.launch_conv_image_tile("conv2d_forward_fast", n, self.c_out, x, self.forward_quads, self.a, I32(n),
-                                       C, K, S, S)
+        kernels.launch_conv_image_tile(kernels.conv_product("forward", self.m.tf32), n, self.c_out, x, self.forward_quads,
+                                       self.a, I32(n), C, K, S, S)
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
                    I32(per_part), self.partial, self.counters[0], F32(reference.BN_EPS),
@@ -461,7 +465,8 @@ class ConvBlockFast(_BatchNormParams):
         kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads)
 
     def _weight_grad(self, n):
-        parts = kernels.launch_conv_weight_grad(n, self.c_in, self.c_out, self.x, self.d_a, self.w_partial)
+        parts = kernels.launch_conv_weight_grad(n, self.c_in, self.c_out, self.x, self.d_a, self.w_partial,
+                                                self.m.tf32)
         kernels.splitk_reduce(self.w_partial, parts, self.dw)
 
     def backward(self, d_out, n, need_input_grad):
@@ -474,8 +479,8 @@ class ConvBlockFast(_BatchNormParams):
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
         self.grad_side.run(lambda: self._weight_grad(n))
         if need_input_grad:
-            kernels.launch_conv_image_tile("conv2d_backward_input_fast", n, self.c_in, self.d_a, self.input_grad_quads,
-                                           self.d_in, I32(n), C, K, S, S)
+            kernels.launch_conv_image_tile(kernels.conv_product("backward_input", self.m.tf32), n, self.c_in, self.d_a,
+                                           self.input_grad_quads, self.d_in, I32(n), C, K, S, S)
             return self.d_in
         return None
 

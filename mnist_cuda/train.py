@@ -91,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSON lines: every step's loss, every epoch's test accuracy")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast",
                    help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones")
+    p.add_argument("--tf32", action="store_true",
+                   help="conv2's products in plain TF32, as PyTorch's cuDNN convolutions by default (faster; "
+                        "~3e-4 relative error instead of fp32's ~1e-6; fast kernels only)")
     p.add_argument("--eager", action="store_true",
                    help="launch the kernels one by one instead of replaying a CUDA graph of the step")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -163,9 +166,12 @@ class Trainer:
 
 
 def train(args, parser) -> int:
+    if args.tf32 and args.kernels != "fast":
+        parser.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
     state, init_meta = initial_state(args, parser)
     meta = {"dataset": args.dataset, "channels": list(args.channels), "hidden": args.hidden,
-            "seed": args.seed, "lr": args.lr, "batch_size": args.batch_size, "kernels": args.kernels}
+            "seed": args.seed, "lr": args.lr, "batch_size": args.batch_size, "kernels": args.kernels,
+            "tf32": args.tf32}
     if args.steps == 0:
         if args.save is None:
             parser.error("argument --steps: 0 only writes the initial checkpoint, so it needs --save")
@@ -186,7 +192,7 @@ def train(args, parser) -> int:
         print(f"mnist_cuda.train: {e}", file=sys.stderr)
         return 1
 
-    model = Model(args.channels, args.hidden, args.kernels)
+    model = Model(args.channels, args.hidden, args.kernels, tf32=args.tf32)
     model.load_state_dict(state)
     kernels.preload()
     ws = model.workspace(args.batch_size)
@@ -250,7 +256,7 @@ def train(args, parser) -> int:
 
     phases = trainer.phase_means_ms()
     print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps ({args.dataset}, batch {args.batch_size}, "
-          f"lr {args.lr}, seed {args.seed})")
+          f"lr {args.lr}, seed {args.seed}{', conv2 in TF32' if args.tf32 else ''})")
     print(f"training wall time {train_seconds:.2f} s, {done * args.batch_size / train_seconds:,.0f} img/s "
           f"({'eager launches' if args.eager else 'CUDA graph per step'})")
     if phases:

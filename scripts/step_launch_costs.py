@@ -79,6 +79,7 @@ def main(argv=None):
     p.add_argument("--batch-sizes", default="64,512", help="comma-separated")
     p.add_argument("--reps", type=int_at_least(10), default=200, help="replays per timing round")
     p.add_argument("--out", help="write the figures as JSON here")
+    p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32 (train --tf32)")
     args = p.parse_args(argv)
     try:
         batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
@@ -92,7 +93,7 @@ def main(argv=None):
         sys.exit(f"error: {e}")
 
     doubling = DoublingLaunches()
-    model = model_module.Model(kernels_version="fast")
+    model = model_module.Model(kernels_version="fast", tf32=args.tf32)
     model.load_state_dict(reference.init_state_dict(0, model.channels, model.hidden))
     kernels.preload()
     stream = cp.cuda.Stream(non_blocking=True)

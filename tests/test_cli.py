@@ -31,6 +31,7 @@ def run_train(*args, env=None, timeout=600):
     (["--epochs", "0"], "--epochs"),
     (["--steps", "-2"], "--steps"),
     (["--steps", "0"], "--steps"),  # needs --save
+    (["--tf32", "--kernels", "naive"], "--tf32"),
 ])
 def test_bad_flags_are_usage_errors(args, flag):
     r = run_train(*args)

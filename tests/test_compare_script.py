@@ -115,9 +115,11 @@ def test_measure_loop_warms_up_for_steps_and_seconds(cmp):
     assert side.steps == 40 + 30  # the step count when that is longer
 
 
-def test_bad_arguments_exit_2_with_usage():
-    r = run_script("--batch-sizes", "0")
-    assert r.returncode == 2 and "usage:" in r.stderr and "--batch-sizes" in r.stderr and "Traceback" not in r.stderr
+@pytest.mark.parametrize("args,flag", [(["--batch-sizes", "0"], "--batch-sizes"),
+                                       (["--tf32", "--kernels", "naive"], "--tf32")])
+def test_bad_arguments_exit_2_with_usage(args, flag):
+    r = run_script(*args)
+    assert r.returncode == 2 and "usage:" in r.stderr and flag in r.stderr and "Traceback" not in r.stderr
 
 
 def test_schema_accepts_a_complete_result_and_names_what_is_missing(cmp):
@@ -171,3 +173,15 @@ def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
     cmp.validate_result(result)
     assert result["parity"]["pass"] and set(result["batch_sizes"]["64"]["torch"]["modes"]) == {"eager", "graph"}
     assert out.with_suffix(".png").stat().st_size > 1000 or "matplotlib not installed" in r.stdout
+
+
+@pytest.mark.gpu
+def test_tf32_parity_run_passes(cmp):
+    """--tf32: our conv2 products in TF32 against PyTorch with TF32 convolutions, within PARITY_TOL_TF32."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    folder = find_mnist_dir()
+    if folder is None:
+        pytest.skip("no MNIST copy found ($MNIST_DATA_DIR, data/mnist or ../shared/mnist)")
+    r = run_script("--data-dir", str(folder), "--tf32", "--parity-only")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "TF32 convolutions on both sides" in r.stdout and "-> PASS" in r.stdout

@@ -8,8 +8,6 @@ pytestmark = pytest.mark.gpu
 # batch sizes 1, 3, 64, 65; the default channels and hidden size, and odd ones that fit no tile
 DIMS = [kc.Dims(1, 32, 64, 128), kc.Dims(3, 5, 7, 33), kc.Dims(64, 32, 64, 128), kc.Dims(65, 5, 7, 33),
         kc.Dims(65, 32, 64, 128)]
-FP32_TOL = 1e-4
-
 
 @pytest.mark.parametrize("dims", DIMS, ids=str)
 @pytest.mark.parametrize("case", kc.all_cases(), ids=lambda c: c.name)
@@ -21,13 +19,12 @@ def _check_against_reference(case, dims):
     import numpy as np
     prepared = case.make(np.random.default_rng(), dims)  # fresh inputs every run
     errors = kc.check(prepared)
-    bad = {k: v for k, v in errors.items() if not v < FP32_TOL}
+    bad = {k: v for k, v in errors.items() if not v < case.tol}
     assert not bad, f"{case.name} at {dims}: relative errors {errors}"
 
 
 def _conv2_product_cases():
-    return [c for c in kc.fast_cases() if c.name.startswith(("conv2d_forward_fast", "conv2d_backward_input_fast",
-                                                             "conv2d_backward_weight_fast"))]
+    return kc.conv2_product_cases("fast") + kc.conv2_product_cases("tf32")
 
 
 @pytest.fixture
