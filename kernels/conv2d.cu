@@ -115,6 +115,7 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 #define CONV2_SIZE 14
 #define CONV_THREADS 128         // one warpgroup: 4 warps x 16 rows
 #define CONV_TILE_CHANNELS 32    // output channels per block: rows 0-31 (big parts), 32-63 (small parts)
+#define CONV_TILE_CHANNELS_TF32 64  // in plain TF32 (the _tf32 entry points): a row per output channel
 #define CONV_CHUNK 8             // input channels per step: 8 x 9 taps = 72 k = 9 k-steps
 #define CONV_PADDED 16           // the staged grid is 16 wide: the image with its zero border
 #define CONV_CHUNK_QUADS 1152    // weight float4s per chunk: 9 taps x 2 channel quads x 64 rows
@@ -135,9 +136,9 @@ __device__ __forceinline__ void split4(const float v[4], float4* big, float4* sm
     *small = make_float4(__uint_as_float(s[0]), __uint_as_float(s[1]), __uint_as_float(s[2]), __uint_as_float(s[3]));
 }
 
-// An activation's staged form. 3xTF32 (TF32 false): its big and small parts. Plain TF32 (the _tf32
-// entry points): the value rounded to the nearest TF32 (unbiased, unlike the big part's truncation:
-// a weight gradient sums 12,544 products per value at batch 64), and no small part at all.
+// Four values as the products read them (staged activations, staged weights). 3xTF32 (TF32 false): their
+// big and small parts. Plain TF32 (the _tf32 entry points): rounded to the nearest TF32 (unbiased, unlike
+// the big part's truncation: a weight gradient sums 12,544 products per value at batch 64), no small part.
 template <bool TF32>
 __device__ __forceinline__ void stage4(const float v[4], float4* big, float4* small) {
     if (TF32) {
@@ -152,11 +153,13 @@ __device__ __forceinline__ void stage4(const float v[4], float4* big, float4* sm
 
 // Weight float4 q of a product with Cin input and Cout output channels: [tile][chunk][tap][quad][row],
 // holding channels chunk * 8 + quad * 4 + 0..3 of output channel tile * 32 + row % 32, big parts for
-// rows < 32 and small parts for the others. Channels past Cin and past Cout are zeros.
-template <bool FLIPPED>
+// rows < 32 and small parts for the others. Channels past Cin and past Cout are zeros. In plain TF32:
+// output channel tile * 64 + row, rounded to the nearest TF32.
+template <bool FLIPPED, bool TF32>
 __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int Cout, float4* quads, int q) {
+    constexpr int TILE = TF32 ? CONV_TILE_CHANNELS_TF32 : CONV_TILE_CHANNELS;
     const int chunks = CEIL_DIV(Cin, CONV_CHUNK), row = q % 64, quad = q / 64 % 2, tap = q / 128 % 9;
-    const int chunk = q / CONV_CHUNK_QUADS % chunks, n = q / (CONV_CHUNK_QUADS * chunks) * CONV_TILE_CHANNELS + row % 32;
+    const int chunk = q / CONV_CHUNK_QUADS % chunks, n = q / (CONV_CHUNK_QUADS * chunks) * TILE + row % TILE;
     float v[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
@@ -165,8 +168,8 @@ __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int C
         v[i] = c < Cin && n < Cout ? (FLIPPED ? w[(c * Cout + n) * 9 + 8 - tap] : w[(n * Cin + c) * 9 + tap]) : 0.0f;
     }
     float4 big, small;
-    split4(v, &big, &small);
-    quads[q] = row < 32 ? big : small;
+    stage4<TF32>(v, &big, &small);
+    quads[q] = row < TILE ? big : small;
 }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -225,7 +228,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     extern __shared__ float4 conv_shared[];
     float* in_s = reinterpret_cast<float*>(conv_shared);  // [buffer][part][quad][pixel][4]
     float4* w_s = conv_shared + 2 * 4 * PLANE / 4;        // [buffer][CONV_CHUNK_QUADS]
-    const int img = blockIdx.x, n0 = blockIdx.y * CONV_TILE_CHANNELS, r0 = blockIdx.z * ROWS;
+    constexpr int TILE = TF32 ? CONV_TILE_CHANNELS_TF32 : CONV_TILE_CHANNELS;  // output channels per block
+    const int img = blockIdx.x, n0 = blockIdx.y * TILE, r0 = blockIdx.z * ROWS;
     const int chunks = CEIL_DIV(Cin, CONV_CHUNK), tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
     const float* x = in + (size_t)img * Cin * SS;
     const float4* block_quads = quads + (size_t)blockIdx.y * chunks * CONV_CHUNK_QUADS;
@@ -320,8 +324,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #endif
     }
 
-    // Rows c and c + 32 (big and small parts of the weights) added through shared memory, then written
-    // out coalesced: acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
+    // Rows c and c + 32 (big and small parts of the weights; in plain TF32 row c alone) added through
+    // shared memory, then written out coalesced: acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
     __syncthreads();  // every product is done: the staging slots are free
     float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
     // float2 stores start 8 banks apart (120 = -8 mod 32), so they have no bank conflicts
@@ -333,9 +337,11 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
                 make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
     __syncthreads();
     float* y = out + (size_t)img * Cout * SS + r0 * S;
-    for (int e = tid; e < CONV_TILE_CHANNELS * ROWS * S; e += CONV_THREADS) {
+    for (int e = tid; e < TILE * ROWS * S; e += CONV_THREADS) {
         const int c = e / (ROWS * S), p = e % (ROWS * S), column = (p / S) * P + p % S;
-        if (n0 + c < Cout) y[(n0 + c) * SS + p] = acc_s[c * ACC_STRIDE + column] + acc_s[(c + 32) * ACC_STRIDE + column];
+        if (n0 + c < Cout)
+            y[(n0 + c) * SS + p] = TF32 ? acc_s[c * ACC_STRIDE + column]
+                                        : acc_s[c * ACC_STRIDE + column] + acc_s[(c + 32) * ACC_STRIDE + column];
     }
 }
 
@@ -419,8 +425,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     auto dy_row = [&](int item) { return dy + ((size_t)(item / S * WGRAD_IMAGES) * K + o0) * SS + item % S * S; };
 
     // Per item: its dy row and the last of its three x rows (grid row r + 2), two tasks per thread (a
-    // dy task, then a dy task in warpgroup 0 or an x task in the others), fetched into registers while
-    // the tensor cores work and stashed after.
+    // dy task, then a dy task in warpgroup 0 or an x task in the others), fetched into registers two
+    // items ahead: while the tensor cores work on item i, item i + 1's registers (fetched during item
+    // i - 1) are stashed and item i + 2's loads are issued, so their latency passes behind a whole item.
     float2 next[2][WGRAD_IMAGES];
     const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
     auto fetch = [&](int item) {
@@ -455,6 +462,7 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         __syncthreads();  // the zeros are written before any stash
         stage_first_rows(first);
         stash(first);
+        if (first + 1 < last) fetch(first + 1);
     }
     for (int item = first; item < last; item++) {
         fence_proxy_async();
@@ -478,9 +486,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         }
         wgmma_commit();
         if (item + 1 < last) {  // staged while the tensor cores work
-            fetch(item + 1);
             stage_first_rows(item + 1);
             stash(item + 1);
+            if (item + 2 < last) fetch(item + 2);
         }
         wgmma_wait_all();
 #else
@@ -514,9 +522,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
                 }
         }
         if (item + 1 < last) {
-            fetch(item + 1);
             stage_first_rows(item + 1);
             stash(item + 1);
+            if (item + 2 < last) fetch(item + 2);
         }
 #endif
     }
@@ -546,13 +554,20 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
 // Entry points; H == W == 14 (checked by the caller).
 // The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
 // first, then input_grad_quads (K in, C out; flipped).
+template <bool TF32>
+__device__ __forceinline__ void stage_weights(const float* w, int C, int K, float4* forward_quads,
+                                              float4* input_grad_quads) {
+    constexpr int TILE = TF32 ? CONV_TILE_CHANNELS_TF32 : CONV_TILE_CHANNELS;
+    const int q = blockIdx.x * blockDim.x + threadIdx.x;
+    const int forward = CEIL_DIV(K, TILE) * CEIL_DIV(C, CONV_CHUNK) * CONV_CHUNK_QUADS;
+    const int input_grad = CEIL_DIV(C, TILE) * CEIL_DIV(K, CONV_CHUNK) * CONV_CHUNK_QUADS;
+    if (q < forward) stage_weight_quad<false, TF32>(w, C, K, forward_quads, q);
+    else if (q < forward + input_grad) stage_weight_quad<true, TF32>(w, K, C, input_grad_quads, q - forward);
+}
+
 extern "C" __global__ void conv2d_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
                                                      float4* input_grad_quads) {
-    const int q = blockIdx.x * blockDim.x + threadIdx.x;
-    const int forward = CEIL_DIV(K, CONV_TILE_CHANNELS) * CEIL_DIV(C, CONV_CHUNK) * CONV_CHUNK_QUADS;
-    const int input_grad = CEIL_DIV(C, CONV_TILE_CHANNELS) * CEIL_DIV(K, CONV_CHUNK) * CONV_CHUNK_QUADS;
-    if (q < forward) stage_weight_quad<false>(w, C, K, forward_quads, q);
-    else if (q < forward + input_grad) stage_weight_quad<true>(w, K, C, input_grad_quads, q - forward);
+    stage_weights<false>(w, C, K, forward_quads, input_grad_quads);
 }
 
 // grid (N, ceil(K / CONV_TILE_CHANNELS), 14 / CONV_ROWS), CONV_THREADS threads, conv_tile_shared_bytes()
@@ -576,11 +591,16 @@ conv2d_backward_weight_fast(const float* x, const float* dy, float* partial, int
     conv3x3_weight_grad_rows<false>(x, dy, partial, N, C, K, items_per_part);
 }
 
-// The same three products in plain TF32 (train and compare --tf32): the activations (x, dy) rounded to
-// TF32 and multiplied once, as cuDNN's TF32 convolutions do; the weights keep both parts in the image
-// tiles' A, which costs nothing there (A's 64 rows are the big and small parts of 32 channels). A third of
-// the weight gradient's tensor work and half of the image tiles', and about 3e-4 relative error instead
-// of 1e-6. Same grids and shared memory as the _fast ones.
+// The same three products in plain TF32 (train and compare --tf32), as cuDNN's TF32 convolutions: both
+// operands rounded to the nearest TF32 and multiplied once. The image tiles' A then holds 64 output
+// channels (CONV_TILE_CHANNELS_TF32) instead of the two parts of 32: half the blocks and half the tensor
+// work; the weight gradient does a third of its tensor work. About 3e-4 relative error instead of 1e-6.
+// Same shared memory as the _fast ones; the image tiles' grids have 64 channels per block.
+extern "C" __global__ void conv2d_stage_weights_tf32(const float* w, int C, int K, float4* forward_quads,
+                                                     float4* input_grad_quads) {
+    stage_weights<true>(w, C, K, forward_quads, input_grad_quads);
+}
+
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2d_forward_tf32(const float* x, const float4* forward_quads, float* y, int N, int C, int K, int H, int W) {
     conv3x3_image_tile<true>(x, forward_quads, y, C, K);

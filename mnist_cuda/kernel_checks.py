@@ -98,13 +98,13 @@ def _bytes(*arrays) -> float:
 # ---- conv2d ---------------------------------------------------------------------------------------
 
 
-def _weight_quads(wd, C, K):
-    """conv2's weights staged for both fast products by conv2d_stage_weights_fast (once, as the step does
-    once per step; the timings of the products leave it out)."""
+def _weight_quads(wd, C, K, tf32):
+    """conv2's weights staged for both fast products by conv2d_stage_weights_fast or _tf32 (once, as the step
+    does once per step; the timings of the products leave it out)."""
     import cupy
-    fq = cupy.full((kernels.conv_weight_quads(C, K), 4), np.nan, cupy.float32)
-    gq = cupy.full((kernels.conv_weight_quads(K, C), 4), np.nan, cupy.float32)
-    kernels.stage_conv_weights(wd, C, K, fq, gq)
+    fq = cupy.full((kernels.conv_weight_quads(C, K, tf32), 4), np.nan, cupy.float32)
+    gq = cupy.full((kernels.conv_weight_quads(K, C, tf32), 4), np.nan, cupy.float32)
+    kernels.stage_conv_weights(wd, C, K, fq, gq, tf32)
     return fq, gq
 
 
@@ -116,35 +116,45 @@ def split_tf32(v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return big, v - big
 
 
-def weight_quads(w: np.ndarray, flipped: bool) -> np.ndarray:
+def round_tf32(v: np.ndarray) -> np.ndarray:
+    """float32 v rounded to the nearest TF32, ties away from zero (PTX cvt.rna.tf32.f32; finite v)."""
+    bits = np.asarray(v, np.float32).view(np.uint32)
+    return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
+
+
+def weight_quads(w: np.ndarray, flipped: bool, tf32: bool = False) -> np.ndarray:
     """What conv2d_stage_weights_fast writes for one product, from w [K, C, 3, 3] (conv2d.cu): float4s
     [tile][chunk][tap][quad][row] holding channels chunk*8 + quad*4 + 0..3 of output channel tile*32 + row % 32,
-    their big TF32 parts in rows 0-31 and small parts in rows 32-63."""
+    their big TF32 parts in rows 0-31 and small parts in rows 32-63. conv2d_stage_weights_tf32: output
+    channel tile*64 + row, rounded to the nearest TF32."""
     wt = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1] if flipped else w  # [out, in, 3, 3], taps flipped
     c_out, c_in = wt.shape[:2]
-    tile = kernels.CONV_TILE_CHANNELS
+    tile = kernels.conv_tile_channels(tf32)
     tiles, chunks = ceil_div(c_out, tile), ceil_div(c_in, kernels.CONV_CHUNK)
     padded = np.zeros((tiles * tile, chunks * kernels.CONV_CHUNK, 9), np.float32)
     padded[:c_out, :c_in] = wt.reshape(c_out, c_in, 9)
     # [tile, row, chunk, quad, i, tap] -> [tile, chunk, tap, quad, row, i]
     v = padded.reshape(tiles, tile, chunks, 2, 4, 9).transpose(0, 2, 5, 3, 1, 4)
+    if tf32:
+        return round_tf32(v).reshape(-1, 4)
     big, small = split_tf32(v)
     return np.concatenate([big, small], axis=4).reshape(-1, 4)
 
 
-def conv_stage_weights_case():
+def conv_stage_weights_case(version="fast"):
     def make(rng, d):
+        tf32 = version == "tf32"
         N, C, K, S = _geometry(d, 2)
         w = _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
-        fq = _poison((kernels.conv_weight_quads(C, K), 4))
-        gq = _poison((kernels.conv_weight_quads(K, C), 4))
+        fq = _poison((kernels.conv_weight_quads(C, K, tf32), 4))
+        gq = _poison((kernels.conv_weight_quads(K, C, tf32), 4))
         wd = _dev(w)
-        run = lambda: kernels.stage_conv_weights(wd, C, K, fq, gq)
+        run = lambda: kernels.stage_conv_weights(wd, C, K, fq, gq, tf32)
         exact = lambda got, want: 0.0 if np.array_equal(got, want) else float("inf")  # bit for bit
         return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
-                        {"forward_quads": weight_quads(w, False), "input_grad_quads": weight_quads(w, True)},
+                        {"forward_quads": weight_quads(w, False, tf32), "input_grad_quads": weight_quads(w, True, tf32)},
                         (0.0, _bytes(w, fq, gq)), compare={"forward_quads": exact, "input_grad_quads": exact})
-    return Case("conv2d_stage_weights_fast[conv2]", make)
+    return Case(f"conv2d_stage_weights_{version}[conv2]", make)
 
 
 def conv_forward_case(layer, version="naive"):
@@ -156,9 +166,9 @@ def conv_forward_case(layer, version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_forward_naive", y.size, *args)
         else:
-            forward_quads, _ = _weight_quads(wd, C, K)
-            kernel = kernels.conv_product("forward", version == "tf32")
-            run = lambda: kernels.launch_conv_image_tile(kernel, N, K, xd, forward_quads, y, *args[3:])
+            tf32 = version == "tf32"
+            forward_quads, _ = _weight_quads(wd, C, K, tf32)
+            run = lambda: kernels.launch_conv_image_tile("forward", tf32, N, K, xd, forward_quads, y, *args[3:])
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
     return Case(f"conv2d_forward_{version}[conv{layer}]", make, _tol(version))
@@ -177,9 +187,10 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: launch_1d("conv2d_backward_input_naive", dx.size, *args)
         else:
-            _, input_grad_quads = _weight_quads(wd, C, K)
-            kernel = kernels.conv_product("backward_input", version == "tf32")
-            run = lambda: kernels.launch_conv_image_tile(kernel, N, C, dyd, input_grad_quads, dx, *args[3:])
+            tf32 = version == "tf32"
+            _, input_grad_quads = _weight_quads(wd, C, K, tf32)
+            run = lambda: kernels.launch_conv_image_tile("backward_input", tf32, N, C, dyd, input_grad_quads, dx,
+                                                         *args[3:])
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     return Case(f"conv2d_backward_input_{version}[conv2]", make, _tol(version))
@@ -634,7 +645,8 @@ def sgd_fast_case():
 
 
 def fast_cases() -> list[Case]:
-    return ([conv_stage_weights_case()] + conv2_product_cases("fast") + conv2_product_cases("tf32")
+    return ([conv_stage_weights_case(v) for v in ("fast", "tf32")] + conv2_product_cases("fast")
+            + conv2_product_cases("tf32")
             + [conv1_moments_case(), bn_stats_fast_case(), bn_relu_pool_fast_case(1, train=True)]
             + [bn_relu_pool_fast_case(layer) for layer in (1, 2)]
             + [block_backward_fast_case(layer) for layer in (1, 2)]

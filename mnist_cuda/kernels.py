@@ -193,6 +193,7 @@ TILE, TILE_K, GEMM_THREADS = 64, 16, 256
 # conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block,
 # input channels per step, weight float4s per step, image rows per block, staged pixels per channel quad
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_CHUNK, CONV_CHUNK_QUADS = 128, 32, 8, 1152
+CONV_TILE_CHANNELS_TF32 = 64  # output channels per block of their _tf32 forms (A's 64 rows: no small parts)
 CONV_ROWS, CONV_STAGED_PIXELS = 7, 146
 # conv2d_backward_weight_fast (kernels/conv2d.cu): threads, input and output channels per block, images per k
 # unit, staged x rows
@@ -221,22 +222,36 @@ def conv_tile_shared_bytes() -> int:
     return 2 * 4 * CONV_STAGED_PIXELS * 16 + 2 * CONV_CHUNK_QUADS * 16
 
 
-def conv_weight_quads(c_in: int, c_out: int) -> int:
-    """Weight float4s of one product staged by conv2d_stage_weights_fast: c_in input and c_out output channels."""
-    return ceil_div(c_out, CONV_TILE_CHANNELS) * ceil_div(c_in, CONV_CHUNK) * CONV_CHUNK_QUADS
+def conv_product(name: str, tf32: bool = False) -> str:
+    """The entry point of conv2's weight staging ("stage_weights") or of one of its three products
+    ("forward", "backward_input", "backward_weight"): conv2d_<name>_fast (3xTF32, fp32 accuracy), or
+    conv2d_<name>_tf32 (plain TF32, --tf32)."""
+    return f"conv2d_{name}_{'tf32' if tf32 else 'fast'}"
 
 
-def launch_conv_image_tile(kernel: str, n: int, out_channels: int, *args):
-    """conv2d_forward_fast or conv2d_backward_input_fast: a block per CONV_TILE_CHANNELS output channels
-    and CONV_ROWS rows of an image, with its dynamic shared memory."""
-    launch(kernel, (n, ceil_div(out_channels, CONV_TILE_CHANNELS), 14 // CONV_ROWS), CONV_THREADS, *args,
-           shared_mem=conv_tile_shared_bytes())
+def conv_tile_channels(tf32: bool = False) -> int:
+    """Output channels per block of conv2's image-tile products."""
+    return CONV_TILE_CHANNELS_TF32 if tf32 else CONV_TILE_CHANNELS
 
 
-def stage_conv_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads):
-    """conv2d_stage_weights_fast: w [c_out, c_in, 3, 3] as the quads of both products (conv_weight_quads each)."""
-    launch_1d("conv2d_stage_weights_fast", forward_quads.shape[0] + input_grad_quads.shape[0], w, np.int32(c_in),
-              np.int32(c_out), forward_quads, input_grad_quads)
+def conv_weight_quads(c_in: int, c_out: int, tf32: bool = False) -> int:
+    """Weight float4s of one product staged by conv2d_stage_weights_fast (or _tf32): c_in input and c_out
+    output channels."""
+    return ceil_div(c_out, conv_tile_channels(tf32)) * ceil_div(c_in, CONV_CHUNK) * CONV_CHUNK_QUADS
+
+
+def launch_conv_image_tile(product: str, tf32: bool, n: int, out_channels: int, *args):
+    """conv2's "forward" or "backward_input" (conv_product): a block per conv_tile_channels() output
+    channels and CONV_ROWS rows of an image, with its dynamic shared memory."""
+    launch(conv_product(product, tf32), (n, ceil_div(out_channels, conv_tile_channels(tf32)), 14 // CONV_ROWS),
+           CONV_THREADS, *args, shared_mem=conv_tile_shared_bytes())
+
+
+def stage_conv_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, tf32: bool = False):
+    """conv2d_stage_weights_fast (or _tf32): w [c_out, c_in, 3, 3] as the quads of both products
+    (conv_weight_quads each)."""
+    launch_1d(conv_product("stage_weights", tf32), forward_quads.shape[0] + input_grad_quads.shape[0], w,
+              np.int32(c_in), np.int32(c_out), forward_quads, input_grad_quads)
 
 
 def conv_weight_grad_shared_bytes() -> int:
@@ -257,12 +272,6 @@ def conv_weight_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int
     items = ceil_div(n, WGRAD_IMAGES) * 14
     per_part = ceil_div(items * rows * cols, max(1, sm_count() // 2))
     return (ceil_div(items, per_part), rows, cols), per_part
-
-
-def conv_product(name: str, tf32: bool = False) -> str:
-    """The entry point of one of conv2's three products ("forward", "backward_input", "backward_weight"):
-    conv2d_<name>_fast (3xTF32, fp32 accuracy), or conv2d_<name>_tf32 (plain TF32, --tf32)."""
-    return f"conv2d_{name}_{'tf32' if tf32 else 'fast'}"
 
 
 def launch_conv_weight_grad(n: int, c_in: int, c_out: int, x, dy, partial, tf32: bool = False) -> int:

@@ -436,9 +436,9 @@ class ConvBlockFast(_BatchNormParams):
         self.argmax = cp.empty(half, cp.uint8)
         self.d_in = cp.empty((batch, c_in, size, size), cp.float32)
         self.w_partial = cp.empty(kernels.sm_count() * c_out * c_in * 9, cp.float32)  # per part of the images
-        # the weights as the products read them, split into TF32 parts (conv2d_stage_weights_fast)
-        self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out), 4), cp.float32)
-        self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in), 4), cp.float32)
+        # the weights as the products read them, split into TF32 parts (conv2d_stage_weights_fast, or _tf32)
+        self.forward_quads = cp.empty((kernels.conv_weight_quads(c_in, c_out, model.tf32), 4), cp.float32)
+        self.input_grad_quads = cp.empty((kernels.conv_weight_quads(c_out, c_in, model.tf32), 4), cp.float32)
         self.side = side  # staging beside conv1's forward
         self.grad_side = grad_side  # weight gradient beside the input gradient and conv1's backward
         self.x = None
@@ -448,8 +448,8 @@ class ConvBlockFast(_BatchNormParams):
         C, K, S, HW = I32(self.c_in), I32(self.c_out), I32(self.size), self.size * self.size
         parts, per_part = parts_of(n)
         self.side.join()  # stage_weights
-        kernels.launch_conv_image_tile(kernels.conv_product("forward", self.m.tf32), n, self.c_out, x, self.forward_quads,
-                                       self.a, I32(n), C, K, S, S)
+        kernels.launch_conv_image_tile("forward", self.m.tf32, n, self.c_out, x, self.forward_quads, self.a, I32(n),
+                                       C, K, S, S)
         if train:
             launch("batchnorm_stats_fast", (parts, ceil_div(self.c_out, 8)), 256, self.a, I32(n), K, I32(HW),
                    I32(per_part), self.partial, self.counters[0], F32(reference.BN_EPS),
@@ -462,7 +462,8 @@ class ConvBlockFast(_BatchNormParams):
 
     def stage_weights(self):
         """The weights as both products read them (Model.forward launches this on the side stream first)."""
-        kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads)
+        kernels.stage_conv_weights(self.w, self.c_in, self.c_out, self.forward_quads, self.input_grad_quads,
+                                   self.m.tf32)
 
     def _weight_grad(self, n):
         parts = kernels.launch_conv_weight_grad(n, self.c_in, self.c_out, self.x, self.d_a, self.w_partial,
@@ -479,8 +480,8 @@ class ConvBlockFast(_BatchNormParams):
                   self.dgamma, self.dbeta, d_out, self.out, self.argmax, I32(n), K, S, self.d_a)
         self.grad_side.run(lambda: self._weight_grad(n))
         if need_input_grad:
-            kernels.launch_conv_image_tile(kernels.conv_product("backward_input", self.m.tf32), n, self.c_in, self.d_a,
-                                           self.input_grad_quads, self.d_in, I32(n), C, K, S, S)
+            kernels.launch_conv_image_tile("backward_input", self.m.tf32, n, self.c_in, self.d_a, self.input_grad_quads,
+                                           self.d_in, I32(n), C, K, S, S)
             return self.d_in
         return None
 

@@ -70,6 +70,7 @@ def test_launch_geometry_mirrors_the_kernels_defines():
              ("conv2d.cu", "TILE_K", kernels.TILE_K), ("conv2d.cu", "GEMM_THREADS", kernels.GEMM_THREADS),
              ("conv2d.cu", "CONV_THREADS", kernels.CONV_THREADS),
              ("conv2d.cu", "CONV_TILE_CHANNELS", kernels.CONV_TILE_CHANNELS),
+             ("conv2d.cu", "CONV_TILE_CHANNELS_TF32", kernels.CONV_TILE_CHANNELS_TF32),
              ("conv2d.cu", "CONV_CHUNK", kernels.CONV_CHUNK), ("conv2d.cu", "CONV_CHUNK_QUADS", kernels.CONV_CHUNK_QUADS),
              ("conv2d.cu", "CONV_ROWS", kernels.CONV_ROWS), ("conv2d.cu", "CONV_STAGED_PIXELS", kernels.CONV_STAGED_PIXELS),
              ("conv2d.cu", "WGRAD_THREADS", kernels.WGRAD_THREADS),
