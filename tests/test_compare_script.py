@@ -172,6 +172,7 @@ def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
     result = json.loads(out.read_text())
     cmp.validate_result(result)
     assert result["parity"]["pass"] and set(result["batch_sizes"]["64"]["torch"]["modes"]) == {"eager", "graph"}
+    assert result["batch_sizes"]["64"]["ours"]["again"]["mode"] == "graph" and "again" in result["batch_sizes"]["64"]["torch"]
     assert out.with_suffix(".png").stat().st_size > 1000 or "matplotlib not installed" in r.stdout
 
 
