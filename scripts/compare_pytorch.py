@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Our CUDA kernels against PyTorch: same model, weights, batches, learning rate and batch size.
 
-    python scripts/compare_pytorch.py                  # parity run, then timing at batch 64 and 512
+    python scripts/compare_pytorch.py                  # timing at batch 64 and 512, then the parity run
     python scripts/compare_pytorch.py --show FILE.json # print the tables of a saved result
 
 Parity: both sides train --parity-steps steps from identical weights on identical batches at the same
