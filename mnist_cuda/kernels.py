@@ -189,7 +189,7 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 
 # ---- launch geometry of the fast kernels (mirrors the #defines in kernels/, checked by a test) --------
 
-TILE, TILE_K, GEMM_THREADS = 64, 16, 256
+TILE, TILE_K, GEMM_THREADS, GEMM_MIN_BLOCKS = 64, 16, 256, 3
 # conv2d_forward_fast and conv2d_backward_input_fast (kernels/conv2d.cu): threads, output channels per block,
 # input channels per step, weight float4s per step, image rows per block, staged pixels per channel quad
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_CHUNK, CONV_CHUNK_QUADS = 128, 32, 8, 1152
@@ -293,9 +293,11 @@ def splitk_reduce(partial, splits: int, out, bias=None, relu: bool = False, coun
 
 def split_k(k_total: int, tiles: int) -> tuple[int, int]:
     """Cut a product's reduction of length k_total into splits (each a multiple of TILE_K long, at
-    least 4 steps) so that tiles * splits fills the GPU about four times. Returns (splits, k_per_split)."""
+    least 4 steps) so that tiles * splits blocks run in one wave (GEMM_MIN_BLOCKS per SM): a second,
+    partly filled wave cost more than the longer splits (fc1 at batch 512: 528 blocks of 6 steps in
+    396 slots -> 352 of 9 steps, the step ~3 us shorter, NOTES.md v19a). Returns (splits, k_per_split)."""
     steps = ceil_div(k_total, TILE_K)
-    splits = max(1, min(steps // 4, MAX_SPLITS, 4 * sm_count() // max(tiles, 1)))
+    splits = max(1, min(steps // 4, MAX_SPLITS, GEMM_MIN_BLOCKS * sm_count() // max(tiles, 1)))
     k_per_split = ceil_div(steps, splits) * TILE_K
     return ceil_div(k_total, k_per_split), k_per_split
 

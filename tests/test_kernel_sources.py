@@ -68,6 +68,7 @@ def test_launch_geometry_mirrors_the_kernels_defines():
 
     pairs = [("conv2d.cu", "TILE_M", kernels.TILE), ("conv2d.cu", "TILE_N", kernels.TILE),
              ("conv2d.cu", "TILE_K", kernels.TILE_K), ("conv2d.cu", "GEMM_THREADS", kernels.GEMM_THREADS),
+             ("conv2d.cu", "GEMM_MIN_BLOCKS", kernels.GEMM_MIN_BLOCKS),
              ("conv2d.cu", "CONV_THREADS", kernels.CONV_THREADS),
              ("conv2d.cu", "CONV_TILE_CHANNELS", kernels.CONV_TILE_CHANNELS),
              ("conv2d.cu", "CONV_TILE_CHANNELS_TF32", kernels.CONV_TILE_CHANNELS_TF32),
