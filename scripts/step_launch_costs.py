@@ -73,6 +73,40 @@ def replay_us(cp, graph, stream, reps, rounds=5):
     return float(np.median(times))
 
 
+def parse_batch_sizes(p: argparse.ArgumentParser, text: str) -> list[int]:
+    """--batch-sizes as integers (a usage error, exit 2, if they are not positive integers)."""
+    try:
+        batch_sizes = [int(b) for b in text.split(",")]
+        if min(batch_sizes) < 1:
+            raise ValueError
+    except ValueError:
+        p.error(f"--batch-sizes: expected positive integers separated by commas, got {text!r}")
+    return batch_sizes
+
+
+def gpu_or_exit():
+    """CuPy, or exit with the reason and the advice (no traceback) where there is no usable GPU."""
+    try:
+        return kernels.require_gpu()
+    except kernels.GPUUnavailable as e:
+        sys.exit(f"error: {e}")
+
+
+def random_batches(model, batch: int, stream):
+    """The model's workspace for `batch` with random images and labels staged and loaded in both slots
+    (the step graph computes on device buffer 0 and copies the next batch into buffer 1)."""
+    ws = model.workspace(batch)
+    rng = np.random.default_rng(0)
+    for slot in range(ws.STAGING_SLOTS):
+        ws.stage_x[slot][...] = rng.integers(0, 256, ws.stage_x[slot].shape, dtype=np.uint8)
+        ws.stage_y[slot][...] = rng.integers(0, 10, batch)
+    with stream:
+        for slot in range(ws.STAGING_SLOTS):
+            model.load(ws, slot, batch)
+    stream.synchronize()
+    return ws
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -81,16 +115,7 @@ def main(argv=None):
     p.add_argument("--out", help="write the figures as JSON here")
     p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32 (train --tf32)")
     args = p.parse_args(argv)
-    try:
-        batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-        if min(batch_sizes) < 1:
-            raise ValueError
-    except ValueError:
-        p.error(f"--batch-sizes: expected positive integers separated by commas, got {args.batch_sizes!r}")
-    try:
-        cp = kernels.require_gpu()
-    except kernels.GPUUnavailable as e:
-        sys.exit(f"error: {e}")
+    batch_sizes, cp = parse_batch_sizes(p, args.batch_sizes), gpu_or_exit()
 
     doubling = DoublingLaunches()
     model = model_module.Model(kernels_version="fast", tf32=args.tf32)
@@ -99,15 +124,7 @@ def main(argv=None):
     stream = cp.cuda.Stream(non_blocking=True)
     result = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "batch_sizes": {}}
     for batch in batch_sizes:
-        ws = model.workspace(batch)
-        rng = np.random.default_rng(0)
-        for slot in range(ws.STAGING_SLOTS):
-            ws.stage_x[slot][...] = rng.integers(0, 256, ws.stage_x[slot].shape, dtype=np.uint8)
-            ws.stage_y[slot][...] = rng.integers(0, 10, batch)
-        with stream:  # the step graph computes on device buffer 0 and copies the next batch into buffer 1
-            for slot in range(ws.STAGING_SLOTS):
-                model.load(ws, slot, batch)
-        stream.synchronize()
+        ws = random_batches(model, batch, stream)
         plain = doubling.capture(model, ws)
         names = list(doubling.names)
         baseline, rows = [replay_us(cp, plain, stream, args.reps)], []
