@@ -15,10 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, data, kernels, reference
-from .model import KERNEL_VERSIONS
+from . import checkpoint, cuda, data, reference
+from .nets import KERNEL_VERSIONS
 
-PHASES = ("load", "forward", "backward", "update", "zero_grad")
 PHASE_SAMPLE_EVERY = 50
 LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar and the NaN check
 
@@ -68,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = DEFAULTS
     p = argparse.ArgumentParser(
         prog="python -m mnist_cuda.train",
-        description="Train design.md's CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, plain "
+        description="Train the MNIST CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, plain "
                     "SGD) on the GPU with hand-written CUDA kernels.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default=d["dataset"])
@@ -112,59 +111,6 @@ def initial_state(args, parser):
                      f"--hidden {args.hidden})")
 
 
-def evaluate(model, ws, x, y) -> float:
-    """Test accuracy over every image (the last partial batch included), on the current stream."""
-    ws.cp.cuda.runtime.deviceSynchronize()  # training may still run on another stream
-    ws.correct.fill(0)
-    order = np.arange(len(x))
-    for i, idx in enumerate(data.batch_indices(order, ws.batch_size, drop_last=False)):
-        slot = i % ws.STAGING_SLOTS
-        ws.stage_free[slot].synchronize()
-        n = data.gather(x, y, idx, ws.stage_x[slot], ws.stage_y[slot])
-        model.eval_batch(ws, slot, n)
-        ws.stage_free[slot].record()
-    return int(ws.correct.get()[0]) / len(x)
-
-
-class Trainer:
-    """The training loop over one workspace: staging, graph replay, loss log, phase sampling."""
-
-    def __init__(self, model, ws, lr, graph=True):
-        import cupy
-        self.cp, self.model, self.ws, self.lr = cupy, model, ws, lr
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.graphs = ([model.capture_train_step(ws, s, lr) for s in range(ws.STAGING_SLOTS)]
-                       if graph else None)
-        self.phase_events = []  # one list of 6 events per sampled step
-        self.step = 0
-
-    def run_step(self, x, y, idx, next_idx=None):
-        """One step on the samples idx of (x, y). next_idx, the next step's samples where known, lets the
-        step graph load them while it computes (Model.graph_step)."""
-        ws = self.ws
-        if self.graphs is not None and self.step % PHASE_SAMPLE_EVERY != 0:
-            self.model.graph_step(self.graphs, ws, self.step, self.stream, x, y, idx, next_idx)
-        else:
-            slot = self.step % ws.STAGING_SLOTS
-            ws.stage_batch(slot, x, y, idx)
-            with self.stream:
-                events = None
-                if self.step % PHASE_SAMPLE_EVERY == 0:
-                    events = [self.cp.cuda.Event() for _ in range(len(PHASES) + 1)]
-                    self.phase_events.append(events)
-                self.model.train_step(ws, slot, self.lr, events)
-                ws.stage_free[slot].record()
-        self.step += 1
-
-    def phase_means_ms(self) -> dict[str, float]:
-        if not self.phase_events:
-            return {}
-        self.phase_events[-1][-1].synchronize()
-        times = np.array([[self.cp.cuda.get_elapsed_time(ev[i], ev[i + 1]) for i in range(len(PHASES))]
-                          for ev in self.phase_events])
-        return dict(zip(PHASES, times.mean(axis=0).tolist()))
-
-
 def train(args, parser) -> int:
     if args.tf32 and args.kernels != "fast":
         parser.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
@@ -180,23 +126,25 @@ def train(args, parser) -> int:
         return 0
 
     try:
-        kernels.require_gpu()
-    except kernels.GPUUnavailable as e:
+        cuda.require_gpu()
+    except cuda.GPUUnavailable as e:
         print(f"mnist_cuda.train: {e}", file=sys.stderr)
         return 2
-    from .model import Model
+    from .nets import Parameters, make_net
+    from .step import PHASES, Step, phase_times_ms
 
     try:
-        ds = data.load(args.dataset, args.data_dir, empty=kernels.pinned_empty, progress=not args.quiet)
+        ds = data.load(args.dataset, args.data_dir, empty=cuda.pinned_empty, progress=not args.quiet)
     except data.DataError as e:
         print(f"mnist_cuda.train: {e}", file=sys.stderr)
         return 1
 
-    model = Model(args.channels, args.hidden, args.kernels, tf32=args.tf32)
-    model.load_state_dict(state)
-    kernels.preload()
-    ws = model.workspace(args.batch_size)
-    trainer = Trainer(model, ws, args.lr, graph=not args.eager)
+    params = Parameters(args.channels, args.hidden)
+    cp = params.cp
+    params.load_state_dict(state)
+    step = Step(make_net(params, args.batch_size, args.kernels, args.tf32), args.lr,
+                mode="eager" if args.eager else "graph")
+    phase_events = []  # one list of len(PHASES) + 1 events per sampled step
     start_step = int(init_meta.get("step", 0))
     steps_per_epoch = len(ds.train_x) // args.batch_size
     if steps_per_epoch == 0:
@@ -211,21 +159,25 @@ def train(args, parser) -> int:
         for epoch in range(1, epochs + 1):
             order = data.epoch_order(len(ds.train_x), args.seed, epoch - 1, shuffle=not args.no_shuffle)
             steps = min(steps_per_epoch, total_steps - done)
-            ws.losses(reset=True)
+            step.losses(reset=True)
             bar = tqdm(total=steps, desc=f"epoch {epoch}/{epochs}", unit="step", disable=args.quiet,
                        leave=True, dynamic_ncols=True)
             t0 = time.perf_counter()
             losses = np.zeros(0, np.float32)
             batches = list(data.batch_indices(order, args.batch_size, drop_last=True))[:steps]
             for i, (idx, next_idx) in enumerate(data.with_next(batches)):
-                trainer.run_step(ds.train_x, ds.train_y, idx, next_idx)
+                events = None
+                if step.count % PHASE_SAMPLE_EVERY == 0:  # this step eagerly, with events between its phases
+                    events = [cp.cuda.Event() for _ in range(len(PHASES) + 1)]
+                    phase_events.append(events)
+                step.run(ds.train_x, ds.train_y, idx, next_idx, mode="eager" if events else None, events=events)
                 if (i + 1) % LOG_EVERY == 0 or i + 1 == steps:
-                    losses = ws.losses()
+                    losses = step.losses()
                     _check_finite(losses, start_step + done)
                     elapsed = time.perf_counter() - t0
                     bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{(i + 1) * args.batch_size / elapsed:,.0f}")
                     bar.update(i + 1 - bar.n)
-            trainer.stream.synchronize()
+            step.synchronize()
             epoch_seconds = time.perf_counter() - t0
             train_seconds += epoch_seconds
             bar.close()
@@ -234,7 +186,7 @@ def train(args, parser) -> int:
                     metrics.write(json.dumps({"step": start_step + done + j + 1, "epoch": epoch,
                                               "loss": float(v)}) + "\n")
             done += steps
-            accuracy = evaluate(model, ws, ds.test_x, ds.test_y)
+            accuracy = step.evaluate(ds.test_x, ds.test_y)
             print(f"epoch {epoch}: test accuracy {accuracy * 100:.2f}%  loss {losses[-1]:.4f}  "
                   f"{steps * args.batch_size / epoch_seconds:,.0f} img/s")
             if metrics:
@@ -242,7 +194,7 @@ def train(args, parser) -> int:
                                           "test_accuracy": accuracy}) + "\n")
                 metrics.flush()
             if args.save:
-                checkpoint.save_checkpoint(args.save, model.state_dict(),
+                checkpoint.save_checkpoint(args.save, params.state_dict(),
                                            {**meta, "step": start_step + done, "epoch": epoch,
                                             "test_accuracy": accuracy})
     except TrainingDiverged as e:
@@ -254,13 +206,14 @@ def train(args, parser) -> int:
         if metrics:
             metrics.close()
 
-    phases = trainer.phase_means_ms()
+    times = phase_times_ms(phase_events)
+    phases = dict(zip(PHASES, times.mean(axis=0).tolist())) if len(times) else {}
     print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps ({args.dataset}, batch {args.batch_size}, "
           f"lr {args.lr}, seed {args.seed}{', conv2 in TF32' if args.tf32 else ''})")
     print(f"training wall time {train_seconds:.2f} s, {done * args.batch_size / train_seconds:,.0f} img/s "
           f"({'eager launches' if args.eager else 'CUDA graph per step'})")
     if phases:
-        print(f"per-phase mean, {len(trainer.phase_events)} sampled steps, eager launches with CUDA events: "
+        print(f"per-phase mean, {len(phase_events)} sampled steps, eager launches with CUDA events: "
               + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items())
               + (" (fast kernels: zero-grad is fused into the update)" if args.kernels == "fast" else ""))
     if args.save:

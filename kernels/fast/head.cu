@@ -1,58 +1,6 @@
-// loss.cu: log_softmax + NLL (mean over the batch), its gradient, and the accuracy count.
-//   logits [N,10], labels int32 [N]
-#include "common.cuh"
-
-#define NUM_CLASSES 10
-
-// The step's mean loss goes to *loss and is appended to loss_log[*loss_count] (if there is room), so a
-// training loop can read every step's loss later without synchronising each step. One thread calls it.
-__device__ __forceinline__ void record_loss(float mean, float* loss, float* loss_log, int* loss_count,
-                                            int loss_capacity) {
-    *loss = mean;
-    const int k = *loss_count;
-    if (k < loss_capacity) loss_log[k] = mean;
-    *loss_count = k + 1;
-}
-
-// One block: each thread takes samples tid, tid+blockDim, ... and computes
-//   loss_n = logsumexp(logits_n) - logits_n[label],  dlogits_n = (softmax(logits_n) - onehot) / N;
-// the mean loss is a block reduction in a fixed order, recorded by record_loss.
-extern "C" __global__ void cross_entropy_forward_backward(const float* logits, const int* labels,
-                                                          float* dlogits, float* loss, float* loss_log,
-                                                          int* loss_count, int loss_capacity, int N) {
-    float sum = 0.0f;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        const float* z = logits + n * NUM_CLASSES;
-        float zmax = z[0];
-        for (int j = 1; j < NUM_CLASSES; j++) zmax = fmaxf(zmax, z[j]);
-        float se = 0.0f;
-        for (int j = 0; j < NUM_CLASSES; j++) se += expf(z[j] - zmax);
-        const float lse = zmax + logf(se);
-        const int label = labels[n];
-        sum += lse - z[label];
-        for (int j = 0; j < NUM_CLASSES; j++)
-            dlogits[n * NUM_CLASSES + j] = (expf(z[j] - lse) - (j == label ? 1.0f : 0.0f)) / N;
-    }
-    const float mean = block_sum(sum) / N;
-    if (threadIdx.x == 0) record_loss(mean, loss, loss_log, loss_count, loss_capacity);
-}
-
-// One block: adds to *correct the number of samples whose largest logit (first on ties) is the label.
-extern "C" __global__ void count_correct(const float* logits, const int* labels, int* correct, int N) {
-    float hits = 0.0f;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        const float* z = logits + n * NUM_CLASSES;
-        int best = 0;
-        for (int j = 1; j < NUM_CLASSES; j++) if (z[j] > z[best]) best = j;
-        hits += best == labels[n] ? 1.0f : 0.0f;
-    }
-    const float total = block_sum(hits);  // exact: integers far below 2^24
-    if (threadIdx.x == 0) *correct += (int)total;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// fast: the whole head in one launch. From h = relu(fc1(...)) [N,H]: logits = h W^T + b (fc2),
-// log_softmax + NLL, and the backward of all of it: dlogits, dW, db (fc2's gradients), the gradient at
+// head.cu: fc2 -> log_softmax -> NLL and its backward in one launch: the fast form of naive/linear.cu
+// (fc2), cross_entropy.cu and relu.cu's backward (fc1's). From h = relu(fc1(...)) [N,H]: logits =
+// h W^T + b (fc2), log_softmax + NLL, and the backward of all of it: dlogits, dW, db (fc2's gradients), the gradient at
 // fc1's pre-activation d_pre = (dlogits W) * (h > 0), and fc1's bias gradient sum_n d_pre.
 // A block takes HEAD_SAMPLES samples, in three steps, each spread so that no thread repeats another's
 // work (a warp per sample would compute each sample's softmax 32 times over, and that made the head
@@ -63,14 +11,19 @@ extern "C" __global__ void count_correct(const float* logits, const int* labels,
 //   3. HEAD_GROUPS threads per column o of h, each over every HEAD_GROUPS-th sample: d_pre[., o] and
 //      the block's sums of dW[., o] and fc1's bias gradient, the groups combined by warp butterflies;
 //      db and the loss summed in sample order.
-// Blocks write their sums as partial results, which head_sum_parts adds (the fc1 input gradient after
+// Blocks write their sums as partial results, which head_sum_parts_fast adds (the fc1 input gradient after
 // this needs d_pre only, so that second launch runs beside it). With train = 0 only the logits.
 // grid ceil(N/HEAD_SAMPLES), HEAD_THREADS threads; partial [blocks, HEAD_SUMS(H)].
-#define HEAD_SAMPLES 16
-#define HEAD_THREADS 512
+// HEAD_SAMPLES, HEAD_THREADS and HEAD_SUMS(H) (a block's sums: dW [10,H], fc1's bias gradient [H], db [10],
+// the loss) come from mnist_cuda/ops/head.py (NVRTC -D options).
+#include "common.cuh"
+#include "loss_log.cuh"
+
+#if !defined(HEAD_SAMPLES) || !defined(HEAD_THREADS) || !defined(HEAD_SUMS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
 #define HEAD_GROUPS 4  // threads per column in step 3 (a power of two, at most 32)
 #define HEAD_CHUNK 128  // columns of h and W staged at a time in step 1
-#define HEAD_SUMS(H) (11 * (H) + 11)  // a block's sums: dW [10,H], fc1's bias gradient [H], db [10], the loss
 #define HEAD_STAGE_REGS CEIL_DIV((HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK, HEAD_THREADS)
 
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
@@ -183,9 +136,9 @@ head_forward_backward_fast(const float* h, const float* w, const float* b, const
 
 // The head's sums over its blocks, in block order: fc2's dW and db, fc1's bias gradient, and the mean loss
 // (record_loss). A thread per element. partial [blocks, HEAD_SUMS(H)].
-extern "C" __global__ void head_sum_parts(const float* partial, int blocks, int N, int H, float* dw, float* db,
-                                          float* d_bias_fc1, float* loss, float* loss_log, int* loss_count,
-                                          int loss_capacity) {
+extern "C" __global__ void head_sum_parts_fast(const float* partial, int blocks, int N, int H, float* dw, float* db,
+                                               float* d_bias_fc1, float* loss, float* loss_log, int* loss_count,
+                                               int loss_capacity) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x, size = HEAD_SUMS(H);
     if (i >= size) return;
     const float s = sum_in_order(partial + i, blocks, size);

@@ -1,97 +1,27 @@
-// batchnorm.cu: BatchNorm2d as PyTorch defines it, over x [N,C,H,W], per channel c.
-//   training: mean and biased variance of the batch; running stats updated with the unbiased
-//             variance and momentum; eval: the running statistics.
-//
-// naive: one block per channel for the reductions (fixed order: deterministic), one thread per
-// element for the elementwise parts.
+// bn_relu_pool.cu: the second block's BatchNorm fused with ReLU and max pooling (x = conv2's output
+// [N,C,S,S], S even): the fast form of naive/batchnorm.cu, relu.cu and maxpool.cu for block 2, forward
+// and backward. Reductions are split into parts of imgs_per_block images (at most MAX_PARTS), one warp per
+// channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
+// for each group of channels, the last of its blocks combines the parts in a fixed order
+// (last_block_done). counter: one per group.
 #include "common.cuh"
-
-// Per channel: mean, invstd = 1/sqrt(var + eps), and the running-statistics update. Two passes
-// over the channel (mean first, then squared deviations) for an accurate variance.
-extern "C" __global__ void batchnorm_stats_naive(const float* x, float* mean, float* invstd,
-                                                 float* running_mean, float* running_var,
-                                                 int N, int C, int HW, float eps, float momentum) {
-    const int c = blockIdx.x, count = N * HW;
-    float s = 0.0f;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) s += x[((i / HW) * C + c) * HW + i % HW];
-    const float m = block_sum(s) / count;
-    float q = 0.0f;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) {
-        float d = x[((i / HW) * C + c) * HW + i % HW] - m;
-        q += d * d;
-    }
-    const float var = block_sum(q) / count;
-    if (threadIdx.x == 0) {
-        mean[c] = m;
-        invstd[c] = rsqrtf(var + eps);
-        float unbiased = count > 1 ? var * count / (count - 1) : var;
-        running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * m;
-        running_var[c] = (1.0f - momentum) * running_var[c] + momentum * unbiased;
-    }
-}
-
-// y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c]; training passes the batch statistics.
-extern "C" __global__ void batchnorm_apply_naive(const float* x, const float* mean, const float* invstd,
-                                                 const float* gamma, const float* beta, float* y,
-                                                 int N, int C, int HW) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * C * HW) return;
-    int c = (idx / HW) % C;
-    y[idx] = batchnorm_apply(x[idx], mean[c], invstd[c], gamma[c], beta[c]);
-}
-
-// Evaluation: the same with the running statistics.
-extern "C" __global__ void batchnorm_eval_naive(const float* x, const float* running_mean,
-                                                const float* running_var, const float* gamma,
-                                                const float* beta, float* y, int N, int C, int HW,
-                                                float eps) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * C * HW) return;
-    int c = (idx / HW) % C;
-    y[idx] = batchnorm_apply(x[idx], running_mean[c], rsqrtf(running_var[c] + eps), gamma[c], beta[c]);
-}
-
-// Backward through the batch statistics, one block per channel:
-//   dbeta = sum dy, dgamma = sum dy*xhat,
-//   dx = gamma*invstd/count * (count*dy - dbeta - xhat*dgamma),  xhat = (x - mean)*invstd.
-extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float* x, const float* mean,
-                                                    const float* invstd, const float* gamma,
-                                                    float* dx, float* dgamma, float* dbeta,
-                                                    int N, int C, int HW) {
-    const int c = blockIdx.x, count = N * HW;
-    const float m = mean[c], is = invstd[c];
-    float sdy = 0.0f, sdyx = 0.0f;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) {
-        int at = ((i / HW) * C + c) * HW + i % HW;
-        sdy += dy[at];
-        sdyx += dy[at] * (x[at] - m) * is;
-    }
-    const float db = block_sum(sdy), dg = block_sum(sdyx);
-    if (threadIdx.x == 0) { dbeta[c] = db; dgamma[c] = dg; }
-    const float scale = gamma[c] * is / count;
-    for (int i = threadIdx.x; i < count; i += blockDim.x) {
-        int at = ((i / HW) * C + c) * HW + i % HW;
-        dx[at] = scale * (count * dy[at] - db - (x[at] - m) * is * dg);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------------
-// fast: the second block's BatchNorm fused with ReLU and max pooling (x = conv2's output [N,C,S,S],
-// S even). Reductions are split into parts of imgs_per_block images (about 64 parts), one warp per
-// channel, 8 channels per block; for each group of 8 channels, the last of its blocks combines the
-// parts in a fixed order (last_block_done). counter: one per group.
+#include "part_reduce.cuh"
+#if !defined(BN_CHANNELS) || !defined(BN_THREADS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
+static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
 
 // Per (channel, part) mean and M2, merged by each group's last block, which finalizes BatchNorm. A warp
 // owns a channel: it holds one image's HW values in registers (loaded together: one memory latency per
 // image), takes their mean and squared deviations (two passes over registers), and merges them into
 // the part's running (mean, M2) with Chan's formula, in image order.
-// grid (parts, ceil(C/8)), 256 threads; partial [C, parts, 2]. HW <= 32 * BN_STATS_VALUES.
+// grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; partial [C, parts, 2]. HW <= 32 * BN_STATS_VALUES.
 #define BN_STATS_VALUES 7  // per lane and image: 7 * 32 >= 196, conv2's 14x14
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
                      unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
                      float* running_mean, float* running_var) {
-    const int lane = threadIdx.x % 32, c = blockIdx.y * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32;
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     if (c < C) {
         float mean = 0.0f, m2 = 0.0f, count = 0.0f;
@@ -118,14 +48,14 @@ batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, f
         }
     }
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, blockIdx.y * 8, min(C, blockIdx.y * 8 + 8),
+    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, blockIdx.y * BN_CHANNELS, min(C, blockIdx.y * BN_CHANNELS + BN_CHANNELS),
                              eps, momentum, save_mean, save_invstd, running_mean, running_var);
 }
 
 // Evaluation: the statistics the fused forward kernels normalise with become the running ones:
 // mean = running_mean, invstd = 1/sqrt(running_var + eps). C threads.
-extern "C" __global__ void batchnorm_eval_stats(const float* running_mean, const float* running_var, float eps,
-                                                int C, float* mean, float* invstd) {
+extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, const float* running_var, float eps,
+                                                     int C, float* mean, float* invstd) {
     int c = blockIdx.x * blockDim.x + threadIdx.x;
     if (c >= C) return;
     mean[c] = running_mean[c];
@@ -154,14 +84,14 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const flo
 // window's argmax where the ReLU passed: the sums run over pooled pixels. A warp owns a channel; each
 // lane reads its pooled pixels' (value, argmax, gradient) for one image at once, then x at the argmax
 // positions: two memory latencies per image, whatever the ReLU let through.
-// grid (parts, ceil(C/8)), 256 threads; S*S/4 <= 32 * BN_POOLED_VALUES.
+// grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; S*S/4 <= 32 * BN_POOLED_VALUES.
 #define BN_POOLED_VALUES 2  // per lane and image: 64 >= 49, conv2's 7x7 pooled pixels
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const float* save_invstd,
                                const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
                                int C, int S, int imgs_per_block, float* partial, unsigned int* counter,
                                float* dgamma, float* dbeta) {
-    const int lane = threadIdx.x % 32, c = blockIdx.y * 8 + threadIdx.x / 32, So = S / 2;
+    const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32, So = S / 2;
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     float sdz = 0.0f, sdzx = 0.0f;
     if (c < C) {
@@ -201,7 +131,7 @@ batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const flo
         pair[1] = sdzx;
     }
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    sum_parts_pairs(partial, gridDim.x, blockIdx.y * 8, min(C, blockIdx.y * 8 + 8), dbeta, dgamma);
+    sum_parts_pairs(partial, gridDim.x, blockIdx.y * BN_CHANNELS, min(C, blockIdx.y * BN_CHANNELS + BN_CHANNELS), dbeta, dgamma);
 }
 
 // dx = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt

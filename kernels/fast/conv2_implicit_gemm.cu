@@ -1,85 +1,8 @@
-// conv2d.cu: 3x3 convolution, stride 1, zero padding 1, no bias, NCHW.
-//   x [N,C,H,W], w [K,C,3,3] -> y [N,K,H,W]
-//
-// naive: one thread per output element, loops straight from the definition.
+// conv2_implicit_gemm.cu: conv2 (3x3, stride 1, zero padding 1, no bias, 14x14 images) as matrix products
+// on the tensor cores: the fast form of naive/conv2d.cu for conv2. The spatial size is a compile-time
+// constant, so the index arithmetic is multiplies and shifts, not divisions.
 #include "common.cuh"
-
-// y[n,k,h,w] = sum_{c,i,j} x[n,c,h+i-1,w+j-1] * w[k,c,i,j]
-extern "C" __global__ void conv2d_forward_naive(const float* x, const float* w, float* y,
-                                                int N, int C, int K, int H, int W) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * K * H * W) return;
-    int ow = idx % W, oh = (idx / W) % H, k = (idx / (W * H)) % K, n = idx / (W * H * K);
-    float acc = 0.0f;
-    for (int c = 0; c < C; c++)
-        for (int i = 0; i < 3; i++) {
-            int ih = oh + i - 1;
-            if (ih < 0 || ih >= H) continue;
-            for (int j = 0; j < 3; j++) {
-                int iw = ow + j - 1;
-                if (iw < 0 || iw >= W) continue;
-                acc += x[((n * C + c) * H + ih) * W + iw] * w[((k * C + c) * 3 + i) * 3 + j];
-            }
-        }
-    y[idx] = acc;
-}
-
-// dx[n,c,h,w] = sum_{k,i,j} dy[n,k,h+1-i,w+1-j] * w[k,c,i,j]   (each input pixel feeds 9 outputs)
-extern "C" __global__ void conv2d_backward_input_naive(const float* dy, const float* w, float* dx,
-                                                       int N, int C, int K, int H, int W) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= N * C * H * W) return;
-    int iw = idx % W, ih = (idx / W) % H, c = (idx / (W * H)) % C, n = idx / (W * H * C);
-    float acc = 0.0f;
-    for (int k = 0; k < K; k++)
-        for (int i = 0; i < 3; i++) {
-            int oh = ih + 1 - i;
-            if (oh < 0 || oh >= H) continue;
-            for (int j = 0; j < 3; j++) {
-                int ow = iw + 1 - j;
-                if (ow < 0 || ow >= W) continue;
-                acc += dy[((n * K + k) * H + oh) * W + ow] * w[((k * C + c) * 3 + i) * 3 + j];
-            }
-        }
-    dx[idx] = acc;
-}
-
-// dw[k,c,i,j] = sum_{n,h,w} dy[n,k,h,w] * x[n,c,h+i-1,w+j-1]   (one thread per weight)
-extern "C" __global__ void conv2d_backward_weight_naive(const float* x, const float* dy, float* dw,
-                                                        int N, int C, int K, int H, int W) {
-    int idx = blockIdx.x * blockDim.x + threadIdx.x;
-    if (idx >= K * C * 9) return;
-    int j = idx % 3, i = (idx / 3) % 3, c = (idx / 9) % C, k = idx / (9 * C);
-    float acc = 0.0f;
-    for (int n = 0; n < N; n++)
-        for (int oh = 0; oh < H; oh++) {
-            int ih = oh + i - 1;
-            if (ih < 0 || ih >= H) continue;
-            for (int ow = 0; ow < W; ow++) {
-                int iw = ow + j - 1;
-                if (iw < 0 || iw >= W) continue;
-                acc += dy[((n * K + k) * H + oh) * W + ow] * x[((n * C + c) * H + ih) * W + iw];
-            }
-        }
-    dw[idx] = acc;
-}
-
-// ---------------------------------------------------------------------------------------------------
-// fast: tensor-core matrix products (gemm.cuh). The spatial size is a compile-time constant (14:
-// conv2's) so the index arithmetic is multiplies and shifts, not divisions.
-#include "gemm.cuh"
-
-// Copies from global to shared memory that bypass registers (cp.async; wait_all waits for this
-// thread's, then a barrier makes everyone's visible).
-__device__ __forceinline__ void cp_async4(float* shared, const float* global) {
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
-                 "l"(global));
-}
-__device__ __forceinline__ void cp_async16(float* shared, const float* global) {
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
-                 "l"(global));
-}
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+#include "tensor_core.cuh"
 
 // ---- forward and input gradient: one image per block, the image staged in shared memory ----------
 //
@@ -112,20 +35,20 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 // B: a plane holds a channel quad's pixels at 16 bytes each, so core matrices are 8 consecutive pixels
 // (128 bytes apart along the columns) and the second quad is the next plane; a tap's shift moves the
 // start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4].
-#define CONV2_SIZE 14
-#define CONV_THREADS 128         // one warpgroup: 4 warps x 16 rows
-#define CONV_TILE_CHANNELS 32    // output channels per block: rows 0-31 (big parts), 32-63 (small parts)
-#define CONV_TILE_CHANNELS_TF32 64  // in plain TF32 (the _tf32 entry points): a row per output channel
-#define CONV_CHUNK 8             // input channels per step: 8 x 9 taps = 72 k = 9 k-steps
-#define CONV_PADDED 16           // the staged grid is 16 wide: the image with its zero border
-#define CONV_CHUNK_QUADS 1152    // weight float4s per chunk: 9 taps x 2 channel quads x 64 rows
-#define CONV_ROWS 7              // grid rows per block: half the image, so 112 columns. A block per
-                                 // whole image (224 columns, 3 blocks per SM) was slower at batch 64 and
-                                 // 512 alike (NOTES.md, v12)
-#define CONV_STAGED_PIXELS 146   // the block's 7 rows and a border row above and below (9 x 16), and 2
-                                 // pixels that the last column's last tap reads
-// A block's dynamic shared memory (two buffers of the staged image and of the chunk's weights; the
-// accumulators at the end) is mnist_cuda.kernels.conv_tile_shared_bytes().
+// Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py (NVRTC -D options): CONV2_SIZE (14, conv2's
+// images), CONV_THREADS (one warpgroup: 4 warps x 16 rows), CONV_TILE_CHANNELS output channels per block
+// in Precision::Fp32 (rows 0-31 big parts, 32-63 small parts) and CONV_TILE_CHANNELS_TF32 in
+// Precision::Tf32 (a row per output channel), CONV_CHUNK input channels per step (x 9 taps = 72 k = 9
+// k-steps), CONV_CHUNK_QUADS weight float4s per chunk (9 taps x 2 channel quads x 64 rows), CONV_ROWS grid
+// rows per block (half the image, so 112 columns; a block per whole image was slower at batch 64 and 512
+// alike), CONV_STAGED_PIXELS (the block's rows and a border row above and below, and 2 pixels that the
+// last column's last tap reads). The block's dynamic shared memory, two buffers of the staged image and of
+// the chunk's weights (the accumulators at the end), is sized there too.
+#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) || !defined(CONV_TILE_CHANNELS_TF32) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
+#define CONV_PADDED 16  // the staged grid is 16 wide: the image with its zero border
+
 
 // v's TF32 big parts into big, the remainders into small.
 __device__ __forceinline__ void split4(const float v[4], float4* big, float4* small) {
@@ -171,52 +94,6 @@ __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int C
     stage4<TF32>(v, &big, &small);
     quads[q] = row < TILE ? big : small;
 }
-
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// ---- Hopper warpgroup MMA (PTX ISA: wgmma) --------------------------------------------------------
-// A shared-memory matrix descriptor, no swizzle: leading = bytes from one core matrix to the next along
-// k, stride = along the rows (A) or columns (B). Address and offsets in units of 16 bytes.
-__device__ __forceinline__ unsigned long long wgmma_descriptor(const void* shared, unsigned leading, unsigned stride) {
-    const unsigned address = (unsigned)__cvta_generic_to_shared(shared);
-    return (unsigned long long)((address & 0x3FFFF) >> 4) | (unsigned long long)(leading >> 4) << 16 |
-           (unsigned long long)(stride >> 4) << 32;
-}
-// fence: registers written by ordinary instructions (the zeroed accumulators) are visible to the wgmma
-// that follow. commit: close the group of wgmma issued so far; wait: until all groups are done.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
-__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
-// Shared memory written by ordinary stores and cp.async (the generic proxy) is visible to wgmma (the
-// async proxy) after this fence, then a barrier.
-__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-
-// d (64 x N, N/2 values per thread) += A (64 x 8, descriptor a) * B (8 x N, descriptor b), TF32.
-// d[4j + r] = D(row 16*warp + g + 8*(r/2), column 8j + 2t + r%2), as mma.sync's c per 8 columns.
-template <int N>
-__device__ __forceinline__ void wgmma_tf32(float* d, unsigned long long a, unsigned long long b);
-template <>
-__device__ __forceinline__ void wgmma_tf32<96>(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
-                 : "l"(a), "l"(b));
-}
-template <>
-__device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, unsigned long long b) {
-    asm volatile("wgmma.mma_async.sync.aligned.m64n112k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, %56, %57, 1, 1, 1;"
-                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
-                 : "l"(a), "l"(b));
-}
-#else
-__device__ __forceinline__ void fence_proxy_async() {}
-// Four 8 x 8 tiles of 16-bit values (= 8 x 4 of 32-bit ones) from shared memory: lane l gives the
-// address of row l % 8 of tile l / 8 (16 bytes), and receives 32-bit element l % 4 of row l / 4 of each
-// tile: as mma's fragments need them (see below).
-__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const float* shared) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"((unsigned)__cvta_generic_to_shared(shared)));
-}
-#endif
 
 template <bool TF32>
 __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin,
@@ -366,13 +243,14 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 // three wgmma m64n96k8: dy_big * x_big into one set of accumulators, dy_big * x_small and dy_small *
 // x_big into the other (NOTES.md, v17j: two m64n192k8 with both parts of x also did the small * small
 // product); a channel's two sums are added at the end. Other GPUs run the products as mma.sync.
-#define WGRAD_THREADS 384    // 3 warpgroups: kernel rows 0, 1, 2; 2 parts x 3 taps x 16 accumulators per thread
-#define WGRAD_OUT 64         // output channels per block: the 64 rows of A
-#define WGRAD_CHANNELS 32    // input channels per block: a tap's 32 columns of B (of one part)
-#define WGRAD_IMAGES 4       // images per 16-byte unit of k
-#define WGRAD_X_SLOTS 6      // staged x rows: the three an item reads, and up to three for the next item
-// A block's dynamic shared memory (WGRAD_X_SLOTS staged x rows and two dy rows) is
-// mnist_cuda.kernels.conv_weight_grad_shared_bytes().
+// Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py: WGRAD_THREADS (3 warpgroups: kernel rows 0, 1, 2;
+// 2 parts x 3 taps x 16 accumulators per thread), WGRAD_OUT output channels per block (the 64 rows of A),
+// WGRAD_CHANNELS input channels per block (a tap's 32 columns of B, of one part), WGRAD_IMAGES images per
+// 16-byte unit of k, WGRAD_X_SLOTS staged x rows (the three an item reads, and up to three for the next
+// item); the block's dynamic shared memory (the x rows and two dy rows) is sized there too.
+#if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || !defined(WGRAD_X_SLOTS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
 
 template <bool TF32>
 __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N,
@@ -551,7 +429,6 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     }
 }
 
-// Entry points; H == W == 14 (checked by the caller).
 // The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
 // first, then input_grad_quads (K in, C out; flipped).
 template <bool TF32>
@@ -565,55 +442,38 @@ __device__ __forceinline__ void stage_weights(const float* w, int C, int K, floa
     else if (q < forward + input_grad) stage_weight_quad<true, TF32>(w, K, C, input_grad_quads, q - forward);
 }
 
-extern "C" __global__ void conv2d_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
-                                                     float4* input_grad_quads) {
-    stage_weights<false>(w, C, K, forward_quads, input_grad_quads);
+// Entry points: the precision is a template parameter. Precision::Fp32 keeps float32's accuracy with the
+// three products of 3xTF32; Precision::Tf32 (train and compare --tf32) rounds both operands to the nearest
+// TF32 and multiplies once, as cuDNN's TF32 convolutions do: about 3e-4 relative error instead of 1e-6.
+// The image tiles' A then holds 64 output channels (CONV_TILE_CHANNELS_TF32) instead of the two parts of
+// 32: half the blocks and half the tensor work; the weight gradient does a third of its tensor work.
+enum class Precision { Fp32, Tf32 };
+
+template <Precision P>
+__global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
+                                         float4* input_grad_quads) {
+    stage_weights<P == Precision::Tf32>(w, C, K, forward_quads, input_grad_quads);
 }
 
-// grid (N, ceil(K / CONV_TILE_CHANNELS), 14 / CONV_ROWS), CONV_THREADS threads, conv_tile_shared_bytes()
-extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
-conv2d_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K, int H, int W) {
-    conv3x3_image_tile<false>(x, forward_quads, y, C, K);
+// grid (N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory
+template <Precision P>
+__global__ void __launch_bounds__(CONV_THREADS, 4)
+conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
+    conv3x3_image_tile<P == Precision::Tf32>(x, forward_quads, y, C, K);
 }
 
-// grid (N, ceil(C / CONV_TILE_CHANNELS), 14 / CONV_ROWS), as the forward
-extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
-conv2d_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K, int H,
-                           int W) {
-    conv3x3_image_tile<false>(dy, input_grad_quads, dx, K, C);
+// grid (N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward
+template <Precision P>
+__global__ void __launch_bounds__(CONV_THREADS, 4)
+conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
+    conv3x3_image_tile<P == Precision::Tf32>(dy, input_grad_quads, dx, K, C);
 }
 
-// grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads,
-// conv_weight_grad_shared_bytes(); partial [parts, K, C, 3, 3] (with one part: dw itself)
-extern "C" __global__ void __launch_bounds__(WGRAD_THREADS, 1)
-conv2d_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
-                            int W, int items_per_part) {
-    conv3x3_weight_grad_rows<false>(x, dy, partial, N, C, K, items_per_part);
-}
-
-// The same three products in plain TF32 (train and compare --tf32), as cuDNN's TF32 convolutions: both
-// operands rounded to the nearest TF32 and multiplied once. The image tiles' A then holds 64 output
-// channels (CONV_TILE_CHANNELS_TF32) instead of the two parts of 32: half the blocks and half the tensor
-// work; the weight gradient does a third of its tensor work. About 3e-4 relative error instead of 1e-6.
-// Same shared memory as the _fast ones; the image tiles' grids have 64 channels per block.
-extern "C" __global__ void conv2d_stage_weights_tf32(const float* w, int C, int K, float4* forward_quads,
-                                                     float4* input_grad_quads) {
-    stage_weights<true>(w, C, K, forward_quads, input_grad_quads);
-}
-
-extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
-conv2d_forward_tf32(const float* x, const float4* forward_quads, float* y, int N, int C, int K, int H, int W) {
-    conv3x3_image_tile<true>(x, forward_quads, y, C, K);
-}
-
-extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
-conv2d_backward_input_tf32(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K, int H,
-                           int W) {
-    conv3x3_image_tile<true>(dy, input_grad_quads, dx, K, C);
-}
-
-extern "C" __global__ void __launch_bounds__(WGRAD_THREADS, 1)
-conv2d_backward_weight_tf32(const float* x, const float* dy, float* partial, int N, int C, int K, int H,
-                            int W, int items_per_part) {
-    conv3x3_weight_grad_rows<true>(x, dy, partial, N, C, K, items_per_part);
+// grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
+// memory; partial [parts, K, C, 3, 3] (with one part: dw itself)
+template <Precision P>
+__global__ void __launch_bounds__(WGRAD_THREADS, 1)
+conv2_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K,
+                           int items_per_part) {
+    conv3x3_weight_grad_rows<P == Precision::Tf32>(x, dy, partial, N, C, K, items_per_part);
 }

@@ -1,5 +1,6 @@
-// conv1_fused.cu: the first block, conv1 (one input channel, 28x28) -> BatchNorm2d -> ReLU -> maxpool,
-// fused, for the fast kernel version.
+// conv1_bn_relu_pool.cu: the first block, conv1 (one input channel, 28x28) -> BatchNorm2d -> ReLU ->
+// maxpool, fused: the fast form of naive/normalize.cu, conv2d.cu, batchnorm.cu, relu.cu and maxpool.cu
+// for conv1, forward and backward.
 //
 // conv1's output a[n,c,h,w] costs 9 multiply-adds from a 3 KB image, yet would be 100 KB per image
 // if stored (N*C*784 floats, read and written several times). So it is never stored. The forward
@@ -24,7 +25,7 @@
 //
 // Layout: thread t < 196 owns pooled window t, i.e. the 2x2 outputs under it. It copies the 4x4 input
 // patch those four outputs read into registers (eight float2 loads), then computes from registers:
-// the pool kernel the four outputs of each of its CHANNELS channels (36 multiply-adds per 8
+// the pool kernel the four outputs of each of its CONV1_CHANNELS channels (36 multiply-adds per 8
 // shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds).
 // The images come as bytes and are normalised as they are staged (normalize_pixel, common.cuh, by a
 // table of the 256 values in shared memory).
@@ -36,13 +37,16 @@
 #define P1 (S1 + 2)                // with the zero padding
 #define POOLED1 (S1 / 2)
 #define WINDOWS (POOLED1 * POOLED1)  // 196 pooled windows per image and channel
-#define CHANNELS 8                 // channels per block
-#define GRAD_CHANNELS 4            // channels per block of conv1_backward_fast (fewer registers: 2 blocks per SM)
 #define TAPS 9
-#define MOMENTS 54                 // S_t, then G_tu for t <= u, row by row (doubles)
-#define GRAD_SUMS 10               // per channel in the backward: sum dz, then E_t
-static_assert(MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && GRAD_SUMS == 1 + TAPS, "moment counts");
-#define THREADS 224                // 7 warps; threads 196..223 own no window but join the reductions
+// From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_CHANNELS channels per block of the
+// forward, CONV1_GRAD_CHANNELS per block of conv1_backward_fast (fewer registers: 2 blocks per SM),
+// CONV1_THREADS threads per block, CONV1_MOMENTS image moments (S_t, then G_tu for t <= u, row by row,
+// in double), CONV1_GRAD_SUMS sums per channel in the backward (sum dz, then E_t).
+#if !defined(CONV1_CHANNELS) || !defined(CONV1_GRAD_CHANNELS) || !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_SUMS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
+static_assert(CONV1_MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && CONV1_GRAD_SUMS == 1 + TAPS, "moment counts");
+// CONV1_THREADS: 7 warps; threads 196..223 own no window but join the reductions.
 #define NO_POSITION 4              // "the ReLU blocked this window": no gradient reaches conv1
 
 // Element i of the zero-padded P1 x P1 image: inside the 28x28 image (then *pixel is its index there)
@@ -54,13 +58,13 @@ __device__ __forceinline__ bool padded_pixel(int i, int* pixel) {
 }
 
 // This thread's pixels of image n of x [N,1,28,28] (bytes) into registers (the loads are issued here;
-// only a use of v waits for them). Blocks have THREADS threads.
-#define IMAGE_REGS CEIL_DIV(P1 * P1, THREADS)
+// only a use of v waits for them). Blocks have CONV1_THREADS threads.
+#define IMAGE_REGS CEIL_DIV(P1 * P1, CONV1_THREADS)
 __device__ __forceinline__ void fetch_padded_image(const unsigned char* x, int n, unsigned char v[IMAGE_REGS]) {
 #pragma unroll
     for (int r = 0; r < IMAGE_REGS; r++) {
         int pixel;
-        v[r] = padded_pixel(threadIdx.x + r * THREADS, &pixel) ? x[n * S1 * S1 + pixel] : 0;
+        v[r] = padded_pixel(threadIdx.x + r * CONV1_THREADS, &pixel) ? x[n * S1 * S1 + pixel] : 0;
     }
 }
 
@@ -70,7 +74,7 @@ __device__ __forceinline__ void store_padded_image(const unsigned char v[IMAGE_R
                                                    float* img) {
 #pragma unroll
     for (int r = 0; r < IMAGE_REGS; r++) {
-        const int i = threadIdx.x + r * THREADS;
+        const int i = threadIdx.x + r * CONV1_THREADS;
         int pixel;
         if (i < P1 * P1) img[i] = padded_pixel(i, &pixel) ? pixel_value[v[r]] : 0.0f;
     }
@@ -78,9 +82,9 @@ __device__ __forceinline__ void store_padded_image(const unsigned char v[IMAGE_R
 
 // Stage the block's channel weights c0.., 12 floats per channel (9 used) so that a channel's weights
 // are three float4 loads (broadcast: every thread reads the same address).
-__device__ __forceinline__ void load_channel_weights(const float* w, int C, int c0, float4 ws[CHANNELS][3]) {
+__device__ __forceinline__ void load_channel_weights(const float* w, int C, int c0, float4 ws[CONV1_CHANNELS][3]) {
     float* flat = reinterpret_cast<float*>(ws);
-    for (int i = threadIdx.x; i < CHANNELS * 12; i += blockDim.x) {
+    for (int i = threadIdx.x; i < CONV1_CHANNELS * 12; i += blockDim.x) {
         const int cl = i / 12, tap = i % 12;
         flat[i] = (c0 + cl < C && tap < 9) ? w[(c0 + cl) * 9 + tap] : 0.0f;
     }
@@ -147,18 +151,18 @@ __device__ __forceinline__ void conv1_window(const float p[4][4], const float4 w
     }
 }
 
-// What reaches pooled window t of image n from above, for channels c0 .. c0 + GRAD_CHANNELS - 1: the
+// What reaches pooled window t of image n from above, for channels c0 .. c0 + CONV1_GRAD_CHANNELS - 1: the
 // gradient dz at its argmax position `at`, or at = NO_POSITION where the ReLU blocked it (pooled <= 0)
 // or the channel is past C. fetch() issues the loads; take() waits for them. conv1_backward_fast fetches
 // an image ahead, so that the loads' latency overlaps the work on the image before.
 struct PooledGrads {
-    float grad[GRAD_CHANNELS], value[GRAD_CHANNELS];
-    unsigned char position[GRAD_CHANNELS];
+    float grad[CONV1_GRAD_CHANNELS], value[CONV1_GRAD_CHANNELS];
+    unsigned char position[CONV1_GRAD_CHANNELS];
 
     __device__ __forceinline__ void fetch(const float* d_pooled, const float* pooled, const unsigned char* argmax,
                                           int n, int C, int c0, int t) {
 #pragma unroll
-        for (int cl = 0; cl < GRAD_CHANNELS; cl++) {
+        for (int cl = 0; cl < CONV1_GRAD_CHANNELS; cl++) {
             const bool inside = c0 + cl < C;
             const int idx = (n * C + c0 + cl) * WINDOWS + t;
             grad[cl] = inside ? d_pooled[idx] : 0.0f;
@@ -167,9 +171,9 @@ struct PooledGrads {
         }
     }
 
-    __device__ __forceinline__ void take(float dz[GRAD_CHANNELS], int at[GRAD_CHANNELS]) const {
+    __device__ __forceinline__ void take(float dz[CONV1_GRAD_CHANNELS], int at[CONV1_GRAD_CHANNELS]) const {
 #pragma unroll
-        for (int cl = 0; cl < GRAD_CHANNELS; cl++) {
+        for (int cl = 0; cl < CONV1_GRAD_CHANNELS; cl++) {
             dz[cl] = value[cl] > 0.0f ? grad[cl] : 0.0f;
             at[cl] = value[cl] > 0.0f ? position[cl] : NO_POSITION;
         }
@@ -226,18 +230,18 @@ __device__ __forceinline__ void patch_at(const float p[4][4], int at, float x[TA
 
 // The batch's image moments, S_t and G_tu in double (see the top of this file). Each block sums its
 // part of the batch; the last block merges the parts in order.
-// grid (parts), THREADS threads; moment_partial [parts, MOMENTS]; moments [MOMENTS]; counter: one.
-extern "C" __global__ void __launch_bounds__(THREADS)
+// grid (parts), CONV1_THREADS threads; moment_partial [parts, CONV1_MOMENTS]; moments [CONV1_MOMENTS]; counter: one.
+extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
 conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, double* moment_partial,
                          unsigned int* counter, double* moments) {
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ double red[THREADS / 32 * MOMENTS];
+    __shared__ double red[CONV1_THREADS / 32 * CONV1_MOMENTS];
     const int t = threadIdx.x;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    double acc[MOMENTS];
+    double acc[CONV1_MOMENTS];
 #pragma unroll
-    for (int k = 0; k < MOMENTS; k++) acc[k] = 0.0;
+    for (int k = 0; k < CONV1_MOMENTS; k++) acc[k] = 0.0;
     for_each_image(x, first, last, img, [] {}, [&](int n, const float (&p)[4][4]) {
         // this window's sums over its four outputs in float, added to the double sums (a quarter of the
         // double-precision additions; float's rounding on four terms is far below the tests' 1e-5)
@@ -256,9 +260,9 @@ conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, doub
         }
     });
     const double sum = block_sums(acc, red);
-    if (t < MOMENTS) moment_partial[(size_t)blockIdx.x * MOMENTS + t] = sum;
+    if (t < CONV1_MOMENTS) moment_partial[(size_t)blockIdx.x * CONV1_MOMENTS + t] = sum;
     if (!last_block_done(counter, gridDim.x)) return;
-    if (t < MOMENTS) moments[t] = sum_in_order(moment_partial + t, gridDim.x, MOMENTS);
+    if (t < CONV1_MOMENTS) moments[t] = sum_in_order(moment_partial + t, gridDim.x, CONV1_MOMENTS);
 }
 
 // A channel's BatchNorm statistics over the batch's count outputs from its image moments and its
@@ -286,22 +290,22 @@ __device__ __forceinline__ void channel_stats(const double* moments, const float
 // conv1_image_moments_fast): every block computes those of its channels, and the blocks of image 0
 // save them (mean, invstd: for the backward) and update the running statistics. In evaluation mean and
 // invstd are given (the running statistics', batchnorm_eval_stats) and moments is not read.
-// grid (N, ceil(C/CHANNELS)), THREADS threads: thread t < 196 is pooled window t of image n.
-extern "C" __global__ void __launch_bounds__(THREADS)
+// grid (N, ceil(C/CONV1_CHANNELS)), CONV1_THREADS threads: thread t < 196 is pooled window t of image n.
+extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
 conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
                         float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
                         const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float4 ws[CHANNELS][3];
-    __shared__ float bn_mean[CHANNELS], bn_invstd[CHANNELS];
-    __shared__ double mom[MOMENTS];
-    const int c0 = blockIdx.y * CHANNELS;
+    __shared__ float4 ws[CONV1_CHANNELS][3];
+    __shared__ float bn_mean[CONV1_CHANNELS], bn_invstd[CONV1_CHANNELS];
+    __shared__ double mom[CONV1_MOMENTS];
+    const int c0 = blockIdx.y * CONV1_CHANNELS;
     load_channel_weights(w, C, c0, ws);
     const auto statistics = [&] {  // while the image is on its way
         const int cl = threadIdx.x, c = c0 + cl;
-        if (train && threadIdx.x < MOMENTS) mom[threadIdx.x] = moments[threadIdx.x];
+        if (train && threadIdx.x < CONV1_MOMENTS) mom[threadIdx.x] = moments[threadIdx.x];
         __syncthreads();  // (every thread calls setup)
-        if (cl >= CHANNELS || c >= C) return;
+        if (cl >= CONV1_CHANNELS || c >= C) return;
         if (!train) {
             bn_mean[cl] = mean[c];
             bn_invstd[cl] = invstd[c];
@@ -318,7 +322,7 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
     for_each_image(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float (&p)[4][4]) {
         const int t = threadIdx.x;
 #pragma unroll
-        for (int cl = 0; cl < CHANNELS; cl++) {
+        for (int cl = 0; cl < CONV1_CHANNELS; cl++) {
             const int c = c0 + cl;
             if (c >= C) break;
             float a[4];
@@ -340,54 +344,54 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
 // da = gamma invstd / count (count dz - dbeta - xhat dgamma):
 //     dgamma = sum dz xhat = invstd (w.E - mean dbeta)
 //     dw_t   = sum da X_t  = gamma invstd / count (count E_t - dbeta S_t - dgamma invstd ((G w)_t - mean S_t))
-// computed in double by the last block of each group of GRAD_CHANNELS channels, after merging the parts.
-// grid (parts, ceil(C/GRAD_CHANNELS)), THREADS threads; partial [C, parts, GRAD_SUMS]; counter: one per
+// computed in double by the last block of each group of CONV1_GRAD_CHANNELS channels, after merging the parts.
+// grid (parts, ceil(C/CONV1_GRAD_CHANNELS)), CONV1_THREADS threads; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per
 // group; moments from conv1_image_moments_fast.
-extern "C" __global__ void __launch_bounds__(THREADS, 2)
+extern "C" __global__ void __launch_bounds__(CONV1_THREADS, 2)
 conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
                     const float* gamma, const double* moments, const float* d_pooled, const float* pooled,
                     const unsigned char* argmax, int N, int C, int imgs_per_block, float* partial,
                     unsigned int* counter, float* dgamma, float* dbeta, float* dw) {
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float red[THREADS / 32 * GRAD_CHANNELS * GRAD_SUMS];
-    __shared__ float total[GRAD_CHANNELS * GRAD_SUMS];
-    __shared__ double mom[MOMENTS];
-    const int t = threadIdx.x, c0 = blockIdx.y * GRAD_CHANNELS;
+    __shared__ float red[CONV1_THREADS / 32 * CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS];
+    __shared__ float total[CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS];
+    __shared__ double mom[CONV1_MOMENTS];
+    const int t = threadIdx.x, c0 = blockIdx.y * CONV1_GRAD_CHANNELS;
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    float acc[GRAD_CHANNELS * GRAD_SUMS];
+    float acc[CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS];
 #pragma unroll
-    for (int i = 0; i < GRAD_CHANNELS * GRAD_SUMS; i++) acc[i] = 0.0f;
+    for (int i = 0; i < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS; i++) acc[i] = 0.0f;
     PooledGrads ahead;  // the next image's
     if (t < WINDOWS) ahead.fetch(d_pooled, pooled, argmax, first, C, c0, t);
     for_each_image(x, first, last, img, [] {}, [&](int n, const float (&p)[4][4]) {
-        float dz[GRAD_CHANNELS];
-        int at[GRAD_CHANNELS];
+        float dz[CONV1_GRAD_CHANNELS];
+        int at[CONV1_GRAD_CHANNELS];
         ahead.take(dz, at);
         if (n + 1 < last) ahead.fetch(d_pooled, pooled, argmax, n + 1, C, c0, t);
 #pragma unroll
-        for (int cl = 0; cl < GRAD_CHANNELS; cl++) {
+        for (int cl = 0; cl < CONV1_GRAD_CHANNELS; cl++) {
             if (at[cl] == NO_POSITION) continue;
             float xs[TAPS];
             patch_at(p, at[cl], xs);
-            acc[cl * GRAD_SUMS] += dz[cl];
+            acc[cl * CONV1_GRAD_SUMS] += dz[cl];
 #pragma unroll
             for (int tap = 0; tap < TAPS; tap++)
-                acc[cl * GRAD_SUMS + 1 + tap] = fmaf(dz[cl], xs[tap], acc[cl * GRAD_SUMS + 1 + tap]);
+                acc[cl * CONV1_GRAD_SUMS + 1 + tap] = fmaf(dz[cl], xs[tap], acc[cl * CONV1_GRAD_SUMS + 1 + tap]);
         }
     });
     const float sum = block_sums(acc, red);
-    const int c = c0 + t / GRAD_SUMS;
-    if (t < GRAD_CHANNELS * GRAD_SUMS && c < C)
-        partial[((size_t)c * gridDim.x + blockIdx.x) * GRAD_SUMS + t % GRAD_SUMS] = sum;
+    const int c = c0 + t / CONV1_GRAD_SUMS;
+    if (t < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && c < C)
+        partial[((size_t)c * gridDim.x + blockIdx.x) * CONV1_GRAD_SUMS + t % CONV1_GRAD_SUMS] = sum;
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    if (t < MOMENTS) mom[t] = moments[t];
-    if (t < GRAD_CHANNELS * GRAD_SUMS && c < C)
-        total[t] = sum_in_order(partial + (size_t)c * gridDim.x * GRAD_SUMS + t % GRAD_SUMS, gridDim.x, GRAD_SUMS);
+    if (t < CONV1_MOMENTS) mom[t] = moments[t];
+    if (t < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && c < C)
+        total[t] = sum_in_order(partial + (size_t)c * gridDim.x * CONV1_GRAD_SUMS + t % CONV1_GRAD_SUMS, gridDim.x, CONV1_GRAD_SUMS);
     __syncthreads();
-    if (t >= GRAD_CHANNELS || c0 + t >= C) return;
+    if (t >= CONV1_GRAD_CHANNELS || c0 + t >= C) return;
     const int ch = c0 + t;
-    const float* sums = total + t * GRAD_SUMS;  // sum dz, E_0 .. E_8
+    const float* sums = total + t * CONV1_GRAD_SUMS;  // sum dz, E_0 .. E_8
     const double count = (double)N * S1 * S1, mean = save_mean[ch], invstd = save_invstd[ch], db = sums[0];
     double wc[TAPS], wE = 0.0;
 #pragma unroll

@@ -1,5 +1,5 @@
-// gemm.cuh: the tensor-core multiply (3xTF32 mma.sync) shared by the fast conv2d and linear kernels, and
-// the tiled matrix-product core of the linear (fc1) kernels:
+// gemm_tile.cuh: the tiled matrix-product core of fc1's kernels (fast/linear_splitk.cu), on the tensor
+// cores in 3xTF32 (tensor_core.cuh):
 //
 //   C[m][n] = sum_k A(m, k) * B(k, n)
 //
@@ -8,17 +8,17 @@
 // element loaded from global memory is used 64 times. A and B are *loaders*: small structs whose methods
 // return elements (0 outside the problem), here Dense matrices with any strides. A_K_CONTIGUOUS /
 // B_N_CONTIGUOUS say which index of the operand is adjacent in memory, so that consecutive threads load
-// adjacent addresses (coalesced loads). (conv2d.cu stages whole images instead: see there.)
+// adjacent addresses (coalesced loads). (conv2's kernels stage whole images instead: fast/conv2_implicit_gemm.cu.)
 //
 // Each output is a sum over k in a fixed order: results are deterministic.
 #pragma once
+#include "tensor_core.cuh"
 
-#define TILE_M 64
-#define TILE_N 64
-#define TILE_K 16
-#define GEMM_THREADS 256
-#define GEMM_MIN_BLOCKS 3  // per SM: caps registers at 80 so that 24 warps hide each other's latency
-                           // (measured 7-10% faster at batch 512 than the 2 blocks of ~92 registers)
+// TILE_M, TILE_N, TILE_K, GEMM_THREADS and GEMM_MIN_BLOCKS (blocks per SM, which caps the registers so
+// that enough warps hide each other's latency) come from mnist_cuda/ops/linear_splitk.py.
+#if !defined(TILE_M) || !defined(TILE_N) || !defined(TILE_K) || !defined(GEMM_THREADS) || !defined(GEMM_MIN_BLOCKS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
 #define TILE_PAD 8  // rows of TM+8 floats (a multiple of 8 banks, but not of 32): the lanes of a fragment
                     // load, rows k+t and columns m+g, hit banks 8t+g, all different
 
@@ -39,35 +39,6 @@ struct Dense {
     __device__ float at(const Line& l, int k) const { return l.valid && k < len ? l.p[k * sk] : 0.0f; }
 };
 
-// Tensor cores. mma.sync m16n8k8 multiplies a 16x8 tile of A by an 8x8 tile of B into a 16x8 tile of
-// C, spread over the 32 lanes of a warp. With lane = 4*g + t (g = lane/4, t = lane%4), PTX's fragment
-// layout for TF32 is: a[r] = A(g + 8*(r%2), t + 4*(r/2)); b[r] = B(t + 4*r, g);
-// c[r] = C(g + 8*(r/2), 2*t + r%2).
-//
-// TF32 keeps 10 of float32's 23 mantissa bits. To keep float32 accuracy ("3xTF32"), each operand is
-// split into a TF32 "big" part (its low 13 mantissa bits cleared: one AND) and the exact remainder
-// "small" = v - big, and a*b = big*big + big*small + small*big (small*small, ~2^-22 relative, is
-// dropped). The tensor core reads only the top 19 bits of small, a further ~2^-22 relative. Three
-// tensor-core products still cost far fewer instructions than float32 FMAs.
-__device__ __forceinline__ void split_tf32(float v, unsigned* big, unsigned* small) {
-    *big = __float_as_uint(v) & 0xffffe000u;
-    *small = __float_as_uint(v - __uint_as_float(*big));
-}
-
-__device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], const unsigned b[2]) {
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// c += a * b in 3xTF32 from the operands' split parts; the small terms first: they are the least significant.
-__device__ __forceinline__ void mma_3xtf32(float c[4], const unsigned a_big[4], const unsigned a_small[4],
-                                           const unsigned b_big[2], const unsigned b_small[2]) {
-    mma_tf32(c, a_small, b_big);
-    mma_tf32(c, a_big, b_small);
-    mma_tf32(c, a_big, b_big);
-}
 
 // The 8 warps of a block form a 2 x 4 grid over its TM x TN tile; each warp owns (TM/2) x (TN/4) of
 // it as MI x NI mma tiles of 16 x 8, and each lane holds 4 values of each: acc[mi*NI + ni][r].

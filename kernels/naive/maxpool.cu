@@ -1,8 +1,9 @@
-// pool.cu: 2x2 max pooling, stride 2 (floor: an odd last row/column is dropped, as in PyTorch).
+// maxpool.cu: 2x2 max pooling, stride 2 (floor: an odd last row/column is dropped, as in PyTorch).
 //   x [N,C,H,W] -> y [N,C,H/2,W/2] and argmax (0..3 = window position (0,0),(0,1),(1,0),(1,1))
 //
 // naive: one thread per output (forward) and one per input element (backward, a gather: no atomics).
 #include "common.cuh"
+
 
 extern "C" __global__ void maxpool2x2_forward_naive(const float* x, float* y, unsigned char* argmax,
                                                     int N, int C, int H, int W) {

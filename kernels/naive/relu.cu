@@ -1,5 +1,6 @@
-// activation.cu: ReLU, one thread per element.
+// relu.cu: ReLU, one thread per element.
 #include "common.cuh"
+
 
 extern "C" __global__ void relu_forward_naive(const float* x, float* y, int n) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;

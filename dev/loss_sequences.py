@@ -1,0 +1,93 @@
+#!/usr/bin/env python3
+"""Record the metrics files of a fixed set of training runs, or compare two such recordings byte for byte.
+
+    python scripts/loss_sequences.py record DIR [--data-dir data/mnist]
+    python scripts/loss_sequences.py compare DIR_BEFORE DIR_AFTER
+
+A change that should not change what is computed (a refactor, a move of kernels between files, a new
+launch wrapper) must leave every file identical. The runs go through the trainer's command line only,
+so the same script records any two trees of the project. The cases: 600 steps at the defaults (seed 0)
+for each kernel version, and the first 20 steps at batch 1, 7 and 1000 of a small model (channels 8,16,
+hidden 33) for each version, which exercises partial tiles and odd batch sizes.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+VERSIONS = {"naive": ["--kernels", "naive"], "fast": ["--kernels", "fast"],
+            "tf32": ["--kernels", "fast", "--tf32"]}
+
+
+def cases() -> dict[str, list[str]]:
+    """{name: trainer flags} of every recorded run."""
+    out = {}
+    for version, flags in VERSIONS.items():
+        out[f"{version}-defaults-600"] = flags + ["--steps", "600"]
+        for batch in (1, 7, 1000):
+            out[f"{version}-small-b{batch}-20"] = flags + ["--steps", "20", "--batch-size", str(batch),
+                                                            "--channels", "8,16", "--hidden", "33"]
+    return out
+
+
+def record(out_dir: Path, data_dir: Path | None, only: str) -> int:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
+    failed = 0
+    for name, flags in cases().items():
+        if only and only not in name:
+            continue
+        cmd = [sys.executable, "-m", "mnist_cuda.train", "--seed", "0", "--quiet", "--metrics",
+               str(out_dir / f"{name}.jsonl")] + flags + (["--data-dir", str(data_dir)] if data_dir else [])
+        print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
+        rc = subprocess.call(cmd, env=env)
+        if rc != 0:
+            print(f"loss_sequences: {name} exited with {rc}", file=sys.stderr)
+            failed += 1
+    return 1 if failed else 0
+
+
+def compare(before: Path, after: Path) -> int:
+    names = sorted(p.name for p in before.glob("*.jsonl"))
+    if not names:
+        print(f"loss_sequences: no .jsonl files in {before}", file=sys.stderr)
+        return 2
+    differ = 0
+    for name in names:
+        a, b = before / name, after / name
+        if not b.is_file():
+            print(f"MISSING   {name}")
+            differ += 1
+            continue
+        same = a.read_bytes() == b.read_bytes()
+        lines = len(a.read_text().splitlines())
+        print(f"{'IDENTICAL' if same else 'DIFFERENT'} {name} ({lines} lines)")
+        differ += not same
+    print(f"{len(names) - differ} of {len(names)} metrics files identical")
+    return 1 if differ else 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    r = sub.add_parser("record", help="run every case and write DIR/<case>.jsonl")
+    r.add_argument("dir", type=Path, help="folder for the metrics files (created)")
+    r.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (passed to the trainer)")
+    r.add_argument("--only", default="", help="only the cases whose name contains this")
+    c = sub.add_parser("compare", help="compare the metrics files of two recordings byte for byte")
+    c.add_argument("before", type=Path)
+    c.add_argument("after", type=Path)
+    args = p.parse_args(argv)
+    if args.command == "record":
+        return record(args.dir, args.data_dir, args.only)
+    for d in (args.before, args.after):
+        if not d.is_dir():
+            p.error(f"{d} is not a folder")
+    return compare(args.before, args.after)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+// tensor_core.cuh: the tensor-core building blocks of the fast products: TF32 splitting for 3xTF32,
+// mma.sync (any GPU since Ampere), Hopper's warpgroup MMA (wgmma, compiled for sm_90a only), ldmatrix,
+// and cp.async copies from global to shared memory.
+#pragma once
+
+// Tensor cores. mma.sync m16n8k8 multiplies a 16x8 tile of A by an 8x8 tile of B into a 16x8 tile of
+// C, spread over the 32 lanes of a warp. With lane = 4*g + t (g = lane/4, t = lane%4), PTX's fragment
+// layout for TF32 is: a[r] = A(g + 8*(r%2), t + 4*(r/2)); b[r] = B(t + 4*r, g);
+// c[r] = C(g + 8*(r/2), 2*t + r%2).
+//
+// TF32 keeps 10 of float32's 23 mantissa bits. To keep float32 accuracy ("3xTF32"), each operand is
+// split into a TF32 "big" part (its low 13 mantissa bits cleared: one AND) and the exact remainder
+// "small" = v - big, and a*b = big*big + big*small + small*big (small*small, ~2^-22 relative, is
+// dropped). The tensor core reads only the top 19 bits of small, a further ~2^-22 relative. Three
+// tensor-core products still cost far fewer instructions than float32 FMAs.
+__device__ __forceinline__ void split_tf32(float v, unsigned* big, unsigned* small) {
+    *big = __float_as_uint(v) & 0xffffe000u;
+    *small = __float_as_uint(v - __uint_as_float(*big));
+}
+
+__device__ __forceinline__ void mma_tf32(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// c += a * b in 3xTF32 from the operands' split parts; the small terms first: they are the least significant.
+__device__ __forceinline__ void mma_3xtf32(float c[4], const unsigned a_big[4], const unsigned a_small[4],
+                                           const unsigned b_big[2], const unsigned b_small[2]) {
+    mma_tf32(c, a_small, b_big);
+    mma_tf32(c, a_big, b_small);
+    mma_tf32(c, a_big, b_big);
+}
+
+// Copies from global to shared memory that bypass registers (cp.async; wait_all waits for this
+// thread's, then a barrier makes everyone's visible).
+__device__ __forceinline__ void cp_async4(float* shared, const float* global) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
+                 "l"(global));
+}
+__device__ __forceinline__ void cp_async16(float* shared, const float* global) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
+                 "l"(global));
+}
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// ---- Hopper warpgroup MMA (PTX ISA: wgmma) --------------------------------------------------------
+// A shared-memory matrix descriptor, no swizzle: leading = bytes from one core matrix to the next along
+// k, stride = along the rows (A) or columns (B). Address and offsets in units of 16 bytes.
+__device__ __forceinline__ unsigned long long wgmma_descriptor(const void* shared, unsigned leading, unsigned stride) {
+    const unsigned address = (unsigned)__cvta_generic_to_shared(shared);
+    return (unsigned long long)((address & 0x3FFFF) >> 4) | (unsigned long long)(leading >> 4) << 16 |
+           (unsigned long long)(stride >> 4) << 32;
+}
+// fence: registers written by ordinary instructions (the zeroed accumulators) are visible to the wgmma
+// that follow. commit: close the group of wgmma issued so far; wait: until all groups are done.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory"); }
+// Shared memory written by ordinary stores and cp.async (the generic proxy) is visible to wgmma (the
+// async proxy) after this fence, then a barrier.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+
+// d (64 x N, N/2 values per thread) += A (64 x 8, descriptor a) * B (8 x N, descriptor b), TF32.
+// d[4j + r] = D(row 16*warp + g + 8*(r/2), column 8j + 2t + r%2), as mma.sync's c per 8 columns.
+template <int N>
+__device__ __forceinline__ void wgmma_tf32(float* d, unsigned long long a, unsigned long long b);
+template <>
+__device__ __forceinline__ void wgmma_tf32<96>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n96k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n112k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, %56, %57, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+                 : "l"(a), "l"(b));
+}
+#else
+__device__ __forceinline__ void fence_proxy_async() {}
+// Four 8 x 8 tiles of 16-bit values (= 8 x 4 of 32-bit ones) from shared memory: lane l gives the
+// address of row l % 8 of tile l / 8 (16 bytes), and receives 32-bit element l % 4 of row l / 4 of each
+// tile: as mma's fragments need them (see below).
+__device__ __forceinline__ void ldmatrix_x4(unsigned r[4], const float* shared) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"((unsigned)__cvta_generic_to_shared(shared)));
+}
+#endif

@@ -1,0 +1,309 @@
+"""The CUDA layer: compile kernels/ sources with NVRTC (through CuPy), load them, launch with checked
+argument types. It knows no op: which kernels exist, their grids and their compile-time constants are
+mnist_cuda/ops' business.
+
+    Source(path, defines)     one .cu file under kernels/, compiled as one module with -D options;
+                              local #include "..." headers (kernels/include/) are inlined first, so
+                              CuPy's on-disk cache key covers them too
+    Source.kernel(name)       a Kernel: name is an extern "C" entry point, or a template instantiation
+                              such as "conv2_forward_fast<Precision::Tf32>" (an NVRTC name expression)
+    Kernel.launch(...)        on the current stream, scalars as explicit NumPy types
+    launch_hook(fn)           while active, every launch goes through fn (profilers, timelines)
+    SideStream                fork/join of a second stream; inside a graph capture, a branch
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+COMPILE_OPTIONS = ("--std=c++17",)
+INSTALL_HINT = ("install the CUDA extra from the checkout: pip install '.[cuda12]' "
+                "(or '.[cuda13]' for a CUDA 13 driver); only an NVIDIA driver is needed besides")
+ARG_TYPES = (np.int32, np.uint32, np.int64, np.float32)
+
+
+class GPUUnavailable(RuntimeError):
+    """CuPy or a CUDA device is missing; the message says what and how to install."""
+
+
+def kernel_dir() -> Path:
+    """kernels/ of a source checkout, or the copy a wheel carries inside the package."""
+    packaged = Path(__file__).resolve().parent / "kernels_src"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parent.parent / "kernels"
+
+
+def require_gpu():
+    """Import CuPy and check that a CUDA device answers; raise GPUUnavailable with advice if not."""
+    try:
+        import cupy
+    except ImportError:
+        raise GPUUnavailable(f"CuPy is not installed; {INSTALL_HINT}") from None
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as e:  # CUDARuntimeError: no driver, insufficient driver, ...
+        hint = (" (no NVIDIA driver here, or one older than this CuPy's CUDA)"
+                if "InsufficientDriver" in str(e) else "")
+        raise GPUUnavailable(f"no usable CUDA GPU: {e}{hint}; this trainer needs an NVIDIA GPU and driver") from None
+    if count == 0:
+        raise GPUUnavailable("no CUDA GPU found; this trainer needs an NVIDIA GPU and driver")
+    return cupy
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@functools.lru_cache(maxsize=None)
+def sm_count() -> int:
+    return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
+
+
+def pinned_empty(shape, dtype) -> np.ndarray:
+    """A NumPy array in page-locked host memory (fast, truly asynchronous host-to-device copies)."""
+    cupy = require_gpu()
+    dtype = np.dtype(dtype)
+    count = int(np.prod(shape, dtype=np.int64))
+    mem = cupy.cuda.alloc_pinned_memory(max(count * dtype.itemsize, 1))
+    return np.frombuffer(mem, dtype, count).reshape(shape)
+
+
+# ---- sources ------------------------------------------------------------------------------------
+
+_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.MULTILINE)
+_ENTRY = re.compile(r'(?:extern\s+"C"\s+|template\s*<[^>]*>\s*)__global__\s+void\s+'
+                    r'(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(')
+
+
+def read_source(path: str) -> str:
+    """The text of kernels/<path> with its local #include "..." headers inlined (each once), looked up
+    beside the file and in kernels/include/."""
+    root, seen = kernel_dir(), set()
+    here = (root / path).parent
+
+    def expand(text: str) -> str:
+        def repl(m):
+            header = m.group(1)
+            if header in seen:
+                return ""
+            seen.add(header)
+            found = here / header if (here / header).is_file() else root / "include" / header
+            body = found.read_text().replace("#pragma once", "")  # inlined once already
+            return f"// ---- {header} ----\n" + expand(body) + f"\n// ---- end {header} ----"
+        return _INCLUDE.sub(repl, text)
+
+    return expand((root / path).read_text())
+
+
+def entry_points(source_text: str) -> list[str]:
+    """The names of the __global__ functions of a source (extern "C" ones and kernel templates)."""
+    return _ENTRY.findall(source_text)
+
+
+def _define(name: str, value) -> str:
+    if isinstance(value, float):
+        return f"-D{name}={value!r}f"
+    return f"-D{name}={value}"
+
+
+_arch_specific = True  # on Hopper, compile for sm_90a (wgmma, in fast/conv2_implicit_gemm.cu)
+_sources: dict[str, "Source"] = {}
+
+
+class Source:
+    """One .cu file under kernels/ with the -D options its kernels need; compiled on first use."""
+
+    def __init__(self, path: str, defines: dict):
+        if path in _sources:
+            raise ValueError(f"{path} is declared twice; declare each source once, in its ops module")
+        self.path, self.defines = path, dict(defines)
+        self.name_expressions: list[str] = []
+        self.kernels: dict[str, Kernel] = {}
+        self._module = None
+        _sources[path] = self
+
+    def options(self, arch_options=()) -> tuple[str, ...]:
+        return COMPILE_OPTIONS + tuple(_define(k, v) for k, v in self.defines.items()) + tuple(arch_options)
+
+    def kernel(self, name: str) -> "Kernel":
+        """The kernel `name` of this source (an entry point, or a template instantiation)."""
+        if name not in self.kernels:
+            if "<" in name:
+                self.name_expressions.append(name)
+                self._module = None  # compiled without this instantiation
+            self.kernels[name] = Kernel(self, name)
+        return self.kernels[name]
+
+    def module(self):
+        if self._module is None:
+            cupy = require_gpu()
+            self._module = cupy.RawModule(code=read_source(self.path), options=self.options(_arch_options(cupy)),
+                                          name_expressions=self.name_expressions or None)
+            for k in self.kernels.values():
+                k._fn = None
+        return self._module
+
+    def compile_check(self, arch: str) -> str | None:
+        """Compile with NVRTC for `arch` (no GPU needed); the error log, or None if it compiles."""
+        try:
+            from cupy_backends.cuda.libs import nvrtc
+        except ImportError as e:
+            raise GPUUnavailable(f"NVRTC is not available ({e}); {INSTALL_HINT}") from None
+        prog = nvrtc.createProgram(read_source(self.path), self.path, (), ())
+        try:
+            for expression in self.name_expressions:
+                nvrtc.addNameExpression(prog, expression)
+            nvrtc.compileProgram(prog, self.options((f"-arch={arch}",)))
+            return None
+        except nvrtc.NVRTCError:
+            return nvrtc.getProgramLog(prog)
+        finally:
+            nvrtc.destroyProgram(prog)
+
+
+def sources() -> list[Source]:
+    """Every declared source (import mnist_cuda.ops first: its modules declare them)."""
+    return list(_sources.values())
+
+
+def _arch_options(cupy) -> tuple[str, ...]:
+    # CuPy adds -arch=sm_XY for the device; NVRTC given both -arch=sm_90a and -arch=sm_90 compiles for sm_90a.
+    return ("-arch=sm_90a",) if _arch_specific and cupy.cuda.Device().compute_capability == "90" else ()
+
+
+def use_arch_specific(on: bool):
+    """Whether the kernels are compiled for sm_90a on a Hopper GPU (conv2's products then use its
+    warpgroup MMA, wgmma) or for plain sm_XY as on any other GPU (their mma.sync form). The tests run both
+    forms on a Hopper GPU; kernels are compiled anew on their next use."""
+    global _arch_specific
+    _arch_specific = bool(on)
+    for s in _sources.values():
+        s._module = None
+
+
+def preload():
+    """Compile and load every declared kernel now (before timing, and before a graph capture, during
+    which loading a module is not allowed)."""
+    for s in _sources.values():
+        for k in s.kernels.values():
+            k.function()
+
+
+# ---- launches -----------------------------------------------------------------------------------
+
+LaunchHook = Callable[["Kernel", tuple, tuple, tuple, int, Callable[[], None]], None]
+_hooks: list[LaunchHook] = []
+
+
+@contextlib.contextmanager
+def launch_hook(fn: LaunchHook):
+    """While active, every launch calls fn(kernel, grid, block, args, shared_mem, launch) instead of
+    launching; fn calls launch() to launch (any number of times), and may record what it sees."""
+    _hooks.append(fn)
+    try:
+        yield
+    finally:
+        _hooks.remove(fn)
+
+
+class Kernel:
+    """One compiled kernel; its launch checks the argument types."""
+
+    def __init__(self, source: Source, name: str):
+        self.source, self.name = source, name
+        self._fn = None
+        self._shared_limit = 48 * 1024  # the default dynamic shared memory limit
+
+    def function(self):
+        module = self.source.module()
+        if self._fn is None:
+            self._fn = module.get_function(self.name)
+            # Every kernel asks for the same split of the SM's memory between shared memory and L1, the
+            # largest shared memory: kernels that ask for different splits make the SM drain and
+            # reconfigure between them (docs/performance.md).
+            self._fn.preferred_shared_memory_carveout = 100
+            self._shared_limit = 48 * 1024
+        return self._fn
+
+    def launch(self, grid, block, *args, shared_mem: int = 0):
+        """Launch on the current stream. Scalars must be explicit NumPy types (np.int32, np.float32):
+        a bare Python int would be passed as 64 bits and silently corrupt the following arguments."""
+        for i, a in enumerate(args):
+            if not (isinstance(a, ARG_TYPES) or hasattr(a, "data") and hasattr(a, "dtype") and
+                    type(a).__module__.startswith("cupy")):
+                raise TypeError(f"{self.name}: argument {i} is {type(a).__name__}; pass a cupy array, "
+                                "np.int32 or np.float32")
+        grid = tuple(int(g) for g in grid) if isinstance(grid, tuple) else (int(grid),)
+        block = tuple(int(b) for b in block) if isinstance(block, tuple) else (int(block),)
+        fn = self.function()
+        if shared_mem > self._shared_limit:  # more than the default limit must be asked for
+            fn.max_dynamic_shared_size_bytes = self._shared_limit = shared_mem
+
+        def launch():
+            fn(grid, block, args, shared_mem=shared_mem)
+
+        if _hooks:
+            _hooks[-1](self, grid, block, args, shared_mem, launch)
+        else:
+            launch()
+
+    def launch_1d(self, n: int, *args, block: int = 256):
+        """One thread per element for n elements."""
+        self.launch(ceil_div(n, block), block, *args)
+
+
+# ---- streams ------------------------------------------------------------------------------------
+
+
+class SideStream:
+    """A second stream for work that may overlap the current stream's.
+
+    run(fn) launches fn's kernels on the side stream after everything launched so far on the current
+    stream; join() makes the current stream wait for them. Captured in a graph, the two streams become two
+    branches of it. Outside a capture fn runs on the current stream instead: launched one by one, a step is
+    bound by the host's launches and a second stream gains nothing, while eager work queued on a side
+    stream beside the current one made every later replay of the step graph slower, for the rest of the
+    process (docs/performance.md)."""
+
+    def __init__(self, cp):
+        self.cp = cp
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self.forked = cp.cuda.Event(disable_timing=True)
+        self.done = cp.cuda.Event(disable_timing=True)
+        self.pending = False
+
+    def run(self, fn):
+        current = self.cp.cuda.get_current_stream()
+        if not current.is_capturing():
+            fn()
+            return
+        self.forked.record(current)
+        self.stream.wait_event(self.forked)
+        with self.stream:
+            fn()
+        self.pending = True
+
+    def join(self):
+        if self.pending:  # (a capture may only wait for events recorded inside it)
+            self.done.record(self.stream)
+            self.cp.cuda.get_current_stream().wait_event(self.done)
+            self.pending = False
+
+
+def capture(*work):
+    """Capture the launches of the callables `work` as one CUDA graph (replay: graph.launch(stream))."""
+    cp = require_gpu()
+    preload()  # module loading is not allowed while a stream is capturing
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        stream.begin_capture()
+        try:
+            for fn in work:
+                fn()
+        finally:
+            graph = stream.end_capture()
+    return graph

@@ -1,0 +1,57 @@
+"""The launch contracts of kernels/fast/bn_relu_pool.cu: block 2's BatchNorm statistics, BatchNorm + ReLU +
+maxpool fused, and their backward from the pooled gradient."""
+from __future__ import annotations
+
+from ..cuda import ceil_div
+from .common import F32, I32, MAX_PARTS, parts_of, source
+
+BN_CHANNELS = 8  # channels per block of the reductions: a warp each
+BN_THREADS = 32 * BN_CHANNELS
+
+_src = source("fast/bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS)
+_stats = _src.kernel("batchnorm_stats_fast")
+_eval_stats = _src.kernel("batchnorm_eval_stats_fast")
+_forward = _src.kernel("batchnorm_relu_maxpool_fast")
+_backward_reduce = _src.kernel("batchnorm_backward_reduce_fast")
+_backward_apply = _src.kernel("batchnorm_backward_apply_fast")
+
+
+def partial_size(channels: int) -> int:
+    """Scratch of stats and backward_reduce (float32): a (channel, part) pair each."""
+    return MAX_PARTS * channels * 2
+
+
+def stats(a, n: int, channels: int, hw: int, partial, counter, eps: float, momentum: float, mean, invstd,
+          running_mean, running_var):
+    """The batch's mean and 1/std of a [n, channels, hw], and the running statistics' update (in place).
+    counter: one uint32 per group of BN_CHANNELS channels, zero, left zero."""
+    parts, per_part = parts_of(n)
+    _stats.launch((parts, ceil_div(channels, BN_CHANNELS)), BN_THREADS, a, I32(n), I32(channels), I32(hw),
+                  I32(per_part), partial, counter, F32(eps), F32(momentum), mean, invstd, running_mean, running_var)
+
+
+def eval_stats(running_mean, running_var, eps: float, channels: int, mean, invstd):
+    """For evaluation: mean, invstd from the running statistics, where the fused forwards read them."""
+    _eval_stats.launch_1d(channels, running_mean, running_var, F32(eps), I32(channels), mean, invstd)
+
+
+def forward(a, mean, invstd, gamma, beta, n: int, channels: int, size: int, pooled, argmax):
+    """pooled, argmax [n, channels, size/2, size/2] = maxpool(relu(bn(a))), a [n, channels, size, size]."""
+    _forward.launch_1d(n * channels * (size // 2) ** 2, a, mean, invstd, gamma, beta, I32(n), I32(channels),
+                       I32(size), pooled, argmax)
+
+
+def backward_reduce(a, mean, invstd, d_pooled, pooled, argmax, n: int, channels: int, size: int, partial, counter,
+                    dgamma, dbeta):
+    """dgamma and dbeta from the pooled gradient. counter: one uint32 per channel group, zero, left zero."""
+    parts, per_part = parts_of(n)
+    _backward_reduce.launch((parts, ceil_div(channels, BN_CHANNELS)), BN_THREADS, a, mean, invstd, d_pooled,
+                            pooled, argmax, I32(n), I32(channels), I32(size), I32(per_part), partial, counter,
+                            dgamma, dbeta)
+
+
+def backward_apply(a, mean, invstd, gamma, dgamma, dbeta, d_pooled, pooled, argmax, n: int, channels: int,
+                   size: int, d_a):
+    """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta."""
+    _backward_apply.launch_1d(n * channels * (size // 2) ** 2, a, mean, invstd, gamma, dgamma, dbeta, d_pooled,
+                              pooled, argmax, I32(n), I32(channels), I32(size), d_a)

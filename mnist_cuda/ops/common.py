@@ -1,0 +1,23 @@
+"""What every kernel source shares: the data's constants and the limit of the per-part reductions, as
+NVRTC -D options, and the argument types."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import cuda, data
+
+I32, F32 = np.int32, np.float32
+MAX_PARTS = 64  # a reduction over the batch uses at most this many parts (kernels/include/part_reduce.cuh)
+CLASSES = data.NUM_CLASSES
+COMMON_DEFINES = {"MNIST_MEAN": data.MEAN, "MNIST_STD": data.STD, "NUM_CLASSES": CLASSES, "MAX_PARTS": MAX_PARTS}
+
+
+def source(path: str, **defines) -> cuda.Source:
+    """kernels/<path> with the common -D options and its own."""
+    return cuda.Source(path, {**COMMON_DEFINES, **defines})
+
+
+def parts_of(n: int, max_parts: int = MAX_PARTS) -> tuple[int, int]:
+    """(parts, images per part) for reductions over a batch of n images, at most max_parts parts."""
+    per_part = cuda.ceil_div(n, max(1, min(max_parts, MAX_PARTS)))
+    return cuda.ceil_div(n, per_part), per_part

@@ -1,0 +1,68 @@
+"""The launch contracts of kernels/fast/conv1_bn_relu_pool.cu: conv1 -> BatchNorm -> ReLU -> maxpool fused,
+forward and backward, with BatchNorm's statistics from the batch's image moments."""
+from __future__ import annotations
+
+from ..cuda import ceil_div, sm_count
+from .common import F32, I32, MAX_PARTS, parts_of, source
+
+CONV1_CHANNELS = 8  # channels per block of the forward
+CONV1_GRAD_CHANNELS = 4  # channels per block of the backward (fewer registers: two blocks per SM)
+CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output
+CONV1_MOMENTS = 54  # the image moments: 9 sums S_t and 45 products G_tu (t <= u), in double
+CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for the 9 taps
+
+_src = source("fast/conv1_bn_relu_pool.cu", CONV1_CHANNELS=CONV1_CHANNELS, CONV1_GRAD_CHANNELS=CONV1_GRAD_CHANNELS,
+              CONV1_THREADS=CONV1_THREADS, CONV1_MOMENTS=CONV1_MOMENTS, CONV1_GRAD_SUMS=CONV1_GRAD_SUMS)
+_moments = _src.kernel("conv1_image_moments_fast")
+_forward = _src.kernel("conv1_bn_relu_pool_fast")
+_backward = _src.kernel("conv1_backward_fast")
+
+
+def moment_partial_shape() -> tuple[int, int]:
+    """Scratch of image_moments (float64): a row per part, at most a part per SM."""
+    return sm_count(), CONV1_MOMENTS
+
+
+def backward_partial_size(channels: int) -> int:
+    """Scratch of backward (float32)."""
+    return MAX_PARTS * channels * CONV1_GRAD_SUMS
+
+
+def moments_parts(n: int) -> tuple[int, int]:
+    """(parts, images per part) of image_moments: up to a part per SM (a block fills an SM's registers, and
+    its last block merges the parts in order, which takes any number)."""
+    per_part = ceil_div(n, sm_count())
+    return ceil_div(n, per_part), per_part
+
+
+def image_moments(x, n: int, moment_partial, counter, moments):
+    """The image moments of the n images x (bytes, [n, 1, 28, 28]) into moments [CONV1_MOMENTS] (float64).
+    counter: one uint32, zero, left zero."""
+    parts, per_part = moments_parts(n)
+    _moments.launch(parts, CONV1_THREADS, x, I32(n), I32(per_part), moment_partial, counter, moments)
+
+
+def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invstd, running_mean, running_var,
+            gamma, beta, n: int, channels: int, pooled, argmax):
+    """pooled, argmax [n, channels, 14, 14] = maxpool(relu(bn(conv1(normalize(x))))). In training BatchNorm's
+    statistics come from `moments` (saved in mean, invstd; the running ones updated); in evaluation mean and
+    invstd must hold the running statistics' (bn_relu_pool.eval_stats)."""
+    _forward.launch((n, ceil_div(channels, CONV1_CHANNELS)), CONV1_THREADS, x, w, I32(train), moments, F32(eps),
+                    F32(momentum), mean, invstd, running_mean, running_var, gamma, beta, I32(n), I32(channels),
+                    pooled, argmax)
+
+
+def backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
+    """Grid of backward and its images per part: one wave at two blocks per SM (each block loads an
+    image's gradients while it works on the image before, so a longer part costs little)."""
+    groups = ceil_div(channels, CONV1_GRAD_CHANNELS)
+    parts, per_part = parts_of(n, 2 * sm_count() // groups)
+    return (parts, groups), per_part
+
+
+def backward(x, w, mean, invstd, gamma, moments, d_pooled, pooled, argmax, n: int, channels: int, partial,
+             counter, dgamma, dbeta, dw):
+    """dgamma, dbeta and conv1's dw from the pooled gradient. counter: one uint32 per channel group, zero."""
+    grid, per_part = backward_grid(n, channels)
+    _backward.launch(grid, CONV1_THREADS, x, w, mean, invstd, gamma, moments, d_pooled, pooled, argmax, I32(n),
+                     I32(channels), I32(per_part), partial, counter, dgamma, dbeta, dw)

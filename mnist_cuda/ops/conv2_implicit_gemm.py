@@ -1,0 +1,107 @@
+"""The launch contracts of kernels/fast/conv2_implicit_gemm.cu: conv2's weight staging and its three
+products (forward, input gradient, weight gradient) on the tensor cores, for 14x14 images.
+
+precision: "fp32" keeps float32's accuracy (3xTF32: each operand split into two TF32 parts, three tensor-core
+products); "tf32" rounds both operands to TF32 and multiplies once (train and compare --tf32), as cuDNN's
+TF32 convolutions do."""
+from __future__ import annotations
+
+from ..cuda import ceil_div, sm_count
+from .common import I32, source
+
+PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32"}
+CONV2_SIZE = 14
+# forward and input gradient: a block computes CONV_TILE_CHANNELS (fp32: big and small parts stacked) or
+# CONV_TILE_CHANNELS_TF32 output channels of CONV_ROWS image rows, one warpgroup of CONV_THREADS threads; the
+# input passes through shared memory CONV_CHUNK channels at a time (CONV_STAGED_PIXELS pixels of each),
+# with CONV_CHUNK_QUADS weight float4s per chunk
+CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_TF32 = 128, 32, 64
+CONV_CHUNK, CONV_CHUNK_QUADS, CONV_ROWS, CONV_STAGED_PIXELS = 8, 1152, 7, 146
+# weight gradient: WGRAD_THREADS threads (three warpgroups) per block of WGRAD_OUT output and WGRAD_CHANNELS
+# input channels; k runs over pixels x WGRAD_IMAGES images; WGRAD_X_SLOTS staged rows of x
+WGRAD_THREADS, WGRAD_OUT, WGRAD_CHANNELS, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 64, 32, 4, 6
+
+_src = source("fast/conv2_implicit_gemm.cu", CONV2_SIZE=CONV2_SIZE, CONV_THREADS=CONV_THREADS,
+              CONV_TILE_CHANNELS=CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_TF32=CONV_TILE_CHANNELS_TF32,
+              CONV_CHUNK=CONV_CHUNK, CONV_CHUNK_QUADS=CONV_CHUNK_QUADS, CONV_ROWS=CONV_ROWS,
+              CONV_STAGED_PIXELS=CONV_STAGED_PIXELS, WGRAD_THREADS=WGRAD_THREADS, WGRAD_OUT=WGRAD_OUT,
+              WGRAD_CHANNELS=WGRAD_CHANNELS, WGRAD_IMAGES=WGRAD_IMAGES, WGRAD_X_SLOTS=WGRAD_X_SLOTS)
+_kernels = {(name, p): _src.kernel(f"conv2_{name}_fast<{expr}>")
+            for name in ("stage_weights", "forward", "backward_input", "backward_weight")
+            for p, expr in PRECISIONS.items()}
+
+
+def _kernel(name: str, precision: str):
+    try:
+        return _kernels[name, precision]
+    except KeyError:
+        raise ValueError(f"unknown precision {precision!r}; choose from {tuple(PRECISIONS)}") from None
+
+
+def tile_channels(precision: str) -> int:
+    """Output channels per block of the forward and the input gradient."""
+    return CONV_TILE_CHANNELS_TF32 if precision == "tf32" else CONV_TILE_CHANNELS
+
+
+def weight_quads(c_in: int, c_out: int, precision: str) -> int:
+    """Weight float4s of one product as stage_weights writes them (c_in input, c_out output channels)."""
+    return ceil_div(c_out, tile_channels(precision)) * ceil_div(c_in, CONV_CHUNK) * CONV_CHUNK_QUADS
+
+
+def image_tile_shared_bytes() -> int:
+    """Dynamic shared memory of a forward / input-gradient block: two buffers of the staged image (2 TF32
+    parts x 2 channel quads x CONV_STAGED_PIXELS x 16 bytes) and of a chunk's weights."""
+    return 2 * 4 * CONV_STAGED_PIXELS * 16 + 2 * CONV_CHUNK_QUADS * 16
+
+
+def weight_grad_shared_bytes() -> int:
+    """Dynamic shared memory of a weight-gradient block: WGRAD_X_SLOTS staged x rows (16 pixels x 2 TF32 parts
+    x WGRAD_CHANNELS x 16 bytes each) and two dy rows (14 pixels x 2 parts x WGRAD_OUT x 16 bytes each)."""
+    return WGRAD_X_SLOTS * 16 * 2 * WGRAD_CHANNELS * 16 + 2 * CONV2_SIZE * 2 * WGRAD_OUT * 16
+
+
+def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, precision: str):
+    """w [c_out, c_in, 3, 3] as both products read it: forward_quads [weight_quads(c_in, c_out), 4] and the
+    flipped input_grad_quads [weight_quads(c_out, c_in), 4]."""
+    _kernel("stage_weights", precision).launch_1d(forward_quads.shape[0] + input_grad_quads.shape[0], w, I32(c_in),
+                                                  I32(c_out), forward_quads, input_grad_quads)
+
+
+def _image_tiles(name, precision, n, out_channels, *args):
+    grid = (n, ceil_div(out_channels, tile_channels(precision)), CONV2_SIZE // CONV_ROWS)
+    _kernel(name, precision).launch(grid, CONV_THREADS, *args, shared_mem=image_tile_shared_bytes())
+
+
+def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str):
+    """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) with the weights staged by stage_weights."""
+    _image_tiles("forward", precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
+
+
+def backward_input(dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str):
+    """dx [n, c_in, 14, 14] from dy [n, c_out, 14, 14] and the flipped staged weights."""
+    _image_tiles("backward_input", precision, n, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
+
+
+def weight_grad_partial_size(c_in: int, c_out: int) -> int:
+    """Scratch of backward_weight (float32): room for a partial result per SM."""
+    return sm_count() * c_out * c_in * 9
+
+
+def weight_grad_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int], int]:
+    """Grid of backward_weight and its items per part. An item is an output row of WGRAD_IMAGES images; each
+    block sums a run of consecutive items into its own partial result. A block fills an SM, and the kernel
+    runs beside conv2's input gradient and conv1's backward (on a side branch of the step), so it gets about
+    half of the SMs (docs/performance.md)."""
+    rows, cols = ceil_div(c_out, WGRAD_OUT), ceil_div(c_in, WGRAD_CHANNELS)
+    items = ceil_div(n, WGRAD_IMAGES) * CONV2_SIZE
+    per_part = ceil_div(items * rows * cols, max(1, sm_count() // 2))
+    return (ceil_div(items, per_part), rows, cols), per_part
+
+
+def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: str) -> int:
+    """The weight gradient's partial results [parts, c_out, c_in, 3, 3] into partial; returns parts (for
+    splitk_reduce)."""
+    grid, per_part = weight_grad_grid(n, c_in, c_out)
+    _kernel("backward_weight", precision).launch(grid, WGRAD_THREADS, x, dy, partial, I32(n), I32(c_in), I32(c_out),
+                                                 I32(per_part), shared_mem=weight_grad_shared_bytes())
+    return grid[0]

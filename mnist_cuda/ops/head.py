@@ -1,0 +1,41 @@
+"""The launch contracts of kernels/fast/head.cu: fc2 -> log_softmax -> NLL and their backward in one
+kernel, and the sums over its blocks in a second."""
+from __future__ import annotations
+
+from ..cuda import ceil_div
+from .common import CLASSES, I32, source
+
+HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block
+# a block's sums: fc2's dW [10, H], fc1's bias gradient [H], fc2's db [10], the loss
+HEAD_SUMS = f"({CLASSES + 1} * (H) + {CLASSES + 1})"
+
+_src = source("fast/head.cu", HEAD_SAMPLES=HEAD_SAMPLES, HEAD_THREADS=HEAD_THREADS, **{"HEAD_SUMS(H)": HEAD_SUMS})
+_forward_backward = _src.kernel("head_forward_backward_fast")
+_sum_parts = _src.kernel("head_sum_parts_fast")
+
+
+def head_sums(hidden: int) -> int:
+    """Floats of one block's sums (HEAD_SUMS(H))."""
+    return eval(HEAD_SUMS, {"H": hidden})
+
+
+def blocks(n: int) -> int:
+    return ceil_div(n, HEAD_SAMPLES)
+
+
+def partial_size(batch: int, hidden: int) -> int:
+    return blocks(batch) * head_sums(hidden)
+
+
+def forward_backward(h, w, b, labels, n: int, hidden: int, train: bool, logits, d_pre, partial):
+    """logits [n, 10] = h [n, hidden] w^T + b; in training also d_pre [n, hidden], the loss's gradient at
+    fc1's pre-activation (fc1's ReLU mask applied), and each block's sums into partial [partial_size]."""
+    _forward_backward.launch(blocks(n), HEAD_THREADS, h, w, b, labels, I32(n), I32(hidden), I32(train), logits,
+                             d_pre, partial)
+
+
+def sum_parts(partial, n: int, hidden: int, dw, db, d_bias_fc1, loss, loss_log, loss_count):
+    """The blocks' sums in block order: fc2's dw and db, fc1's bias gradient, and the mean loss into loss and
+    loss_log[loss_count++]."""
+    _sum_parts.launch_1d(head_sums(hidden), partial, I32(blocks(n)), I32(n), I32(hidden), dw, db, d_bias_fc1, loss,
+                         loss_log, loss_count, I32(loss_log.size))
