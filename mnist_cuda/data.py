@@ -311,7 +311,7 @@ def batch_indices(order: np.ndarray, batch_size: int, drop_last: bool) -> Iterat
 
 def with_next(batches: list) -> Iterator[tuple]:
     """(batch, the one after it) for each of the batches, None after the last: a step graph loads the next
-    step's batch while it computes (Model.graph_step)."""
+    step's batch while it computes (mnist_cuda.step)."""
     for i, batch in enumerate(batches):
         yield batch, batches[i + 1] if i + 1 < len(batches) else None
 

@@ -26,6 +26,7 @@ CLASSES = data.NUM_CLASSES
 EPS, MOMENTUM = reference.BN_EPS, reference.BN_MOMENTUM
 KERNEL_VERSIONS = ("naive", "fast")
 LOSS_CAPACITY = 1 << 16  # losses logged on the GPU between two reads
+SLOTS = 2  # device input buffers a step alternates between (FastNet keeps the image moments of each)
 
 
 class Parameters:
@@ -78,6 +79,7 @@ class Parameters:
             else:
                 target = self.p[name] if name in self.p else self.running[name]
                 target.set(np.ascontiguousarray(value, dtype=np.float32))
+        self.cp.cuda.runtime.deviceSynchronize()  # the steps run on non-blocking streams
 
 
 class _Net:
@@ -228,7 +230,7 @@ class FastNet(_Net):
 
     version = "fast"
 
-    def __init__(self, params: Parameters, batch_size: int, precision: str = "fp32", slots: int = 2):
+    def __init__(self, params: Parameters, batch_size: int, precision: str = "fp32"):
         super().__init__(params, batch_size)
         if precision not in conv2_implicit_gemm.PRECISIONS:
             raise ValueError(f"unknown precision {precision!r}; choose from {tuple(conv2_implicit_gemm.PRECISIONS)}")
@@ -243,7 +245,7 @@ class FastNet(_Net):
         self.counters1 = cp.zeros((2, c1), cp.uint32)  # last-block counters: moments, backward
         self.out1, self.argmax1 = cp.empty((B, c1, S2, S2), f32), cp.empty((B, c1, S2, S2), cp.uint8)
         self.moment_partial = cp.empty(conv1_bn_relu_pool.moment_partial_shape(), cp.float64)
-        self.moments = [cp.empty(conv1_bn_relu_pool.CONV1_MOMENTS, cp.float64) for _ in range(slots)]
+        self.moments = [cp.empty(conv1_bn_relu_pool.CONV1_MOMENTS, cp.float64) for _ in range(SLOTS)]
         # block 2
         self.mean2, self.invstd2 = cp.empty(c2, f32), cp.empty(c2, f32)
         self.partial2 = cp.empty(bn_relu_pool.partial_size(c2), f32)

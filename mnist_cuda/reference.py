@@ -1,4 +1,4 @@
-"""The oracle: a float64 NumPy forward and backward of the whole model, exactly as design.md defines it.
+"""The oracle: a float64 NumPy forward and backward of the whole model, exactly as docs/design.md defines it.
 
     conv1 3x3 pad 1 (no bias) -> bn1 -> relu -> maxpool 2x2      [N,C1,14,14]
     conv2 3x3 pad 1 (no bias) -> bn2 -> relu -> maxpool 2x2      [N,C2,7,7]

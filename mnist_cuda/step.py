@@ -20,10 +20,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import cuda, data
+from .nets import SLOTS
 
 PHASES = ("load", "forward", "backward", "update", "zero_grad")
 MODES = ("graph", "eager", "phases")
-SLOTS = 2
 
 
 class Step:

@@ -1,4 +1,4 @@
-"""design.md's network in torch.nn, for the comparison script and the reference's cross-check.
+"""docs/design.md's network in torch.nn, for the comparison script and the reference's cross-check.
 
 The module and parameter names equal our state_dict's, so `load_state_dict` takes our checkpoints.
 torch is imported only when this is called (it is an optional extra).

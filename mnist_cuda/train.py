@@ -21,7 +21,7 @@ from .nets import KERNEL_VERSIONS
 PHASE_SAMPLE_EVERY = 50
 LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar and the NaN check
 
-# Chosen by scripts/sweep_hparams.py on an H100 (see README): mean test accuracy 99.27% over seeds 0-2.
+# batch size and learning rate as scripts/sweep_hparams.py chose them (README, Results)
 DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels="32,64", hidden=128)
 
 

@@ -6,8 +6,9 @@ from ..cuda import ceil_div
 from .common import CLASSES, I32, source
 
 HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block
-# a block's sums: fc2's dW [10, H], fc1's bias gradient [H], fc2's db [10], the loss
-HEAD_SUMS = f"({CLASSES + 1} * (H) + {CLASSES + 1})"
+# a block's sums: per hidden column fc2's dW [10] and fc1's bias gradient; then fc2's db [10] and the loss
+_SUMS_PER_HIDDEN, _SUMS_FIXED = CLASSES + 1, CLASSES + 1
+HEAD_SUMS = f"({_SUMS_PER_HIDDEN} * (H) + {_SUMS_FIXED})"  # the kernel's macro HEAD_SUMS(H)
 
 _src = source("fast/head.cu", HEAD_SAMPLES=HEAD_SAMPLES, HEAD_THREADS=HEAD_THREADS, **{"HEAD_SUMS(H)": HEAD_SUMS})
 _forward_backward = _src.kernel("head_forward_backward_fast")
@@ -16,7 +17,7 @@ _sum_parts = _src.kernel("head_sum_parts_fast")
 
 def head_sums(hidden: int) -> int:
     """Floats of one block's sums (HEAD_SUMS(H))."""
-    return eval(HEAD_SUMS, {"H": hidden})
+    return _SUMS_PER_HIDDEN * hidden + _SUMS_FIXED
 
 
 def blocks(n: int) -> int:
