@@ -115,7 +115,7 @@ template <class Setup, class Body>
 __device__ __forceinline__ void for_each_image(const unsigned char* x, int first, int last, float img[2][P1 * P1],
                                                Setup setup, Body body) {
     // normalize_pixel of every byte value, once per block (its two divisions per pixel, in every
-    // kernel and channel group, made them up to 38% slower at batch 512)
+    // kernel and channel group, cost more than the table: docs/performance.md)
     __shared__ float pixel_value[256];
     unsigned char next[IMAGE_REGS];
     fetch_padded_image(x, first, next);

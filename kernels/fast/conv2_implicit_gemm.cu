@@ -241,8 +241,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 // row is every other core matrix. B, one part of the three taps' pixels side by side (a tap is the next
 // pixel), is then 96 columns at a constant stride, and a k-step is the three products of 3xTF32 as
 // three wgmma m64n96k8: dy_big * x_big into one set of accumulators, dy_big * x_small and dy_small *
-// x_big into the other (NOTES.md, v17j: two m64n192k8 with both parts of x also did the small * small
-// product); a channel's two sums are added at the end. Other GPUs run the products as mma.sync.
+// x_big into the other (two m64n192k8 with both parts of x would also do the small * small product, for
+// nothing); a channel's two sums are added at the end. Other GPUs run the products as mma.sync.
 // Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py: WGRAD_THREADS (3 warpgroups: kernel rows 0, 1, 2;
 // 2 parts x 3 taps x 16 accumulators per thread), WGRAD_OUT output channels per block (the 64 rows of A),
 // WGRAD_CHANNELS input channels per block (a tap's 32 columns of B, of one part), WGRAD_IMAGES images per
