@@ -1,18 +1,23 @@
-"""Shared test set-up: the `gpu` marker skips, with the reason, where CuPy finds no CUDA device."""
+"""Shared test set-up: dev/ on the import path (the kernel cases), and the `gpu` marker, which skips
+with the reason where CuPy finds no CUDA device."""
 import functools
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+DEV = REPO / "dev"
+if str(DEV) not in sys.path:
+    sys.path.insert(0, str(DEV))  # kernel_cases: the case definitions shared with dev/bench_kernels.py
 
 
 @functools.lru_cache(maxsize=None)
 def gpu_missing_reason():
     try:
-        from mnist_cuda import kernels
-        kernels.require_gpu()
+        from mnist_cuda import cuda
+        cuda.require_gpu()
     except Exception as e:  # GPUUnavailable, or CuPy failing to import
         return str(e)
     return None
@@ -27,9 +32,13 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip)
 
 
+MNIST_HINT = "no MNIST copy found ($MNIST_DATA_DIR or data/mnist)"
+
+
 def find_mnist_dir():
-    """A folder with the real MNIST files: $MNIST_DATA_DIR, data/mnist, or ../shared/mnist."""
-    for candidate in (os.environ.get("MNIST_DATA_DIR"), REPO / "data" / "mnist", REPO.parent / "shared" / "mnist"):
+    """A folder inside the repository (or named by $MNIST_DATA_DIR) with the real MNIST files:
+    $MNIST_DATA_DIR, then data/mnist."""
+    for candidate in (os.environ.get("MNIST_DATA_DIR"), REPO / "data" / "mnist"):
         if candidate and (Path(candidate) / "train-images-idx3-ubyte.gz").is_file():
             return Path(candidate)
     return None

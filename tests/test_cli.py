@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import REPO, find_mnist_dir
+from conftest import MNIST_HINT, REPO, find_mnist_dir
 from mnist_cuda import checkpoint, reference
 
 
@@ -85,7 +85,7 @@ def test_no_cupy_is_one_clear_line():
 def mnist_or_skip():
     folder = find_mnist_dir()
     if folder is None:
-        pytest.skip("no MNIST copy found ($MNIST_DATA_DIR, data/mnist or ../shared/mnist)")
+        pytest.skip(MNIST_HINT)
     return folder
 
 

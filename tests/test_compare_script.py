@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, find_mnist_dir
+from conftest import MNIST_HINT, REPO, find_mnist_dir
 
 SCRIPT = REPO / "scripts" / "compare_pytorch.py"
 
@@ -52,7 +52,8 @@ def sample_result(cmp, parity_pass=True):
 def test_arguments(cmp):
     p = cmp.build_parser()
     a = p.parse_args([])
-    assert a.batch_sizes == [64, 512] and a.steps == 500 and a.warmup == 20 and a.parity_steps == 200
+    # the README's default: timing at batch 64, 512 and 4096
+    assert a.batch_sizes == [64, 512, 4096] and a.steps == 500 and a.warmup == 20 and a.parity_steps == 200
     assert a.timing_window == 10 and a.warmup_seconds == 1.0
     assert p.parse_args(["--warmup-seconds", "0"]).warmup_seconds == 0.0
     assert p.parse_args(["--batch-sizes", "1,65"]).batch_sizes == [1, 65]
@@ -163,7 +164,7 @@ def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
     pytest.importorskip("torch", reason="torch is not installed")
     folder = find_mnist_dir()
     if folder is None:
-        pytest.skip("no MNIST copy found ($MNIST_DATA_DIR, data/mnist or ../shared/mnist)")
+        pytest.skip(MNIST_HINT)
     out = tmp_path / "r.json"
     r = run_script("--data-dir", str(folder), "--batch-sizes", "64", "--steps", "30", "--warmup", "5",
                    "--parity-steps", "60", "--no-compiled-graph", "--out", str(out))
@@ -182,7 +183,7 @@ def test_tf32_parity_run_passes(cmp):
     pytest.importorskip("torch", reason="torch is not installed")
     folder = find_mnist_dir()
     if folder is None:
-        pytest.skip("no MNIST copy found ($MNIST_DATA_DIR, data/mnist or ../shared/mnist)")
+        pytest.skip(MNIST_HINT)
     r = run_script("--data-dir", str(folder), "--tf32", "--parity-only")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "TF32 convolutions on both sides" in r.stdout and "-> PASS" in r.stdout

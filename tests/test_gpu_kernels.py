@@ -1,13 +1,15 @@
-"""Every kernel against the float64 reference on fresh random inputs (GPU; skipped without one)."""
+"""Every kernel against the float64 reference on fresh random inputs (GPU; skipped without one). The
+cases are dev/kernel_cases.py's, which dev/bench_kernels.py times."""
 import pytest
 
-from mnist_cuda import kernel_checks as kc
+import kernel_cases as kc
 
 pytestmark = pytest.mark.gpu
 
 # batch sizes 1, 3, 64, 65; the default channels and hidden size, and odd ones that fit no tile
 DIMS = [kc.Dims(1, 32, 64, 128), kc.Dims(3, 5, 7, 33), kc.Dims(64, 32, 64, 128), kc.Dims(65, 5, 7, 33),
         kc.Dims(65, 32, 64, 128)]
+
 
 @pytest.mark.parametrize("dims", DIMS, ids=str)
 @pytest.mark.parametrize("case", kc.all_cases(), ids=lambda c: c.name)
@@ -23,17 +25,45 @@ def _check_against_reference(case, dims):
     assert not bad, f"{case.name} at {dims}: relative errors {errors}"
 
 
+def test_the_cases_launch_every_declared_kernel():
+    """Every kernel some ops module declares is launched by a case, and each case's run() launches just
+    the kernels its name lists (a case that ran another kernel would check the wrong code)."""
+    import numpy as np
+
+    from mnist_cuda import cuda
+    from mnist_cuda.ops import conv2_implicit_gemm
+    precision = {f"<{p}>": f"<{expr}>" for p, expr in conv2_implicit_gemm.PRECISIONS.items()}
+    rng, launched, seen = np.random.default_rng(), set(), set()
+
+    def record(kernel, grid, block, args, shared_mem, launch):
+        seen.add(kernel.name)
+        launch()
+
+    for case in kc.all_cases():
+        prepared = case.make(rng, DIMS[1])  # (conv2's product cases stage its weights here, unrecorded)
+        seen.clear()
+        with cuda.launch_hook(record):
+            kc.check(prepared)
+        listed = case.name.split("[")[0]
+        for short, full in precision.items():
+            listed = listed.replace(short, full)
+        assert seen == set(listed.split("+")), (case.name, seen)
+        launched |= seen
+    assert launched == {name for s in cuda.sources() for name in s.kernels}
+
+
 def _conv2_product_cases():
-    return kc.conv2_product_cases("fast") + kc.conv2_product_cases("tf32")
+    return kc.conv2_product_cases("fp32") + kc.conv2_product_cases("tf32")
 
 
 @pytest.fixture
 def without_arch_specific():
-    """Kernels compiled for plain sm_XY: on a Hopper GPU, conv2d.cu's mma.sync form instead of wgmma."""
-    from mnist_cuda import kernels
-    kernels.use_arch_specific(False)
+    """Kernels compiled for plain sm_XY: on a Hopper GPU, conv2_implicit_gemm.cu's mma.sync form instead of
+    wgmma."""
+    from mnist_cuda import cuda
+    cuda.use_arch_specific(False)
     yield
-    kernels.use_arch_specific(True)
+    cuda.use_arch_specific(True)
 
 
 @pytest.mark.parametrize("dims", DIMS[:2], ids=str)

@@ -1,93 +1,226 @@
-"""Every kernel source compiles with NVRTC for the H100 (sm_90, and sm_90a) and an A100 (sm_80); no GPU needed, so CI catches syntax
-errors. Also the launch helper's guard against untyped scalars."""
+"""The kernel sources and their declarations, without a GPU: every declared source compiles with NVRTC
+for the H100 (sm_90, and sm_90a) and an A100 (sm_80), so CI catches syntax errors; kernels/ and the ops
+modules agree on files, kernels and compile-time constants; the launch's guard against untyped scalars;
+and the ops modules hold every launch."""
+import ast
+import re
+
 import numpy as np
 import pytest
 
-from mnist_cuda import data, kernels
+import mnist_cuda.ops  # noqa: F401  (its modules declare the sources)
+from conftest import REPO
+from mnist_cuda import cuda
+
+NEEDS_CUPY = "CuPy is not installed (pip install '.[cuda12]')"
+SOURCES = {s.path: s for s in cuda.sources()}
+KERNEL_DIR = cuda.kernel_dir()
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_80"])  # sm_90a: conv2d.cu's wgmma form
-def test_every_kernel_compiles(arch):
-    pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'mnist-cuda[cuda12]')")
-    errors = kernels.compile_check(arch)
+def compile_errors(arch: str) -> dict[str, str]:
+    return {path: log for path, s in SOURCES.items() if (log := s.compile_check(arch)) is not None}
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_80"])  # sm_90a: conv2_implicit_gemm.cu's wgmma form
+def test_every_source_compiles(arch):
+    pytest.importorskip("cupy", reason=NEEDS_CUPY)
+    errors = compile_errors(arch)
     assert errors == {}, "\n".join(f"{k}:\n{v}" for k, v in errors.items())
 
 
 def test_compile_check_reports_errors(monkeypatch):
-    pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'mnist-cuda[cuda12]')")
-    real = kernels.read_source
-    monkeypatch.setattr(kernels, "read_source", lambda name: real(name) + ("\nint broken(" if name == "sgd.cu" else ""))
-    errors = kernels.compile_check("sm_90")
-    assert list(errors) == ["sgd.cu"] and "error" in errors["sgd.cu"]
+    pytest.importorskip("cupy", reason=NEEDS_CUPY)
+    real = cuda.read_source
+    monkeypatch.setattr(cuda, "read_source", lambda path: real(path) + ("\nint broken(" if path == "naive/sgd.cu" else ""))
+    errors = compile_errors("sm_90")
+    assert list(errors) == ["naive/sgd.cu"] and "error" in errors["naive/sgd.cu"]
 
 
-def test_header_is_inlined_once():
-    src = kernels.read_source("batchnorm.cu")
+def test_headers_are_inlined_once():
+    src = cuda.read_source("naive/batchnorm.cu")
     assert '#include "common.cuh"' not in src and src.count("block_sum(float v)") == 1
+    for path in SOURCES:  # also where several headers include the same one
+        text = cuda.read_source(path)
+        assert not re.search(r'^\s*#include\s+"', text, re.MULTILINE), path
+        markers = re.findall(r"^// ---- (\S+) ----$", text, re.MULTILINE)
+        assert len(markers) == len(set(markers)), (path, markers)
 
 
-def test_every_source_file_is_listed():
-    on_disk = sorted(p.name for p in kernels.kernel_dir().glob("*.cu"))
-    assert on_disk == sorted(kernels.SOURCE_FILES)
+def test_every_source_file_is_declared_once():
+    """Every .cu file under kernels/ is in naive/ or fast/ and declared by exactly one ops Source."""
+    on_disk = sorted(p.relative_to(KERNEL_DIR).as_posix() for p in KERNEL_DIR.rglob("*.cu"))
+    declared = [s.path for s in cuda.sources()]
+    assert sorted(declared) == on_disk
+    assert all(p.split("/")[0] in ("naive", "fast") and p.count("/") == 1 for p in on_disk), on_disk
+    with pytest.raises(ValueError, match="declared twice"):
+        cuda.Source(declared[0], {})
+
+
+def _template_entry_points(text: str) -> set[str]:
+    return set(re.findall(r"template\s*<[^>]*>\s*__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(",
+                          text))
+
+
+def test_every_entry_point_is_declared_and_every_declared_kernel_exists():
+    """The kernels the ops modules declare are exactly each file's entry points: an extern "C" kernel by
+    its name, a kernel template by its instantiations (at least one each)."""
+    for path, s in SOURCES.items():
+        text = cuda.read_source(path)
+        entries, templates = cuda.entry_points(text), _template_entry_points(text)
+        assert len(entries) == len(set(entries)) == text.count("__global__"), path  # the regex sees every kernel
+        assert not any(n.startswith("__") for n in entries), entries
+        declared = set(s.kernels)
+        assert {k.split("<")[0] for k in declared} == set(entries), path
+        for name in declared:
+            base = name.split("<")[0]
+            assert (base in templates) == ("<" in name), (path, name)  # templates only as instantiations
+        assert set(s.name_expressions) == {k for k in declared if "<" in k}, path
+
+
+def test_kernel_names_say_their_version():
+    """kernels/naive/ and kernels/fast/ pair by name: every naive kernel is <op>_naive (except
+    count_correct, the evaluation's, which has no fast form), every fast kernel <...>_fast."""
+    for path, s in SOURCES.items():
+        for name in cuda.entry_points(cuda.read_source(path)):
+            if path.startswith("naive/"):
+                assert name.endswith("_naive") or name == "count_correct", (path, name)
+            else:
+                assert name.endswith("_fast"), (path, name)
+
+
+def fast_forms() -> dict[str, set[str]]:
+    """For each fast file, the naive files its header says it is the fast form of ("the fast form of
+    naive/batchnorm.cu, relu.cu and maxpool.cu ...")."""
+    out = {}
+    for path in SOURCES:
+        if not path.startswith("fast/"):
+            continue
+        header = []
+        for line in cuda.read_source(path).splitlines():
+            if not line.startswith("//"):
+                break
+            header.append(line[2:].strip())
+        m = re.search(r"the fast form of (naive/.*?)[.:;](?:\s|$)", " ".join(header))
+        out[path] = {f"naive/{name}.cu" for name in re.findall(r"(\w+)\.cu", m.group(1))} if m else set()
+    return out
+
+
+def test_fast_files_name_the_naive_files_they_replace():
+    forms = fast_forms()
+    naive_files = {p for p in SOURCES if p.startswith("naive/")}
+    for path, replaced in forms.items():
+        assert replaced <= naive_files, (path, replaced - naive_files)
+    # splitk_reduce.cu is the second half of the split-K products (linear_splitk.cu, conv2's weight gradient)
+    assert {p for p, replaced in forms.items() if not replaced} == {"fast/splitk_reduce.cu"}
+    assert set().union(*forms.values()) == naive_files  # every naive op has a fast form
+
+
+def case_kernels(case) -> list[str]:
+    """The kernels a case's name lists, without conv2's precision: "a_fast<fp32>+b_fast[conv2]" -> a_fast, b_fast."""
+    return [re.sub(r"<.*", "", k) for k in case.name.split("[")[0].split("+")]
+
+
+def test_kernel_cases_group_by_op_family():
+    """dev/kernel_cases.py's OPS: one family per naive file; every case listed; each family's naive cases
+    first; a naive case under its own file's family, a fast case only under families whose naive files
+    its kernels' files say they replace."""
+    import kernel_cases as kc
+    naive_files = {p for p in SOURCES if p.startswith("naive/")}
+    family = lambda naive_file: naive_file[len("naive/"):-len(".cu")]
+    assert list(kc.OPS) == list(kc.FAMILIES) and set(kc.FAMILIES) == {family(p) for p in naive_files}
+    assert {c.name for cases in kc.OPS.values() for c in cases} == {c.name for c in kc.all_cases()}
+    file_of = {k.split("<")[0]: path for path, s in SOURCES.items() for k in s.kernels}
+    forms = fast_forms()
+    is_naive = lambda case: all(file_of[k].startswith("naive/") for k in case_kernels(case))
+    for case in kc.all_cases():
+        files = {file_of[k] for k in case_kernels(case)}
+        allowed = {family(n) for f in files for n in ({f} if f.startswith("naive/") else forms[f])}
+        assert case.ops and set(case.ops) <= allowed, (case.name, case.ops, allowed)
+        if is_naive(case):
+            assert len(case.ops) == 1, case.name
+    for name, cases in kc.OPS.items():
+        kinds = [is_naive(c) for c in cases]
+        assert kinds[0] and kinds == sorted(kinds, reverse=True), (name, [c.name for c in cases])
+
+
+def test_every_required_macro_is_defined():
+    """A source that needs a compile-time constant guards it (#if !defined(X) || ... #error); the ops
+    module that declares the source must pass each such X as a -D option."""
+    guarded = 0
+    for path, s in SOURCES.items():
+        text = cuda.read_source(path)  # the headers' guards too
+        defined = {name.split("(")[0] for name in s.defines}  # "HEAD_SUMS(H)": a function-like macro
+        for m in re.finditer(r"^#if\s+(!defined\(\w+\)(?:\s*\|\|\s*!defined\(\w+\))*)\s*\n#error", text, re.MULTILINE):
+            required = set(re.findall(r"!defined\((\w+)\)", m.group(1)))
+            assert required <= defined, (path, required - defined)
+            guarded += 1
+        assert len(re.findall(r"^#if\s+!defined", text, re.MULTILINE)) == text.count("#error"), path  # all parsed
+    assert guarded >= 8, guarded  # the fast files and the headers they share guard their constants
+    for path, s in SOURCES.items():
+        assert f"-DMAX_PARTS={s.defines['MAX_PARTS']}" in s.options(), path  # the common defines reach every file
+
+
+# ---- launches -------------------------------------------------------------------------------------
+
+
+def unlaunchable_kernel():
+    """A fresh Kernel of naive/sgd.cu whose compilation fails the test: the type check must come first."""
+    kernel = cuda.Kernel(SOURCES["naive/sgd.cu"], "sgd_naive")
+
+    def compiled():
+        raise AssertionError("the argument check must run before the kernel is compiled or launched")
+    kernel.function = compiled
+    return kernel
 
 
 def test_launch_rejects_python_scalars():
+    kernel = unlaunchable_kernel()
     with pytest.raises(TypeError, match="np.int32"):
-        kernels.launch("sgd_update", 1, 32, 3)
+        kernel.launch(1, 32, 3)
     with pytest.raises(TypeError, match="argument 1 is float"):
-        kernels.launch("sgd_update", 1, 32, np.int32(1), 0.5)
+        kernel.launch(1, 32, np.int32(1), 0.5)
+    with pytest.raises(TypeError, match="argument 0 is ndarray"):  # host memory is no kernel argument
+        kernel.launch(1, 32, np.zeros(4, np.float32))
+    with pytest.raises(TypeError, match="argument 1 is int"):
+        kernel.launch_1d(10, np.float32(1), 2)
 
 
-def test_every_global_function_is_indexed_by_its_name():
-    for name in kernels.SOURCE_FILES:
-        src = kernels.read_source(name)
-        names = kernels.kernel_names(src)
-        assert len(names) == src.count("__global__"), name
-        assert not any(n.startswith("__") for n in names), names
+def _python_files():
+    """mnist_cuda/ outside ops/ and cuda.py, dev/ and scripts/."""
+    for folder in ("mnist_cuda", "dev", "scripts"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            rel = path.relative_to(REPO).as_posix()
+            if not (rel.startswith("mnist_cuda/ops/") or rel == "mnist_cuda/cuda.py"):
+                yield rel, path
 
 
-def test_every_launched_kernel_exists():
-    import re
-    defined = {k for f in kernels.SOURCE_FILES for k in kernels.kernel_names(kernels.read_source(f))}
-    root = kernels.kernel_dir().parent
-    launched = set()
-    for path in [root / "mnist_cuda" / n for n in ("model.py", "kernel_checks.py", "kernels.py")]:
-        launched |= set(re.findall(r'launch(?:_1d)?\(\s*"(\w+)"', path.read_text()))
-    assert len(launched) > 30 and launched <= defined, launched - defined
+def kernel_launches(tree) -> list[tuple[int, str]]:
+    """The calls in tree that make or launch kernels: Kernel(...), Source(...), .kernel(...),
+    .launch_1d(...), and .launch(...) with a grid, a block and arguments (three or more, or *args; a CUDA
+    graph's launch(stream) takes one, and a tool's own two-argument launch(name, fn) is none)."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        f = node.func
+        name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+        starred = any(isinstance(a, ast.Starred) for a in node.args)
+        if (name in ("Kernel", "Source", "launch_1d") or (name == "kernel" and isinstance(f, ast.Attribute))
+                or (name == "launch" and isinstance(f, ast.Attribute) and (len(node.args) >= 3 or starred))):
+            found.append((node.lineno, ast.unparse(node)[:80]))
+    return found
 
 
-def test_launch_geometry_mirrors_the_kernels_defines():
-    """The launch constants in mnist_cuda/kernels.py must equal the #defines the kernels were written for
-    (a mismatch launches the wrong grid or block size, or overruns a scratch buffer)."""
-    import re
+def test_kernel_launches_are_recognised():
+    code = ("cuda.Kernel(src, 'k'); src.kernel('k'); k.launch_1d(n, a); k.launch(g, b, x); k.launch(g, *args); "
+            "graph.launch(stream); self.launch(name, fn); kernel_cases.check(p)")
+    assert [text for _, text in kernel_launches(ast.parse(code))] == [
+        "cuda.Kernel(src, 'k')", "src.kernel('k')", "k.launch_1d(n, a)", "k.launch(g, b, x)", "k.launch(g, *args)"]
 
-    def define(source, name):
-        m = re.search(rf"^#define {name} (\d+)", kernels.read_source(source), re.MULTILINE)
-        assert m, f"{name} not defined in {source}"
-        return int(m.group(1))
 
-    pairs = [("conv2d.cu", "TILE_M", kernels.TILE), ("conv2d.cu", "TILE_N", kernels.TILE),
-             ("conv2d.cu", "TILE_K", kernels.TILE_K), ("conv2d.cu", "GEMM_THREADS", kernels.GEMM_THREADS),
-             ("conv2d.cu", "GEMM_MIN_BLOCKS", kernels.GEMM_MIN_BLOCKS),
-             ("conv2d.cu", "CONV_THREADS", kernels.CONV_THREADS),
-             ("conv2d.cu", "CONV_TILE_CHANNELS", kernels.CONV_TILE_CHANNELS),
-             ("conv2d.cu", "CONV_TILE_CHANNELS_TF32", kernels.CONV_TILE_CHANNELS_TF32),
-             ("conv2d.cu", "CONV_CHUNK", kernels.CONV_CHUNK), ("conv2d.cu", "CONV_CHUNK_QUADS", kernels.CONV_CHUNK_QUADS),
-             ("conv2d.cu", "CONV_ROWS", kernels.CONV_ROWS), ("conv2d.cu", "CONV_STAGED_PIXELS", kernels.CONV_STAGED_PIXELS),
-             ("conv2d.cu", "WGRAD_THREADS", kernels.WGRAD_THREADS),
-             ("conv2d.cu", "WGRAD_CHANNELS", kernels.WGRAD_CHANNELS), ("conv2d.cu", "WGRAD_OUT", kernels.WGRAD_OUT),
-             ("conv2d.cu", "WGRAD_IMAGES", kernels.WGRAD_IMAGES), ("conv2d.cu", "WGRAD_X_SLOTS", kernels.WGRAD_X_SLOTS),
-             ("loss.cu", "HEAD_SAMPLES", kernels.HEAD_SAMPLES), ("loss.cu", "HEAD_THREADS", kernels.HEAD_THREADS),
-             ("batchnorm.cu", "MAX_PARTS", kernels.MAX_PARTS),
-             ("conv1_fused.cu", "CHANNELS", kernels.CONV1_CHANNELS),
-             ("conv1_fused.cu", "THREADS", kernels.CONV1_THREADS),
-             ("conv1_fused.cu", "MOMENTS", kernels.CONV1_MOMENTS),
-             ("conv1_fused.cu", "GRAD_SUMS", kernels.CONV1_GRAD_SUMS),
-             ("conv1_fused.cu", "GRAD_CHANNELS", kernels.CONV1_GRAD_CHANNELS)]
-    for source, name, value in pairs:
-        assert define(source, name) == value, (source, name)
-    m = re.search(r"^#define HEAD_SUMS\(H\) \((\d+) \* \(H\) \+ (\d+)\)", kernels.read_source("loss.cu"), re.MULTILINE)
-    assert m and all(int(m.group(1)) * h + int(m.group(2)) == kernels.head_sums(h) for h in (1, 33, 128)), "HEAD_SUMS"
-    for name, value in (("MNIST_MEAN", data.MEAN), ("MNIST_STD", data.STD)):  # the kernels' normalisation
-        m = re.search(rf"^#define {name} ([0-9.]+)f$", kernels.read_source("common.cuh"), re.MULTILINE)
-        assert m and float(m.group(1)) == value, name
+def test_only_the_ops_modules_launch_kernels():
+    """Grids, blocks and scalar arguments live in mnist_cuda/ops alone: no other module of the package,
+    and no dev/ or scripts/ program, makes a Kernel or launches one (they call the ops functions, and see
+    launches through cuda.launch_hook)."""
+    offenders = {rel: found for rel, path in _python_files() if (found := kernel_launches(ast.parse(path.read_text())))}
+    assert offenders == {}

@@ -1,5 +1,19 @@
-"""The repository's promises: CI runs the README's test command."""
+"""The repository's promises: CI runs the README's test command; the code speaks for itself, in the
+present (no lab version tags, no pointers to notes or folders outside the repository)."""
+import io
+import re
+import tokenize
+
 from conftest import REPO
+
+CODE_FOLDERS = ("kernels", "mnist_cuda", "scripts", "dev", "tests")
+# A lab tag names an experiment of the development history: "v" and a one- or two-digit number, maybe a
+# letter, as a word of its own. Sought in comments and strings only: in code such a word is an
+# ordinary variable name (a vector's components, say).
+LAB_TAG = re.compile(r"\bv[0-9]{1,2}[a-z]?\b")
+# Written in pieces, so that this file does not match itself.
+OUTSIDE = ("NOTES" + ".md", ".." + "/shared")
+_CU_PROSE = re.compile(r'//[^\n]*|/\*.*?\*/|"(?:\\.|[^"\\\n])*"', re.DOTALL)
 
 
 def test_ci_runs_the_readme_test_command():
@@ -10,3 +24,46 @@ def test_ci_runs_the_readme_test_command():
     assert "pytest tests/" in command
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()]
     assert command in ci
+
+
+def code_files():
+    for folder in CODE_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*")):
+            if path.suffix in (".py", ".cu", ".cuh") and "__pycache__" not in path.parts:
+                yield path
+
+
+def prose(path) -> list[tuple[int, str]]:
+    """(line, text) of the comments and string literals of a Python or CUDA file."""
+    text = path.read_text()
+    if path.suffix == ".py":
+        kinds = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
+        return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+                if tok.type in kinds]
+    return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in _CU_PROSE.finditer(text)]
+
+
+def test_prose_finds_comments_and_strings():
+    import tempfile
+    from pathlib import Path
+    tag, name = "v" + "17k", "v" + "1"  # (in pieces: this file is scanned too)
+    with tempfile.TemporaryDirectory() as tmp:
+        py, cu = Path(tmp) / "a.py", Path(tmp) / "a.cu"
+        py.write_text(f'{name} = 2  # after {tag}\ns = "{tag}"\n')
+        cu.write_text(f'float {name} = 0; // {tag}\n/* {tag}\n */ const char* s = "{tag}";\n')
+        for path in (py, cu):
+            found = [(line, m.group(0)) for line, text in prose(path) for m in LAB_TAG.finditer(text)]
+            assert [t for _, t in found] == [tag] * (2 if path is py else 3), found
+
+
+def test_no_lab_version_tags():
+    found = [f"{path.relative_to(REPO)}:{line}: {m.group(0)}" for path in code_files()
+             for line, text in prose(path) for m in LAB_TAG.finditer(text)]
+    assert found == []
+
+
+def test_no_references_outside_the_repository():
+    found = [f"{path.relative_to(REPO)}:{i}: {ref}" for path in code_files()
+             for i, line in enumerate(path.read_text().splitlines(), 1) for ref in OUTSIDE if ref in line]
+    assert found == []
+    assert OUTSIDE[1] not in (REPO / "README.md").read_text()

@@ -1,14 +1,17 @@
-"""scripts/step_timeline.py: the stamp it puts into every kernel (the timeline itself needs a GPU)."""
+"""dev/step_timeline.py: the stamp it puts into every kernel (the timeline itself needs a GPU)."""
 import importlib.util
+import os
+import re
 import subprocess
 import sys
 
 import pytest
 
+import mnist_cuda.ops  # noqa: F401  (its modules declare the sources)
 from conftest import REPO
-from mnist_cuda import kernels
+from mnist_cuda import cuda
 
-SCRIPT = REPO / "scripts" / "step_timeline.py"
+SCRIPT = REPO / "dev" / "step_timeline.py"
 
 
 def load_script():
@@ -21,28 +24,31 @@ def load_script():
 def stamped_sources(st):
     header = st.STAMP % dict(ring=4, max_blocks=64, classes=st.SIZE_CLASSES, records=1 << 40, counts=1 << 41)
     ids = {}
-    return {name: st.instrument(kernels.read_source(name), ids, header) for name in kernels.SOURCE_FILES}, ids
+    return {s.path: st.instrument(cuda.read_source(s.path), ids, header) for s in cuda.sources()}, ids
 
 
 def test_every_kernel_gets_one_stamp_at_the_top_of_its_body():
     st = load_script()
     sources, ids = stamped_sources(st)
-    for name, text in sources.items():
-        names = kernels.kernel_names(kernels.read_source(name))
-        assert text.count("TimelineStamp timeline_stamp_(") == len(names), name
+    for path, text in sources.items():
+        names = cuda.entry_points(cuda.read_source(path))
+        assert text.count("TimelineStamp timeline_stamp_(") == len(names), path
         for kernel in names:  # the stamp is the first statement after the parameter list
-            head = text[text.index(f"{kernel}("):]
+            m = re.search(rf"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?{kernel}\s*\(", text)
+            head = text[m.end():]
             assert head[head.index("{") + 1:].startswith(f" TimelineStamp timeline_stamp_({ids[kernel]});"), kernel
     assert sorted(ids.values()) == list(range(len(ids)))
 
 
 def test_stamped_kernels_compile(monkeypatch):
-    pytest.importorskip("cupy", reason="CuPy is not installed (pip install 'mnist-cuda[cuda12]')")
+    pytest.importorskip("cupy", reason="CuPy is not installed (pip install '.[cuda12]')")
     sources, _ = stamped_sources(load_script())
-    monkeypatch.setattr(kernels, "read_source", lambda name: sources[name])
-    assert kernels.compile_check("sm_90a") == {}
+    monkeypatch.setattr(cuda, "read_source", lambda path: sources[path])
+    errors = {s.path: log for s in cuda.sources() if (log := s.compile_check("sm_90a")) is not None}
+    assert errors == {}, "\n".join(f"{k}:\n{v}" for k, v in errors.items())
 
 
 def test_bad_batch_sizes_are_a_usage_error():
-    r = subprocess.run([sys.executable, str(SCRIPT), "--batch-sizes", "64,x"], capture_output=True, text=True)
+    r = subprocess.run([sys.executable, str(SCRIPT), "--batch-sizes", "64,x"], capture_output=True, text=True,
+                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert r.returncode == 2 and "--batch-sizes" in r.stderr and "Traceback" not in r.stderr

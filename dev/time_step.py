@@ -1,0 +1,83 @@
+#!/usr/bin/env python3
+"""Time our whole training step alone (no PyTorch), as compare_pytorch.py times it: a loop with no
+synchronisation inside, at least --warmup-seconds of untimed steps first, then --steps steps with a CUDA
+event every 10 steps; each window's mean step is one sample; prints the median per batch size.
+
+    PYTHONPATH=. python dev/time_step.py --data-dir data/mnist [--batch-sizes 64,512] [--tf32] [--json F]
+
+For checking that a change did not slow the step: run it several times on each tree, in one session.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+WINDOW = 10
+
+
+def batch_sizes(text):
+    try:
+        sizes = [int(v) for v in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive whole numbers, got {text!r}")
+    return sizes
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (else the cache or a download)")
+    p.add_argument("--batch-sizes", type=batch_sizes, default=[64, 512], help="comma-separated")
+    p.add_argument("--steps", type=int, default=500, help="timed steps per batch size (a multiple of 10)")
+    p.add_argument("--warmup-seconds", type=float, default=1.0, help="untimed steps for at least this long first")
+    p.add_argument("--kernels", choices=("naive", "fast"), default="fast", help="kernel version")
+    p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32")
+    p.add_argument("--json", type=Path, default=None, help="also write the medians here")
+    args = p.parse_args(argv)
+    from mnist_cuda import cuda, data, reference
+    try:
+        cp = cuda.require_gpu()
+    except cuda.GPUUnavailable as e:
+        print(f"time_step: {e}", file=sys.stderr)
+        return 2
+    from mnist_cuda.nets import Parameters, make_net
+    from mnist_cuda.step import Step
+    ds = data.load("mnist", args.data_dir, empty=cuda.pinned_empty, progress=False)
+    out = {}
+    for batch in args.batch_sizes:
+        params = Parameters()
+        params.load_state_dict(reference.init_state_dict(0))
+        step = Step(make_net(params, batch, args.kernels, args.tf32), 0.05)
+        idxs = list(data.batch_indices(data.epoch_order(len(ds.train_x), 0, 0), batch, drop_last=True))
+        idxs = (idxs * (1 + (args.steps + 100) // len(idxs)))
+        i, t0 = 0, time.perf_counter()
+        while i < 20 or time.perf_counter() - t0 < args.warmup_seconds:
+            step.run(ds.train_x, ds.train_y, idxs[i % len(idxs)], idxs[(i + 1) % len(idxs)])
+            i += 1
+        step.synchronize()
+        marks = [cp.cuda.Event()]
+        marks[0].record(step.stream)
+        for k in range(args.steps):
+            j = i + k
+            step.run(ds.train_x, ds.train_y, idxs[j % len(idxs)], idxs[(j + 1) % len(idxs)])
+            if (k + 1) % WINDOW == 0:
+                marks.append(cp.cuda.Event())
+                marks[-1].record(step.stream)
+        step.synchronize()
+        per_step = [cp.cuda.get_elapsed_time(a, b) * 1000 / WINDOW for a, b in zip(marks, marks[1:])]
+        out[batch] = float(np.median(per_step))
+        print(f"batch {batch}: median {out[batch]:.1f} us per step ({len(per_step)} windows of {WINDOW})")
+    if args.json:
+        args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                                         "median_us": out}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
