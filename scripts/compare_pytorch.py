@@ -1,42 +1,45 @@
 #!/usr/bin/env python3
 """Our CUDA kernels against PyTorch: same model, weights, batches, learning rate and batch size.
 
-    python scripts/compare_pytorch.py                  # timing at batch 64 and 512, then the parity run
+    python scripts/compare_pytorch.py                  # timing at batch 64, 512 and 4096, then the parity run
     python scripts/compare_pytorch.py --show FILE.json # print the tables of a saved result
+
+(From a checkout without installing the package: PYTHONPATH=. python scripts/compare_pytorch.py ...)
 
 Parity: both sides train --parity-steps steps from identical weights on identical batches at the same
 learning rate (--parity-lr), PyTorch with TF32 off (so both compute in fp32); PASS needs every loss
 within 1e-4 over the first 50 steps and 1e-3 over all of them. Exit status 1 on FAIL.
 Why a parity learning rate of its own: at the training rate (0.05) this network's trajectory is chaotic
 in fp32. A near-tie in a pooling window or a ReLU input near zero rounds differently, the gradient takes
-another path, and the difference compounds: PyTorch fp32 against PyTorch fp64, on the CPU, same
-weights and batches, already differs by 4e-2 in the loss within 50 steps at lr 0.05, 3.6e-4 at 0.005,
-and 3e-7 (50 steps) / 1.7e-5 (200 steps) at 0.002. Identical computation is what parity tests, so it
-runs where rounding cannot snowball.
+another path, and the difference compounds: PyTorch in fp32 and in fp64 part ways within tens of steps
+at the training rate, and stay together at the parity rate (docs/performance.md, section 5). Identical
+computation is what parity tests, so it runs where rounding cannot snowball.
 
 Timing, per batch size, after --warmup steps (the whole-step loops: and --warmup-seconds), over --steps
 steps (median and mean):
   per phase   load (host-to-device copy), forward (+ loss), backward, update, zero-grad, with CUDA
-              events between the phases and one synchronisation per step;
+              events between the phases and one synchronisation per step; ours also with each phase
+              as a CUDA graph of its own ("graphs per phase");
   whole step  a training loop with no synchronisation inside (gather the batch on the host, copy,
               step), a timing event after every --timing-window steps: each window's mean step is
               one sample (a timing event between two steps holds the next one back until the GPU has
-              drained: ~7 us per step at batch 64, NOTES.md); for every mode of each side:
+              drained); for every mode of each side:
                 torch:  eager; whole step in one torch.cuda.graph (static input buffers);
                         torch.compile'd model inside that graph (default when torch.compile works);
                         torch.compile alone (--compile);
-                ours:   eager launches; whole step as one CUDA graph.
+                ours:   eager launches; whole step as one CUDA graph (mnist_cuda.step.Step's modes).
   epoch       wall clock of one shuffled epoch (permutation, gather, load, every step) per mode.
 Order: per batch size, ours (whole-step loops, then per phase), then PyTorch (the same); each side's
 fastest mode once more at the end ("again"); the parity run last. Earlier work in the process (eager
-steps on another workspace of ours, per-phase runs) can make our step graph 2-3 us slower at batch 64
-for the rest of the process, cause unknown (NOTES.md v18m): "again" shows by how much in each run.
-PyTorch runs with its defaults for speed (cudnn.benchmark on, cuDNN's TF32 convolutions allowed) and
-SGD's fused implementation where it has one. The headline speed-up is against the fastest PyTorch mode.
+steps on another net of ours, per-phase runs) can make our step graph slower for the rest of the
+process, cause unknown: "again" shows by how much in each run. PyTorch runs with its defaults for speed
+(cudnn.benchmark on, cuDNN's TF32 convolutions allowed) and SGD's fused implementation where it has
+one. The headline speed-up is against the fastest PyTorch mode. docs/performance.md (section 5) has the
+lessons behind this method.
 
---tf32: our conv2 products in plain TF32 too (Model(tf32=True)), the precision PyTorch's timed modes
-allow their convolutions. The parity run then allows TF32 convolutions on both sides, and its tolerances
-are PARITY_TOL_TF32's.
+--tf32: our conv2 products in plain TF32 too (make_net(..., tf32=True)), the precision PyTorch's timed
+modes allow their convolutions. The parity run then allows TF32 convolutions on both sides, and its
+tolerances are PARITY_TOL_TF32's.
 """
 from __future__ import annotations
 
@@ -53,22 +56,21 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # runnable from a checkout without installing
+from mnist_cuda import cuda, data, reference
+from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
+from mnist_cuda.step import PHASES, Step
+from mnist_cuda.train import DEFAULTS, int_at_least, learning_rate
 
-from mnist_cuda import data, kernels, reference  # noqa: E402
-from mnist_cuda.train import DEFAULTS, KERNEL_VERSIONS, int_at_least, learning_rate  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent  # the default --out lies under its benchmarks/results/
 
-PHASES = ("load", "forward", "backward", "update", "zero_grad")
 SCHEMA = "mnist_cuda.compare/1"
 PARITY_TOL = {"first_50": 1e-4, "all": 1e-3}
-# With TF32 convolutions the losses move by ~1e-4 per step (median) and up to 7.1e-4 within 200 steps, for
-# PyTorch's own TF32 against its fp32 as much as for ours against either (H100, seed 0, lr 0.002; NOTES.md
-# v18): noise at TF32's rounding (2^-11 per operand), not a trend. PASS allows about four times that.
+# With TF32 convolutions the losses move from step to step at TF32's rounding (2^-11 per operand), for
+# PyTorch's own TF32 against its fp32 as much as for ours against either: noise, not a trend. PASS allows
+# about four times the largest such difference seen (docs/performance.md, section 5).
 PARITY_TOL_TF32 = {"first_50": 3e-3, "all": 3e-3}
 TORCH_MODES = ("eager", "graph", "compiled+graph", "compiled")
-OUR_MODES = ("eager", "graph")
+OUR_MODES = ("eager", "graph")  # Step's modes timed as whole-step loops; its "phases" mode is timed per phase
 
 
 class Unavailable(Exception):
@@ -101,7 +103,8 @@ def seconds(text):
 def build_parser():
     p = argparse.ArgumentParser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--batch-sizes", type=_int_list, default=[64, 512], help="comma-separated")
+    p.add_argument("--batch-sizes", type=_int_list, default="64,512,4096",
+                   help="comma-separated batch sizes to time; the first is also the parity run's")
     p.add_argument("--steps", type=int_at_least(1), default=500, help="timed steps per measurement (method: >= 100)")
     p.add_argument("--timing-window", type=int_at_least(1), default=10,
                    help="whole-step loops: steps between timing events (1: an event per step)")
@@ -111,9 +114,10 @@ def build_parser():
     p.add_argument("--parity-steps", type=int_at_least(0), default=200, help="0 skips the parity run")
     p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
     p.add_argument("--parity-lr", type=learning_rate, default=0.002, help="learning rate of the parity run (see above)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset", choices=sorted(data.DATASETS), default="mnist")
-    p.add_argument("--data-dir", type=Path, default=None)
+    p.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the batches' order")
+    p.add_argument("--dataset", choices=sorted(data.DATASETS), default="mnist", help="training set of both sides")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="our kernel version")
     p.add_argument("--tf32", action="store_true",
                    help="our conv2 products in plain TF32, as PyTorch's convolutions (fast kernels only; see above)")
@@ -125,7 +129,7 @@ def build_parser():
     p.add_argument("--out", type=Path, default=None,
                    help="result JSON (default benchmarks/results/compare-<gpu>-<time>.json)")
     p.add_argument("--png", type=Path, default=None, help="plot (default: the JSON's path with .png)")
-    p.add_argument("--no-png", action="store_true")
+    p.add_argument("--no-png", action="store_true", help="write no plot")
     p.add_argument("--show", type=Path, default=None, metavar="JSON", help="print a saved result and exit")
     return p
 
@@ -237,8 +241,8 @@ def require_torch_and_gpu():
     if not torch.cuda.is_available():
         raise Unavailable(f"torch {torch.__version__} sees no CUDA GPU (a CPU-only build, or no GPU/driver)")
     try:
-        kernels.require_gpu()
-    except kernels.GPUUnavailable as e:
+        cuda.require_gpu()
+    except cuda.GPUUnavailable as e:
         raise Unavailable(str(e)) from None
     return torch
 
@@ -266,73 +270,46 @@ def environment(torch) -> dict:
 
 
 class OurSide:
-    """Our model and workspace at one batch size, with its own stream."""
+    """Our net at one batch size, driven by mnist_cuda.step.Step (the trainer's step runner, with its own
+    stream). Modes are Step's: "eager", "graph", and "phases" (a CUDA graph per phase)."""
 
     name = "ours"
 
     def __init__(self, state, batch, lr, version, channels, hidden, tf32=False):
-        import cupy
-        from mnist_cuda.model import Model
-        self.cp = cupy
-        self.model = Model(channels, hidden, version, tf32)
-        self.model.load_state_dict(state)
-        kernels.preload()
-        self.ws = self.model.workspace(batch)
+        self.params = Parameters(channels, hidden)
+        self.params.load_state_dict(state)
+        self.cp = self.params.cp
+        self.runner = Step(make_net(self.params, batch, version, tf32), lr)
         self.lr, self.batch = lr, batch
-        self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.graphs = None
-        self.phase_graphs = None
-        self.i = 0
 
     def new_event(self):
         return self.cp.cuda.Event()
 
     def event(self):
         ev = self.new_event()
-        ev.record(self.stream)
+        ev.record(self.runner.stream)
         return ev
 
     def elapsed_ms(self, a, b):
         return self.cp.cuda.get_elapsed_time(a, b)
 
     def synchronize(self):
-        self.stream.synchronize()
+        self.runner.synchronize()
 
     def step(self, x, y, idx, mode, phase_events=None, next_idx=None):
         """One step on the samples idx. In graph mode the step graph also loads the next step's samples,
-        next_idx, where given (Model.graph_step); the other modes load each batch in their step."""
-        if mode == "graph":
-            if self.graphs is None:
-                self.graphs = [self.model.capture_train_step(self.ws, s, self.lr) for s in range(self.ws.STAGING_SLOTS)]
-            self.model.graph_step(self.graphs, self.ws, self.i, self.stream, x, y, idx, next_idx)
-            self.i += 1
-            return
-        slot = self.i % self.ws.STAGING_SLOTS
-        self.ws.stage_batch(slot, x, y, idx)
-        with self.stream:
-            if mode == "phase_graphs":
-                if self.phase_graphs is None:
-                    self.phase_graphs = [self.model.capture_phases(self.ws, s, self.lr)
-                                         for s in range(self.ws.STAGING_SLOTS)]
-                phase_events[0].record(self.stream)
-                for k, g in enumerate(self.phase_graphs[slot]):
-                    g.launch(self.stream)
-                    phase_events[k + 1].record(self.stream)
-                self.model.num_batches_tracked += 1
-            else:
-                self.model.train_step(self.ws, slot, self.lr, phase_events)
-            self.ws.stage_free[slot].record(self.stream)
-        self.i += 1
+        next_idx, where given; the other modes load each batch in their step."""
+        self.runner.run(x, y, idx, next_idx, mode=mode, events=phase_events)
 
     def losses(self):
-        return self.ws.losses(reset=True)
+        return self.runner.losses(reset=True)
 
     def state_dict(self):
-        return self.model.state_dict()
+        return self.params.state_dict()
 
 
 class TorchSide:
-    """design.md's network in torch.nn with torch.optim.SGD, one mode per instance."""
+    """docs/design.md's network in torch.nn with torch.optim.SGD, one mode per instance."""
 
     name = "torch"
 
@@ -376,8 +353,8 @@ class TorchSide:
 
     def _normalize(self, images):
         """(images/255 - MEAN)/STD in float32: the table of the 256 values, indexed (outside
-        torch.compile in every mode: compiled, the arithmetic gave other bits (Triton's division), and
-        the compiled lookup made the compiled+graph step at batch 64 slower, 329 -> 507 us)."""
+        torch.compile in every mode: compiled, the arithmetic gives other bits (Triton's division), and
+        the compiled lookup makes the compiled+graph step at batch 64 markedly slower)."""
         return self.table[images.long()]
 
     def _normalizes_exactly(self, dev):
@@ -503,8 +480,8 @@ def measure_loop(side, x, y, order, warmup, steps, mode, window=1, warmup_s=0.0,
     """Whole-step times of a loop with no synchronisation inside: a timing event every `window` steps
     (steps // window windows); each window's mean step is one sample of the median. Untimed first: at
     least `warmup` steps and `warmup_s` seconds of them (on the first `warmup` batches, cycled): under a
-    light load the GPU's clocks settle over about a second (NOTES.md). Each step is handed the batch the
-    one before prefetched (next_idx)."""
+    light load the GPU's clocks settle over about a second (docs/performance.md, section 5). Each step is
+    handed the batch the one before prefetched (next_idx)."""
     windows = max(1, steps // window)
     steps = windows * window
     idxs = batches(order, side.batch, warmup + steps + 1)
@@ -584,9 +561,9 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
     out = {}
 
     # Each side's whole-step loops come first (graph modes before eager), its per-phase runs after: other
-    # work earlier in the process (eager steps on another workspace of ours, per-phase runs) can make our
-    # step graph 2-3 us slower at batch 64 for the rest of the process (NOTES.md v18m). Each side's
-    # fastest mode is measured once more at the end ("again"), after all of its runs.
+    # work earlier in the process (eager steps on another net of ours, per-phase runs) can make our step
+    # graph slower for the rest of the process (docs/performance.md, section 5). Each side's fastest mode
+    # is measured once more at the end ("again"), after all of its runs.
     ours = OurSide(state, batch, args.lr, args.kernels, channels, hidden, args.tf32)
     o = {"modes": {}}
     for mode in ("graph", "eager"):
@@ -599,7 +576,8 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
     o["modes"] = {mode: o["modes"][mode] for mode in OUR_MODES}
     log(f"batch {batch}: ours, per phase")
     o["phases"] = measure_phases(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps)
-    o["phase_graphs"] = measure_phases(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, "phase_graphs")
+    # (Step's "phases" mode: a CUDA graph per phase; the result keeps its key, "phase_graphs")
+    o["phase_graphs"] = measure_phases(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, "phases")
     out["ours"] = o
 
     eager = TorchSide(torch, state, batch, args.lr, "eager", channels, hidden)
@@ -675,6 +653,19 @@ def _slug(text):
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
 
+def check_batch_sizes(parser, args, train_samples, channels, hidden):
+    """A usage error now, not after the other sizes' runs, for a batch size larger than the training set
+    or too large for our nets (make_net says why)."""
+    params = Parameters(channels, hidden)
+    for batch in args.batch_sizes:
+        if batch > train_samples:
+            parser.error(f"argument --batch-sizes: {batch} is larger than the training set ({train_samples} samples)")
+        try:
+            make_net(params, batch, args.kernels, args.tf32)
+        except ValueError as e:
+            parser.error(f"argument --batch-sizes: {e}")
+
+
 def write_json_atomic(path: Path, obj):
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
@@ -688,6 +679,8 @@ def main(argv=None) -> int:
     prog = "compare_pytorch.py"
     if args.tf32 and args.kernels != "fast":
         parser.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
+    if args.parity_only and not args.parity_steps:
+        parser.error("argument --parity-only: needs --parity-steps > 0")
     if args.show is not None:
         try:
             result = json.loads(args.show.read_text())
@@ -710,7 +703,7 @@ def main(argv=None) -> int:
         print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
     try:
-        ds = data.load(args.dataset, args.data_dir, empty=kernels.pinned_empty)
+        ds = data.load(args.dataset, args.data_dir, empty=cuda.pinned_empty)
     except data.DataError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
@@ -727,9 +720,8 @@ def main(argv=None) -> int:
                          "channels": list(channels),
                          "hidden": hidden, "batch_sizes": args.batch_sizes},
               "batch_sizes": {}, "parity": None}
+    check_batch_sizes(parser, args, len(ds.train_x), channels, hidden)
     if args.parity_only:
-        if not args.parity_steps:
-            parser.error("argument --parity-only: needs --parity-steps > 0")
         par = run_parity(torch, ds, state, args, channels, hidden)
         print(f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par['lr']}, kernels {args.kernels}, "
               f"{_tf32_words(par)}): max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e}, all {par['max_loss_diff']:.2e}"
@@ -737,14 +729,18 @@ def main(argv=None) -> int:
         return 0 if par["pass"] else 1
     for batch in args.batch_sizes:
         result["batch_sizes"][str(batch)] = run_timing(torch, ds, state, args, channels, hidden, batch, log)
-    if args.parity_steps:  # after the timed runs: its eager steps on a workspace of their own would slow ours (v18m)
+    if args.parity_steps:  # after the timed runs: its eager steps on a net of their own would slow ours
         log(f"parity: {args.parity_steps} steps at batch {args.batch_sizes[0]}")
         result["parity"] = run_parity(torch, ds, state, args, channels, hidden)
 
     out = args.out or REPO / "benchmarks" / "results" / (
         f"compare-{_slug(env['device'])}-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    write_json_atomic(out, result)
     print(format_tables(result))
+    try:
+        write_json_atomic(out, result)
+    except OSError as e:
+        print(f"{prog}: cannot write {out}: {e}", file=sys.stderr)
+        return 2
     print(f"\nresult: {out}")
     if not args.no_png:
         png = args.png or out.with_suffix(".png")
@@ -753,6 +749,8 @@ def main(argv=None) -> int:
             print(f"plot:   {png}")
         except ImportError:
             print("plot:   skipped (matplotlib not installed: pip install 'mnist-cuda[plot]')")
+        except OSError as e:
+            print(f"plot:   not written ({png}: {e})")
     if result["parity"] is not None and not result["parity"]["pass"]:
         print(f"{prog}: parity FAILED", file=sys.stderr)
         return 1

@@ -4,8 +4,9 @@ test accuracy after every epoch: how train.py's defaults were chosen.
 
     python scripts/sweep_hparams.py --configs 64:0.05,32:0.02 --epochs 15 --seeds 0,1,2 --json sweep.json
 
-Plain SGD as design.md fixes it; each run is the same code path as `python -m mnist_cuda.train`
-(CUDA graph per step, the chosen --kernels), so a setting reproduces bit for bit there.
+Plain SGD as docs/design.md fixes it. Each run trains through the trainer's own pieces (mnist_cuda.step.Step
+with a CUDA graph per step, the chosen --kernels, the trainer's shuffling and initialisation, Step.evaluate
+on the test set after every epoch), so a setting reproduces bit for bit with `python -m mnist_cuda.train`.
 """
 from __future__ import annotations
 
@@ -17,69 +18,103 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+from mnist_cuda import cuda, data, reference, train
+from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
+from mnist_cuda.step import Step
 
-from mnist_cuda import data, kernels, reference, train  # noqa: E402
+PROG = "sweep_hparams.py"
+D = train.DEFAULTS
+CHANNELS, HIDDEN = tuple(int(c) for c in D["channels"].split(",")), D["hidden"]  # the trainer's default model
 
 
 def parse_configs(text):
+    """BATCH:LR pairs, each checked as the trainer checks --batch-size and --lr."""
     try:
-        out = [(int(b), float(lr)) for b, lr in (c.split(":") for c in text.split(","))]
+        pairs = [c.split(":") for c in text.split(",")]
+        return [(train.int_at_least(1)(b), train.learning_rate(lr)) for b, lr in pairs]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected BATCH:LR pairs like 64:0.05,32:0.02, got {text!r}") from None
-    if not out or any(b < 1 or not lr > 0 for b, lr in out):
-        raise argparse.ArgumentTypeError("batch sizes must be >= 1 and learning rates > 0")
-    return out
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
 
 
-def run(ds, batch, lr, seed, epochs, version):
-    from mnist_cuda.model import Model
-    model = Model((32, 64), 128, version)
-    model.load_state_dict(reference.init_state_dict(seed))
-    ws = model.workspace(batch)
-    trainer = train.Trainer(model, ws, lr)
+def parse_seeds(text):
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected whole numbers like 0,1,2, got {text!r}") from None
+    if min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"seeds must be >= 0, got {text!r}")
+    return seeds
+
+
+def run(ds, batch, lr, seed, epochs, version) -> list[float]:
+    """Test accuracy after each epoch of one training run, as `python -m mnist_cuda.train --batch-size
+    batch --lr lr --seed seed --kernels version` trains it."""
+    params = Parameters(CHANNELS, HIDDEN)
+    params.load_state_dict(reference.init_state_dict(seed, CHANNELS, HIDDEN))
+    step = Step(make_net(params, batch, version), lr)
     accuracies = []
     for epoch in range(epochs):
         order = data.epoch_order(len(ds.train_x), seed, epoch)
         batches = list(data.batch_indices(order, batch, drop_last=True))
+        step.losses(reset=True)  # (the loss log holds one epoch's losses at most)
         for idx, next_idx in data.with_next(batches):
-            trainer.run_step(ds.train_x, ds.train_y, idx, next_idx)
-        ws.losses(reset=True)
-        accuracies.append(train.evaluate(model, ws, ds.test_x, ds.test_y))
+            step.run(ds.train_x, ds.train_y, idx, next_idx)
+        accuracies.append(step.evaluate(ds.test_x, ds.test_y))
     return accuracies
 
 
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--configs", type=parse_configs, default=f"{D['batch_size']}:{D['lr']}", metavar="B:LR,...",
+                   help="comma-separated BATCH:LR settings to train")
+    p.add_argument("--epochs", type=train.int_at_least(1), default=D["epochs"], help="epochs per run")
+    p.add_argument("--seeds", type=parse_seeds, default="0,1,2", metavar="S,...",
+                   help="comma-separated seeds: one run of each setting per seed (initialisation and shuffling)")
+    p.add_argument("--dataset", choices=sorted(data.DATASETS), default=D["dataset"], help="dataset to train on")
+    p.add_argument("--data-dir", type=Path, default=None,
+                   help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
+    p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="kernel version")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the accuracies here")
+    return p
+
+
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", type=parse_configs, default=parse_configs("64:0.05"))
-    p.add_argument("--epochs", type=int, default=10)
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--dataset", choices=sorted(data.DATASETS), default="mnist")
-    p.add_argument("--data-dir", type=Path, default=None)
-    p.add_argument("--kernels", choices=train.KERNEL_VERSIONS, default="fast")
-    p.add_argument("--json", type=Path, default=None)
+    p = build_parser()
     args = p.parse_args(argv)
-    seeds = [int(s) for s in args.seeds.split(",")]
     try:
-        kernels.require_gpu()
-        ds = data.load(args.dataset, args.data_dir, empty=kernels.pinned_empty, progress=False)
-    except (kernels.GPUUnavailable, data.DataError) as e:
-        print(f"sweep_hparams.py: {e}", file=sys.stderr)
+        cuda.require_gpu()
+        ds = data.load(args.dataset, args.data_dir, empty=cuda.pinned_empty, progress=False)
+    except (cuda.GPUUnavailable, data.DataError) as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
         return 2
+    params = Parameters(CHANNELS, HIDDEN)
+    for batch, _ in args.configs:  # a usage error now, not after the other settings' runs
+        if batch > len(ds.train_x):
+            p.error(f"argument --configs: batch size {batch} is larger than the training set ({len(ds.train_x)})")
+        try:
+            make_net(params, batch, args.kernels)
+        except ValueError as e:
+            p.error(f"argument --configs: {e}")
     results = []
     for batch, lr in args.configs:
         t0 = time.perf_counter()
-        acc = np.array([run(ds, batch, lr, s, args.epochs, args.kernels) for s in seeds])  # [seeds, epochs]
+        acc = np.array([run(ds, batch, lr, s, args.epochs, args.kernels) for s in args.seeds])  # [seeds, epochs]
         mean = acc.mean(axis=0)
         best = int(mean.argmax())
-        results.append({"batch": batch, "lr": lr, "seeds": seeds, "accuracy": acc.tolist()})
+        results.append({"batch": batch, "lr": lr, "seeds": args.seeds, "accuracy": acc.tolist()})
         print(f"batch {batch:4d} lr {lr:<6g} mean test accuracy by epoch: "
               + " ".join(f"{100 * a:.2f}" for a in mean)
               + f" | best {100 * mean[best]:.2f}% at epoch {best + 1} | {time.perf_counter() - t0:.0f} s", flush=True)
     if args.json:
-        args.json.write_text(json.dumps({"dataset": args.dataset, "kernels": args.kernels, "runs": results}, indent=1))
+        try:
+            args.json.write_text(json.dumps({"dataset": args.dataset, "kernels": args.kernels, "runs": results},
+                                            indent=1))
+        except OSError as e:
+            print(f"{PROG}: cannot write {args.json}: {e}", file=sys.stderr)
+            return 2
     return 0
 
 
