@@ -67,3 +67,24 @@ def test_no_references_outside_the_repository():
              for i, line in enumerate(path.read_text().splitlines(), 1) for ref in OUTSIDE if ref in line]
     assert found == []
     assert OUTSIDE[1] not in (REPO / "README.md").read_text()
+
+
+def test_readme_results_table_is_generated_from_the_result_files():
+    """The README's table is what scripts/results_table.py makes of the result files it names."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("results_table", REPO / "scripts" / "results_table.py")
+    results_table = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(results_table)
+    in_readme, generated = results_table.readme_table(REPO / "README.md")
+    assert in_readme == generated
+    assert "| 64 |" in generated and "| 512 |" in generated and "| 4096 |" in generated
+
+
+def test_results_table_reports_a_bad_file_in_one_line(tmp_path):
+    import subprocess
+    import sys
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "other"}')
+    r = subprocess.run([sys.executable, str(REPO / "scripts" / "results_table.py"), str(bad)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a compare_pytorch.py result" in r.stderr
