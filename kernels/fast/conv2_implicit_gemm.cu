@@ -293,9 +293,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         const int pair = f / 8 % 8;
         if (pair >= PAIRS) return;
         float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;  // octet f / 64's big parts, then its small
-        const float v0[4] = {v[0].x, v[1].x, v[2].x, v[3].x}, v1[4] = {v[0].y, v[1].y, v[2].y, v[3].y};
-        stage4<TF32>(v0, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
-        stage4<TF32>(v1, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
+        const float first[4] = {v[0].x, v[1].x, v[2].x, v[3].x}, second[4] = {v[0].y, v[1].y, v[2].y, v[3].y};
+        stage4<TF32>(first, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
+        stage4<TF32>(second, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
     };
     // Where the rows of item i and channel offset start: image quad i / 14, and x's row
     // (grid row p, image row p - 1) or dy's row i % 14.

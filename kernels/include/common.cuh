@@ -81,8 +81,9 @@ __device__ __forceinline__ float relu(float v) { return (v > 0.0f || isnan(v)) ?
 
 // relu then 2x2 max pool of four values in window order (0,0),(0,1),(1,0),(1,1): the first maximum
 // wins, like PyTorch, and a NaN wins over numbers. Returns the pooled value; *at gets the position 0..3.
-__device__ __forceinline__ float relu_max4(float v0, float v1, float v2, float v3, int* at) {
-    const float r[4] = {relu(v0), relu(v1), relu(v2), relu(v3)};
+__device__ __forceinline__ float relu_max4(float top_left, float top_right, float bottom_left, float bottom_right,
+                                           int* at) {
+    const float r[4] = {relu(top_left), relu(top_right), relu(bottom_left), relu(bottom_right)};
     float best = r[0];
     int best_at = 0;
 #pragma unroll
