@@ -15,9 +15,7 @@ once, under the first one named. Exit status 1 if a check fails.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -25,18 +23,10 @@ import kernel_cases as kc  # dev/kernel_cases.py: this file's folder is first on
 from mnist_cuda import cuda
 from mnist_cuda.train import int_at_least
 
+from cli import batch_sizes, output_path, write_json  # dev/cli.py
+
 PROG = "bench_kernels.py"
 PER_GRAPH = 20  # launches per timed graph: Python's launch overhead stays out of the figure
-
-
-def batch_sizes(text):
-    try:
-        sizes = [int(b) for b in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive whole numbers like 64,512, got {text!r}")
-    return sizes
 
 
 def time_case(prepared, warmup: int, repeat: int, per_graph: int = PER_GRAPH) -> float:
@@ -69,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed graph replays before timing (default: 5)")
     p.add_argument("--repeat", type=int_at_least(1), default=200,
                    help=f"timed runs per case and batch size, in graphs of {PER_GRAPH} (default: 200)")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the rows here")
+    p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="also write the rows here")
     return p
 
 
@@ -114,12 +104,7 @@ def main(argv=None) -> int:
                       f"{nbytes / us / 1e3:8.0f}" + ("" if ok else "   FAIL"), flush=True)
     if args.json:
         name = cp.cuda.runtime.getDeviceProperties(0)["name"]
-        try:
-            args.json.write_text(json.dumps({"device": name.decode() if isinstance(name, bytes) else name,
-                                             "rows": rows}, indent=1) + "\n")
-        except OSError as e:
-            print(f"{PROG}: cannot write {args.json}: {e}", file=sys.stderr)
-            return 2
+        write_json(args.json, {"device": name.decode() if isinstance(name, bytes) else name, "rows": rows})
     return 1 if failed else 0
 
 

@@ -17,9 +17,7 @@ mnist_cuda.cuda.launch_hook; the batch copy, which is no kernel, through Step.lo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -27,6 +25,8 @@ from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import Parameters, make_net
 from mnist_cuda.step import SLOTS, Step
 from mnist_cuda.train import int_at_least
+
+from cli import batch_sizes, output_path, write_json  # dev/cli.py (this file's folder is on sys.path)
 
 PROG = "step_launch_costs.py"
 COPY = "load (host-to-device copy)"
@@ -102,17 +102,6 @@ def replay_us(cp, graph, stream, reps: int, rounds: int = 5) -> float:
     return float(np.median(times))
 
 
-def batch_sizes(text: str) -> list[int]:
-    """--batch-sizes as positive whole numbers (argparse makes a bad value a usage error, exit 2)."""
-    try:
-        sizes = [int(b) for b in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas, got {text!r}")
-    return sizes
-
-
 def gpu_or_exit(prog: str):
     """CuPy, or exit with status 2 and cuda.require_gpu's reason and advice (no traceback)."""
     try:
@@ -156,7 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
     p.add_argument("--reps", type=int_at_least(10), default=200, help="graph replays per timing round")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write the figures as JSON here")
+    p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32 (train --tf32)")
     return p
 
@@ -204,12 +193,7 @@ def main(argv=None) -> int:
                   f"{copies[f'{batch}: {label}']['us']:.2f} us")
     result["copies"] = copies
     if args.out:
-        try:
-            args.out.write_text(json.dumps(result, indent=1))
-        except OSError as e:
-            print(f"{PROG}: cannot write {args.out}: {e}", file=sys.stderr)
-            return 2
-        print(f"result: {args.out}")
+        write_json(args.out, result)
     return 0
 
 

@@ -18,10 +18,8 @@ us longer at batch 64 than unstamped.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -29,7 +27,8 @@ from mnist_cuda import cuda
 from mnist_cuda.step import SLOTS, Step
 from mnist_cuda.train import int_at_least
 # (dev/step_launch_costs.py: this file's folder is first on sys.path when run as a script)
-from step_launch_costs import batch_sizes, default_params, fast_nets, gpu_or_exit, random_batches
+from cli import batch_sizes, output_path, write_json  # dev/cli.py
+from step_launch_costs import default_params, fast_nets, gpu_or_exit, random_batches
 
 PROG = "step_timeline.py"
 SIZE_CLASSES = 7  # launches of one kernel in a step are told apart by their block count % 7
@@ -126,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32 (train --tf32)")
     p.add_argument("--rounds", type=int_at_least(1), default=20, help="bursts of steps; the figures are medians")
     p.add_argument("--steps", type=int_at_least(4), default=12, help="step graphs replayed back to back per round")
-    p.add_argument("--out", type=Path, default=None, metavar="PATH", help="write the figures as JSON here")
+    p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     return p
 
 
@@ -210,12 +209,7 @@ def main(argv=None) -> int:
             print(f"  {r['launch']:44s} {r['stream']:8s} {r['blocks']:6d} {r['first_start_us']:7.2f} "
                   f"{r['last_start_us']:7.2f} {r['end_us']:7.2f}")
     if args.out:
-        try:
-            args.out.write_text(json.dumps(result, indent=1))
-        except OSError as e:
-            print(f"{PROG}: cannot write {args.out}: {e}", file=sys.stderr)
-            return 2
-        print(f"result: {args.out}")
+        write_json(args.out, result)
     return 0
 
 

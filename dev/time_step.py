@@ -10,24 +10,15 @@ For checking that a change did not slow the step: run it several times on each t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from cli import batch_sizes, output_path, write_json  # dev/cli.py (this file's folder is on sys.path)
+
 WINDOW = 10
-
-
-def batch_sizes(text):
-    try:
-        sizes = [int(v) for v in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated positive whole numbers, got {text!r}")
-    return sizes
 
 
 def main(argv=None) -> int:
@@ -38,7 +29,7 @@ def main(argv=None) -> int:
     p.add_argument("--warmup-seconds", type=float, default=1.0, help="untimed steps for at least this long first")
     p.add_argument("--kernels", choices=("naive", "fast"), default="fast", help="kernel version")
     p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32")
-    p.add_argument("--json", type=Path, default=None, help="also write the medians here")
+    p.add_argument("--json", type=output_path, default=None, help="also write the medians here")
     args = p.parse_args(argv)
     from mnist_cuda import cuda, data, reference
     try:
@@ -74,8 +65,7 @@ def main(argv=None) -> int:
         out[batch] = float(np.median(per_step))
         print(f"batch {batch}: median {out[batch]:.1f} us per step ({len(per_step)} windows of {WINDOW})")
     if args.json:
-        args.json.write_text(json.dumps({"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                                         "median_us": out}, indent=1))
+        write_json(args.json, {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "median_us": out})
     return 0
 
 
