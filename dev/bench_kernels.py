@@ -14,16 +14,14 @@ once, under the first one named. Exit status 1 if a check fails.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
 
 import kernel_cases as kc  # dev/kernel_cases.py: this file's folder is first on sys.path when run as a script
 from mnist_cuda import cuda
-from mnist_cuda.train import int_at_least
 
-from cli import batch_sizes, output_path, write_json  # dev/cli.py
+from mnist_cuda.cli import Parser, batch_sizes, int_at_least, output_path, write_json
 
 PROG = "bench_kernels.py"
 PER_GRAPH = 20  # launches per timed graph: Python's launch overhead stays out of the figure
@@ -48,8 +46,8 @@ def time_case(prepared, warmup: int, repeat: int, per_graph: int = PER_GRAPH) ->
     return float(np.median(times))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("ops", nargs="*", metavar="OP",
                    help=f"op families to check and time, any of: {', '.join(kc.OPS)} (default: all of them)")
     p.add_argument("--batch-sizes", type=batch_sizes, default=[64, 512],

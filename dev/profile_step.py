@@ -10,7 +10,6 @@ its "eager" mode, kernel by kernel (no graph), so a kernel profiler sees every l
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -18,14 +17,14 @@ import numpy as np
 from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
-from mnist_cuda.train import DEFAULTS, int_at_least
+from mnist_cuda.cli import Parser, int_at_least
+from mnist_cuda.train import DEFAULTS
 
 PROG = "profile_step.py"
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--batch-size", type=int_at_least(1), default=64, help="samples per step")
     p.add_argument("--steps", type=int_at_least(1), default=10, help="training steps to run")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="kernel version")

@@ -16,7 +16,6 @@ mnist_cuda.cuda.launch_hook; the batch copy, which is no kernel, through Step.lo
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -24,9 +23,8 @@ import numpy as np
 from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import Parameters, make_net
 from mnist_cuda.step import SLOTS, Step
-from mnist_cuda.train import int_at_least
 
-from cli import batch_sizes, output_path, write_json  # dev/cli.py (this file's folder is on sys.path)
+from mnist_cuda.cli import Parser, batch_sizes, int_at_least, output_path, write_json
 
 PROG = "step_launch_costs.py"
 COPY = "load (host-to-device copy)"
@@ -140,9 +138,8 @@ def random_batches(step: Step):
     step.synchronize()
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
     p.add_argument("--reps", type=int_at_least(10), default=200, help="graph replays per timing round")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")

@@ -17,7 +17,6 @@ us longer at batch 64 than unstamped.
 """
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 
@@ -25,9 +24,8 @@ import numpy as np
 
 from mnist_cuda import cuda
 from mnist_cuda.step import SLOTS, Step
-from mnist_cuda.train import int_at_least
+from mnist_cuda.cli import Parser, batch_sizes, int_at_least, output_path, write_json
 # (dev/step_launch_costs.py: this file's folder is first on sys.path when run as a script)
-from cli import batch_sizes, output_path, write_json  # dev/cli.py
 from step_launch_costs import default_params, fast_nets, gpu_or_exit, random_batches
 
 PROG = "step_timeline.py"
@@ -118,9 +116,8 @@ def all_kernels() -> list[str]:
     return list(dict.fromkeys(name for s in cuda.sources() for name in cuda.entry_points(cuda.read_source(s.path))))
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
     p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32 (train --tf32)")
     p.add_argument("--rounds", type=int_at_least(1), default=20, help="bursts of steps; the figures are medians")

@@ -9,20 +9,19 @@ For checking that a change did not slow the step: run it several times on each t
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from cli import batch_sizes, output_path, write_json  # dev/cli.py (this file's folder is on sys.path)
+from mnist_cuda.cli import Parser, batch_sizes, output_path, write_json
 
 WINDOW = 10
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n")[0])
     p.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (else the cache or a download)")
     p.add_argument("--batch-sizes", type=batch_sizes, default=[64, 512], help="comma-separated")
     p.add_argument("--steps", type=int, default=500, help="timed steps per batch size (a multiple of 10)")

@@ -1,0 +1,69 @@
+"""mnist_cuda/cli.py: bad values and output paths are usage errors before any work (one line, exit 2);
+results are written whole."""
+import argparse
+import json
+import os
+
+import pytest
+
+from mnist_cuda import cli
+
+
+def test_batch_sizes():
+    assert cli.batch_sizes("64,512") == [64, 512]
+    for bad in ("", "0", "64,x", "-1"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.batch_sizes(bad)
+
+
+def test_seed_range():
+    assert cli.seed("0") == 0 and cli.seed(str(cli.SEED_MAX)) == cli.SEED_MAX
+    for bad in ("-1", str(cli.SEED_MAX + 1), "1.5", "x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            cli.seed(bad)
+
+
+def test_output_path_is_checked_up_front(tmp_path):
+    assert cli.output_path(str(tmp_path / "r.json")) == tmp_path / "r.json"
+    with pytest.raises(argparse.ArgumentTypeError, match="folder"):
+        cli.output_path(str(tmp_path))
+    with pytest.raises(argparse.ArgumentTypeError, match="does not exist"):
+        cli.output_path(str(tmp_path / "missing" / "r.json"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(argparse.ArgumentTypeError, match="not a folder"):
+        cli.output_path(str(tmp_path / "file" / "r.json"))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_output_path_unwritable_folder(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    with pytest.raises(argparse.ArgumentTypeError, match="not writable"):
+        cli.output_path(str(locked / "r.json"))
+
+
+def test_write_json_leaves_no_temporary_file(tmp_path):
+    path = tmp_path / "r.json"
+    cli.write_json(path, {"a": 1})
+    assert json.loads(path.read_text()) == {"a": 1} and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_interrupted_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "r.json"
+    path.write_text("old")
+
+    def write(f):
+        f.write(b"half")
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        cli.write_atomic(path, write)
+    assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]
+
+
+def test_parser_errors_are_one_line(capsys):
+    p = cli.Parser(prog="prog")
+    p.add_argument("--n", type=cli.int_at_least(1))
+    with pytest.raises(SystemExit) as e:
+        p.parse_args(["--n", "0"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "argument --n: must be at least 1" in err
