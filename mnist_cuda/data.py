@@ -1,9 +1,10 @@
 """MNIST and Fashion-MNIST: find or download the IDX files, verify them, keep the data in host DRAM.
 
-Each of the four files of a dataset is looked for, in order, in
-  1. the directory the user names (`--data-dir`, or the environment variable MNIST_DATA_DIR),
-  2. the cache (`data/<dataset>/` under the working directory, or MNIST_CUDA_CACHE),
-  3. each download mirror in turn; a download goes to a temporary file in the cache directory and is
+A folder the user names (`--data-dir`, or the environment variable MNIST_DATA_DIR) is the only place
+the four files of a dataset are looked for: a user who names a folder means that folder, and a missing or
+bad file there is an error (DataDirError) naming it. Without one, each file is looked for, in order, in
+  1. the cache (`data/<dataset>/` under the working directory, or MNIST_CUDA_CACHE),
+  2. each download mirror in turn; a download goes to a temporary file in the cache directory and is
      renamed into place only after it verified, so an interrupted or corrupt download never becomes
      the cache.
 A candidate is accepted only if its decompressed bytes have the published SHA-256 and parse as the
@@ -35,6 +36,10 @@ NUM_CLASSES = 10
 
 class DataError(Exception):
     """A dataset could not be found, downloaded or verified; the message says what and where."""
+
+
+class DataDirError(DataError):
+    """The folder the user named does not exist or lacks a verified file: a user mistake."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +88,13 @@ DATASETS = {
          "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
          "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"}),
 }
+
+CLASS_NAMES = {
+    "mnist": tuple(str(d) for d in range(NUM_CLASSES)),
+    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
+                      "Ankle boot"),
+}
+TRAIN_SAMPLES = {name: spec.train_images.count for name, spec in DATASETS.items()}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -189,18 +201,19 @@ def _download(url: str, dest_dir: Path, spec: FileSpec, timeout: float, retries:
 def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: Path,
                mirrors: Sequence[str], progress: bool = True, timeout: float = 30.0,
                retries: int = 2) -> np.ndarray:
-    """Return the verified contents of one IDX file, trying user dir, cache, then each mirror."""
+    """Return the verified contents of one IDX file: from data_dir alone when it is given, else from the
+    cache, then each mirror."""
+    if data_dir is not None:
+        return _from_named_dir(spec, dataset, data_dir)
     tried: list[str] = []
-    dirs = ([("data dir", data_dir)] if data_dir is not None else []) + [("cache", cache_dir)]
-    for label, directory in dirs:
-        found = [p for p in _candidates(directory, dataset, spec.name) if p.is_file()]
-        for path in found:
-            try:
-                return verify(path.read_bytes(), spec, str(path))
-            except (DataError, OSError) as e:
-                tried.append(f"{label}: {e}")
-        if not found:
-            tried.append(f"{label}: {spec.name}[.gz] not found in {directory} or {directory / dataset}")
+    found = [p for p in _candidates(cache_dir, dataset, spec.name) if p.is_file()]
+    for path in found:
+        try:
+            return verify(path.read_bytes(), spec, str(path))
+        except (DataError, OSError) as e:
+            tried.append(f"cache: {e}")
+    if not found:
+        tried.append(f"cache: {spec.name}[.gz] not found in {cache_dir} or {cache_dir / dataset}")
 
     target_dir = cache_dir / dataset
     try:
@@ -222,6 +235,23 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
     raise DataError(f"could not get {dataset} file {spec.name}. Tried:\n  - " + "\n  - ".join(tried))
 
 
+def _from_named_dir(spec: FileSpec, dataset: str, data_dir: Path) -> np.ndarray:
+    found = [p for p in _candidates(data_dir, dataset, spec.name) if p.is_file()]
+    problems = []
+    for path in found:
+        try:
+            return verify(path.read_bytes(), spec, str(path))
+        except DataError as e:
+            problems.append(str(e))
+        except OSError as e:
+            problems.append(f"{path}: {e.strerror}")
+    if not found:
+        raise DataDirError(f"the data folder {data_dir} has no {spec.name}[.gz] (looked in {data_dir} and "
+                           f"{data_dir / dataset}); name the folder holding the four {dataset} IDX files, or "
+                           f"leave out --data-dir to use the cache and the download")
+    raise DataDirError("; ".join(problems))
+
+
 def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
                 cache_dir: str | Path | None = None, mirrors: Sequence[str] | None = None,
                 spec: DatasetSpec | None = None, progress: bool = True, **fetch_kw):
@@ -234,7 +264,8 @@ def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
         data_dir = os.environ["MNIST_DATA_DIR"]
     data_dir = Path(data_dir) if data_dir is not None else None
     if data_dir is not None and not data_dir.is_dir():
-        raise DataError(f"data directory {data_dir} does not exist")
+        raise DataDirError(f"the data folder {data_dir} does not exist" if not data_dir.exists()
+                           else f"the data folder {data_dir} is not a folder")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     mirrors = spec.mirrors if mirrors is None else tuple(mirrors)
     arrays = [fetch_file(f, spec.name, data_dir, cache_dir, mirrors, progress, **fetch_kw)
@@ -279,8 +310,13 @@ def load(dataset: str = "mnist", data_dir=None, cache_dir=None, empty: EmptyFn |
          **kw) -> HostData:
     """Load and verify a dataset once. `empty(shape, dtype)` allocates the host arrays (the GPU trainer
     passes a pinned-memory allocator so host-to-device copies are truly async)."""
+    return host_data(dataset, load_arrays(dataset, data_dir, cache_dir, **kw), empty)
+
+
+def host_data(dataset: str, arrays, empty: EmptyFn | None = None) -> HostData:
+    """HostData from load_arrays' four arrays, in host arrays that `empty(shape, dtype)` allocates."""
     empty = empty or (lambda shape, dtype: np.empty(shape, dtype))
-    tr_i, tr_l, te_i, te_l = load_arrays(dataset, data_dir, cache_dir, **kw)
+    tr_i, tr_l, te_i, te_l = arrays
 
     def images(u8):
         out = empty((u8.shape[0], 1, IMAGE_SIZE, IMAGE_SIZE), np.uint8)

@@ -38,7 +38,7 @@ def test_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="does not exist"):
         checkpoint.load_checkpoint(tmp_path / "none.npz", spec)
     (tmp_path / "junk.npz").write_bytes(b"not a zip")
-    with pytest.raises(CheckpointError, match="not a readable"):
+    with pytest.raises(CheckpointError, match="not a checkpoint .not an .npz archive"):
         checkpoint.load_checkpoint(tmp_path / "junk.npz", spec)
     with pytest.raises(CheckpointError, match="directory .* does not exist"):
         checkpoint.save_checkpoint(tmp_path / "no" / "m.npz", {})
@@ -60,7 +60,7 @@ def test_clear_errors(tmp_path):
 
 
 def test_torch_loads_our_checkpoint(tmp_path):
-    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mnist-cuda[torch]')")
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install '.[torch]' in the source folder)")
     from mnist_cuda.torch_model import make_torch_model
 
     state = reference.init_state_dict(seed=2)
@@ -72,3 +72,43 @@ def test_torch_loads_our_checkpoint(tmp_path):
     assert list(back) == list(state)
     for k in state:
         assert back[k].dtype == state[k].dtype and np.array_equal(back[k], state[k])
+
+
+def _written(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: _written(d / "plain.npz", w=np.zeros(3)), "no mnist_cuda metadata record"),
+    (lambda d: _written(d / "pickled.npz", w=np.array([{"a": 1}], dtype=object)), "pickled Python objects"),
+    (lambda d: (np.save(d / "array.npy", np.zeros(3)), d / "array.npy")[1], "not an .npz archive"),
+    (lambda d: (d / "empty.npz").write_bytes(b"") and None or d / "empty.npz", "not an .npz archive"),
+    (lambda d: d, "is a folder"),
+])
+def test_not_a_checkpoint_says_what_a_checkpoint_is(tmp_path, make, message):
+    path = make(tmp_path)
+    with pytest.raises(CheckpointError, match=message) as e:
+        checkpoint.load_checkpoint(path)
+    assert "allow_pickle" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_truncated_checkpoint(tmp_path):
+    path = checkpoint.save_checkpoint(tmp_path / "m.npz", reference.init_state_dict(0, (2, 3), 4), {"step": 1})
+    path.write_bytes(path.read_bytes()[:300])
+    with pytest.raises(CheckpointError, match="not a readable .npz checkpoint"):
+        checkpoint.load_checkpoint(path)
+
+
+def test_other_format_version_is_refused(tmp_path):
+    state = reference.init_state_dict(0, (2, 3), 4)
+    path = checkpoint.save_checkpoint(tmp_path / "m.npz", state, {"format": "mnist_cuda.checkpoint/0"})
+    with pytest.raises(CheckpointError, match="format 'mnist_cuda.checkpoint/0'.*reads 'mnist_cuda.checkpoint/1'"):
+        checkpoint.load_checkpoint(path)
+
+
+def test_load_model_reads_the_shapes(tmp_path):
+    state = reference.init_state_dict(0, (4, 6), 9)
+    path = checkpoint.save_checkpoint(tmp_path / "m.npz", state, {"step": 5})
+    got, meta, channels, hidden = checkpoint.load_model(path)
+    assert channels == (4, 6) and hidden == 9 and meta["step"] == 5 and list(got) == list(state)

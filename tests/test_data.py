@@ -10,7 +10,7 @@ import pytest
 
 from conftest import MNIST_HINT, find_mnist_dir
 from mnist_cuda import data
-from mnist_cuda.data import DataError, DatasetSpec, FileSpec
+from mnist_cuda.data import DataDirError, DataError, DatasetSpec, FileSpec
 
 
 def idx_bytes(arr: np.ndarray) -> bytes:
@@ -130,26 +130,33 @@ def test_env_var_data_dir(tmp_path, rng, monkeypatch):
     assert data.load_arrays(spec=spec, cache_dir=tmp_path / "empty", progress=False)[1].shape == (12,)
 
 
-def test_missing_files_name_every_source(tmp_path, rng):
+def test_missing_files_name_every_source(tmp_path, rng, monkeypatch):
     raw, _, spec = make_dataset(rng)
-    (tmp_path / "mine").mkdir()
+    monkeypatch.delenv("MNIST_DATA_DIR", raising=False)
     with pytest.raises(DataError) as e:
-        data.load_arrays(spec=spec, data_dir=tmp_path / "mine", cache_dir=tmp_path / "cache", progress=False)
+        data.load_arrays(spec=spec, cache_dir=tmp_path / "cache", mirrors=(), progress=False)
     msg = str(e.value)
-    assert "train-images-idx3-ubyte" in msg and "data dir" in msg and "cache" in msg and "no mirrors" in msg
-    with pytest.raises(DataError, match="does not exist"):
-        data.load_arrays(spec=spec, data_dir=tmp_path / "nope", cache_dir=tmp_path / "cache")
+    assert "train-images-idx3-ubyte" in msg and "cache" in msg and "no mirrors" in msg
     with pytest.raises(DataError, match="unknown dataset"):
         data.load_arrays("cifar")
 
 
-def test_corrupt_user_file_falls_back_to_cache(tmp_path, rng):
+def test_a_named_folder_is_the_only_source(tmp_path, rng):
+    """A missing, empty or corrupt named folder is an error naming it, with the cache full of good files
+    beside it: no fallback, no download, no folder created."""
     raw, _, spec = make_dataset(rng)
     write_files(tmp_path / "cache" / "tiny", raw)
+    kw = dict(spec=spec, cache_dir=tmp_path / "cache", progress=False)
+    with pytest.raises(DataDirError, match="data folder .*nope does not exist"):
+        data.load_arrays(data_dir=tmp_path / "nope", **kw)
+    (tmp_path / "mine").mkdir()
+    with pytest.raises(DataDirError, match="mine has no train-images-idx3-ubyte"):
+        data.load_arrays(data_dir=tmp_path / "mine", **kw)
     write_files(tmp_path / "mine", raw)
     (tmp_path / "mine" / "t10k-labels-idx1-ubyte.gz").write_bytes(b"\x1f\x8bgarbage")
-    got = data.load_arrays(spec=spec, data_dir=tmp_path / "mine", cache_dir=tmp_path / "cache", progress=False)
-    assert got[3].shape == (5,)
+    with pytest.raises(DataDirError, match="t10k-labels-idx1-ubyte.gz: corrupt or truncated gzip"):
+        data.load_arrays(data_dir=tmp_path / "mine", **kw)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "mine"]
 
 
 # ---- downloads, against a local HTTP server ------------------------------------------------------
