@@ -145,9 +145,26 @@ class Step:
 
     def evaluate(self, x, y) -> float:
         """Accuracy over every sample of (x, y), the last partial batch included, in evaluation mode (the
-        running statistics), on the current stream."""
-        self.cp.cuda.runtime.deviceSynchronize()  # training may still run on the runner's stream
+        running statistics), on the current stream; counted on the GPU."""
         self.correct.fill(0)
+        self._eval_forward(x, y, lambda slot, n, start: self.net.count_correct(self.y[slot], self.correct, n))
+        return int(self.correct.get()[0]) / len(x)
+
+    def logits(self, x, y=None) -> np.ndarray:
+        """The logits [N, classes] (float32, on the host) of every sample of x in evaluation mode, computed
+        as evaluate() computes them. y: labels for the staging buffers (any valid classes; they do not
+        change the logits)."""
+        out = np.empty((len(x), self.net.logits.shape[1]), np.float32)
+        y = np.zeros(len(x), np.int32) if y is None else y
+
+        def copy(slot, n, start):
+            out[start:start + n] = self.net.logits[:n].get()
+        self._eval_forward(x, y, copy)
+        return out
+
+    def _eval_forward(self, x, y, after_forward):
+        """The evaluation forward over (x, y) batch by batch; after_forward(slot, n, first sample) after each."""
+        self.cp.cuda.runtime.deviceSynchronize()  # training may still run on the runner's stream
         for i, idx in enumerate(data.batch_indices(np.arange(len(x)), self.batch_size, drop_last=False)):
             slot = i % SLOTS
             self.stage_free[slot].synchronize()
@@ -155,9 +172,8 @@ class Step:
             self.prefetched_step = None  # this overwrites a device input buffer
             self.load(slot, n)
             self.net.forward(self.x[slot], self.y[slot], n, False, slot)
-            self.net.count_correct(self.y[slot], self.correct, n)
+            after_forward(slot, n, i * self.batch_size)
             self.stage_free[slot].record()
-        return int(self.correct.get()[0]) / len(x)
 
 
 def phase_times_ms(event_lists) -> np.ndarray:

@@ -3,53 +3,107 @@
 Every step (load, forward, loss, backward, SGD update, zero-grad) runs our CUDA kernels; by default the
 whole step is one CUDA graph replayed per batch. Every PHASE_SAMPLE_EVERY-th step runs the same kernels
 launched one by one with CUDA events between the phases, which gives the per-phase times of the summary.
+
+Every flag, output path, --init checkpoint and named data folder is checked before any work starts; a
+mistake is one line and exit status 2. A checkpoint records where training stands (the step count, the
+epoch and how far into its shuffled order), so `--init` from it continues exactly as one longer run would.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
-import math
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, cuda, data, reference
+from . import checkpoint, cli, cuda, data, reference
 from .nets import KERNEL_VERSIONS
 
 PHASE_SAMPLE_EVERY = 50
 LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar and the NaN check
 
 # batch size and learning rate as scripts/sweep_hparams.py chose them (README, Results)
-DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels="32,64", hidden=128)
+DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels=(32, 64), hidden=128,
+                kernels="fast", tf32=False, shuffle=True)
+# what a checkpoint records and --init takes as this run's default (the model's shape comes from its arrays)
+RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "tf32", "shuffle")
 
 
 class TrainingDiverged(Exception):
     pass
 
 
-def int_at_least(minimum):
-    """An argparse type: a whole number >= minimum (the error names the flag via argparse)."""
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if v < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {v}")
-        return v
-    return parse
+@dataclasses.dataclass(frozen=True)
+class Position:
+    """Where training stands: the next step's number (from 1), the epoch it belongs to (from 0) and the
+    samples of that epoch's order already trained on."""
+    step: int = 0
+    epoch: int = 0
+    sample: int = 0
 
 
-def learning_rate(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(v) and v > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
-    return v
+@dataclasses.dataclass
+class Chunk:
+    """The steps of one epoch that a run trains: its batches and where training stands after them."""
+    epoch: int
+    batches: list
+    end: Position
+
+
+def plan(n_samples: int, batch_size: int, seed: int, shuffle: bool, start: Position, steps: int) -> list[Chunk]:
+    """The batches of `steps` steps from `start`, one chunk per epoch touched. An epoch's order is a
+    permutation seeded by (seed, epoch) (data.epoch_order) and drops its partial last batch, so a run
+    continued from a checkpoint trains the same batches as one run that never stopped."""
+    if batch_size > n_samples:
+        raise ValueError(f"batch size {batch_size} is larger than the training set ({n_samples} samples)")
+    chunks, epoch, sample, step, left = [], start.epoch, start.sample, start.step, steps
+    while left > 0:
+        order = data.epoch_order(n_samples, seed, epoch, shuffle)
+        batches = list(data.batch_indices(order[sample:], batch_size, drop_last=True))[:left]
+        if not batches:  # less than a batch left of this epoch (possible after a change of batch size)
+            epoch, sample = epoch + 1, 0
+            continue
+        this_epoch = epoch
+        left -= len(batches)
+        step += len(batches)
+        sample += len(batches) * batch_size
+        if sample + batch_size > n_samples:  # the epoch is done: its partial last batch is dropped
+            epoch, sample = epoch + 1, 0
+        chunks.append(Chunk(this_epoch, batches, Position(step, epoch, sample)))
+    return chunks
+
+
+def run_chunk(step, ds, chunk: Chunk, first_step: int, on_progress=None, phase_events=None) -> np.ndarray:
+    """Train the chunk's batches, loading each next batch while the current one computes; returns their
+    losses. Steps whose number is a multiple of PHASE_SAMPLE_EVERY run eagerly with events between their
+    phases (appended to phase_events, when given). on_progress(done, losses) every LOG_EVERY steps."""
+    from .step import PHASES
+    step.losses(reset=True)
+    losses = np.zeros(0, np.float32)
+    for i, (idx, next_idx) in enumerate(data.with_next(chunk.batches)):
+        events = None
+        if phase_events is not None and (first_step + i) % PHASE_SAMPLE_EVERY == 0:
+            events = [step.cp.cuda.Event() for _ in range(len(PHASES) + 1)]
+            phase_events.append(events)
+        step.run(ds.train_x, ds.train_y, idx, next_idx, mode="eager" if events else None, events=events)
+        if (i + 1) % LOG_EVERY == 0 or i + 1 == len(chunk.batches):
+            losses = step.losses()
+            _check_finite(losses, first_step)
+            if on_progress:
+                on_progress(i + 1, losses)
+    step.synchronize()
+    return losses
+
+
+def _check_finite(losses, first_step):
+    bad = np.flatnonzero(~np.isfinite(losses))
+    if bad.size:
+        raise TrainingDiverged(f"the loss became {losses[bad[0]]} at step {first_step + int(bad[0]) + 1}")
+
+
+# ---- the command line ------------------------------------------------------------------------------------
 
 
 def _channels(text):
@@ -63,178 +117,226 @@ def _channels(text):
     return c
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> cli.Parser:
     d = DEFAULTS
-    p = argparse.ArgumentParser(
-        prog="python -m mnist_cuda.train",
-        description="Train the MNIST CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, plain "
-                    "SGD) on the GPU with hand-written CUDA kernels.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--dataset", choices=sorted(data.DATASETS), default=d["dataset"])
-    p.add_argument("--data-dir", type=Path, default=None,
-                   help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
-    p.add_argument("--epochs", type=int_at_least(1), default=d["epochs"])
-    p.add_argument("--batch-size", type=int_at_least(1), default=d["batch_size"])
-    p.add_argument("--lr", type=learning_rate, default=d["lr"], help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=d["seed"], help="seeds initialisation and shuffling")
-    p.add_argument("--channels", type=_channels, default=_channels(d["channels"]), metavar="C1,C2",
-                   help="output channels of conv1 and conv2")
-    p.add_argument("--hidden", type=int_at_least(1), default=d["hidden"], help="fc1 width")
-    p.add_argument("--save", type=Path, default=None, metavar="PATH",
-                   help="write a checkpoint (.npz) here after every epoch and at the end")
-    p.add_argument("--init", type=Path, default=None, metavar="PATH", help="start from this checkpoint")
+    from_init = ", or the --init checkpoint's"
+    p = cli.Parser(
+        prog=cli.prog_name("mnist_cuda.train"), formatter_class=argparse.HelpFormatter,
+        description="Train the MNIST CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, plain SGD) on the "
+                    "GPU with hand-written CUDA kernels.",
+        epilog="With --init, the flags marked 'or the --init checkpoint's' default to what the checkpoint "
+               "recorded, and training continues where it stopped: the step count, the epoch and its shuffled "
+               "order, so 4 epochs and then --init with 6 more train the same steps as 10 at once.")
+    p.add_argument("--dataset", choices=sorted(data.DATASETS), default=None,
+                   help=f"training and test set (default: {d['dataset']}{from_init})")
+    p.add_argument("--data-dir", type=cli.existing_dir, default=None, metavar="DIR",
+                   help="the folder holding the four IDX files (.gz or raw), the only place looked in when given "
+                        "(default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download)")
+    p.add_argument("--epochs", type=cli.int_at_least(1), default=d["epochs"],
+                   help="epochs to train in this run, counted from where --init stopped (default: %(default)s)")
+    p.add_argument("--batch-size", type=cli.int_at_least(1), default=None,
+                   help=f"samples per training step; evaluation uses the same (default: {d['batch_size']}{from_init})")
+    p.add_argument("--lr", type=cli.learning_rate, default=None,
+                   help=f"SGD learning rate (default: {d['lr']}{from_init})")
+    p.add_argument("--seed", type=cli.seed, default=None,
+                   help=f"seeds the initialisation and the shuffling; 0 to {cli.SEED_MAX} (default: {d['seed']}{from_init})")
+    p.add_argument("--channels", type=_channels, default=None, metavar="C1,C2",
+                   help="output channels of conv1 and conv2 (default: 32,64, or the --init checkpoint's)")
+    p.add_argument("--hidden", type=cli.int_at_least(1), default=None,
+                   help=f"fc1 width (default: {d['hidden']}, or the --init checkpoint's)")
+    p.add_argument("--save", type=cli.output_path, default=None, metavar="PATH",
+                   help="write a checkpoint (.npz) here after every epoch, replacing the last one atomically")
+    p.add_argument("--init", type=cli.input_file, default=None, metavar="PATH",
+                   help="start from this checkpoint (written by --save) and continue where it stopped")
     p.add_argument("--no-shuffle", action="store_true", help="visit the training set in file order")
-    p.add_argument("--steps", type=int_at_least(0), default=None, metavar="N",
-                   help="stop after N steps in all (0: only write the initial checkpoint to --save)")
-    p.add_argument("--metrics", type=Path, default=None, metavar="PATH",
-                   help="JSON lines: every step's loss, every epoch's test accuracy")
-    p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast",
-                   help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones")
-    p.add_argument("--tf32", action="store_true",
+    p.add_argument("--steps", type=cli.int_at_least(0), default=None, metavar="N",
+                   help="train N steps instead of --epochs (0: only write the initial checkpoint to --save)")
+    p.add_argument("--metrics", type=cli.output_path, default=None, metavar="PATH",
+                   help="JSON lines: every step's loss, every epoch's test accuracy (appended to with --init, "
+                        "so one file holds a continued run)")
+    p.add_argument("--plot", type=cli.output_path, default=None, metavar="PNG",
+                   help="draw this run's loss per step and test accuracy per epoch here (needs matplotlib)")
+    p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None,
+                   help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones "
+                        f"(default: {d['kernels']}{from_init})")
+    p.add_argument("--tf32", action="store_true", default=None,
                    help="conv2's products in plain TF32, as PyTorch's cuDNN convolutions by default (faster; "
-                        "~3e-4 relative error instead of fp32's ~1e-6; fast kernels only)")
+                        "~3e-4 relative error instead of fp32's ~1e-6; fast kernels only; default: off, or the "
+                        "--init checkpoint's)")
     p.add_argument("--eager", action="store_true",
                    help="launch the kernels one by one instead of replaying a CUDA graph of the step")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     return p
 
 
-def initial_state(args, parser):
-    """The starting state_dict: --init (checked against the model's shapes) or a seeded init."""
-    spec = reference.state_dict_spec(args.channels, args.hidden)
-    if args.init is None:
-        return reference.init_state_dict(args.seed, args.channels, args.hidden), {}
-    try:
-        return checkpoint.load_checkpoint(args.init, spec)
-    except checkpoint.CheckpointError as e:
-        parser.error(f"argument --init: {e} (model: --channels {args.channels[0]},{args.channels[1]} "
-                     f"--hidden {args.hidden})")
+@dataclasses.dataclass
+class Setup:
+    """Everything a run needs, checked: the resolved hyperparameters, the initial state, where to start."""
+    dataset: str
+    batch_size: int
+    lr: float
+    seed: int
+    kernels: str
+    tf32: bool
+    shuffle: bool
+    channels: tuple
+    hidden: int
+    state: dict
+    start: Position
+    steps: int
+
+
+def check(args, parser: cli.Parser) -> Setup:
+    """Every user mistake as a usage error (exit 2), before any data, GPU or training work."""
+    resumed, start, state = {}, Position(), None
+    if args.init is not None:
+        try:
+            state, meta, channels, hidden = checkpoint.load_model(args.init)
+        except checkpoint.CheckpointError as e:
+            parser.fail("--init", str(e))
+        for flag, value, theirs in (("--channels", args.channels, channels), ("--hidden", args.hidden, hidden)):
+            if value is not None and value != theirs:
+                parser.fail(flag, f"the --init checkpoint {args.init} holds a model with --channels "
+                                  f"{channels[0]},{channels[1]} --hidden {hidden}; leave {flag} out to use it")
+        args.channels, args.hidden = channels, hidden
+        resumed = {k: meta[k] for k in RESUMED if k in meta}
+        start = Position(int(meta.get("step", 0)), int(meta.get("epoch_index", 0)), int(meta.get("epoch_sample", 0)))
+    explicit = {"dataset": args.dataset, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
+                "kernels": args.kernels, "tf32": args.tf32, "shuffle": False if args.no_shuffle else None}
+    value = {k: explicit[k] if explicit[k] is not None else resumed.get(k, DEFAULTS[k]) for k in RESUMED}
+    channels = args.channels or DEFAULTS["channels"]
+    hidden = args.hidden or DEFAULTS["hidden"]
+    if value["dataset"] not in data.DATASETS:
+        parser.fail("--init", f"the checkpoint names an unknown dataset {value['dataset']!r}; give --dataset")
+    if value["tf32"] and value["kernels"] != "fast":
+        parser.fail("--tf32", "needs --kernels fast (the naive kernels compute in plain fp32)")
+    if args.steps == 0 and args.save is None:
+        parser.fail("--steps", "0 only writes the initial checkpoint, so it needs --save")
+    outputs = [(flag, path) for flag, path in (("--save", args.save), ("--metrics", args.metrics),
+                                                 ("--plot", args.plot)) if path is not None]
+    for i, (flag, path) in enumerate(outputs):
+        for other, other_path in outputs[i + 1:]:
+            if path.resolve() == other_path.resolve():
+                parser.fail(other, f"{other_path} is also the {flag} file; name another file")
+    train_samples, batch = data.TRAIN_SAMPLES[value["dataset"]], value["batch_size"]
+    if batch > train_samples:
+        parser.fail("--batch-size", f"{batch} is larger than the training set ({train_samples} samples)")
+    if batch * max(channels) * data.IMAGE_SIZE ** 2 >= 2 ** 31:
+        parser.fail("--batch-size", f"{batch} with {max(channels)} channels is too large for the kernels' "
+                                    f"32-bit indexing (batch x channels x 784 must stay below 2^31)")
+    if args.plot is not None:
+        cli.require_matplotlib(parser, "--plot")
+    if state is None:
+        state = reference.init_state_dict(value["seed"], channels, hidden)
+    steps_per_epoch = train_samples // batch
+    steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
+    return Setup(channels=tuple(channels), hidden=hidden, state=state, start=start, steps=steps, **value)
+
+
+def checkpoint_meta(s: Setup, at: Position, **extra) -> dict:
+    return {"dataset": s.dataset, "channels": list(s.channels), "hidden": s.hidden, "seed": s.seed, "lr": s.lr,
+            "batch_size": s.batch_size, "kernels": s.kernels, "tf32": s.tf32, "shuffle": s.shuffle,
+            "step": at.step, "epoch_index": at.epoch, "epoch_sample": at.sample, **extra}
 
 
 def train(args, parser) -> int:
-    if args.tf32 and args.kernels != "fast":
-        parser.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
-    state, init_meta = initial_state(args, parser)
-    meta = {"dataset": args.dataset, "channels": list(args.channels), "hidden": args.hidden,
-            "seed": args.seed, "lr": args.lr, "batch_size": args.batch_size, "kernels": args.kernels,
-            "tf32": args.tf32}
+    s = check(args, parser)
+    prog = parser.prog
     if args.steps == 0:
-        if args.save is None:
-            parser.error("argument --steps: 0 only writes the initial checkpoint, so it needs --save")
-        checkpoint.save_checkpoint(args.save, state, {**meta, "step": int(init_meta.get("step", 0))})
+        checkpoint.save_checkpoint(args.save, s.state, checkpoint_meta(s, s.start))
         print(f"wrote the initial checkpoint to {args.save}")
         return 0
-
-    try:
-        cuda.require_gpu()
-    except cuda.GPUUnavailable as e:
-        print(f"mnist_cuda.train: {e}", file=sys.stderr)
-        return 2
+    arrays = cli.load_data_or_exit(prog, s.dataset, args.data_dir, args.quiet)
+    cli.gpu_or_exit(prog)
     from .nets import Parameters, make_net
     from .step import PHASES, Step, phase_times_ms
 
-    try:
-        ds = data.load(args.dataset, args.data_dir, empty=cuda.pinned_empty, progress=not args.quiet)
-    except data.DataError as e:
-        print(f"mnist_cuda.train: {e}", file=sys.stderr)
-        return 1
-
-    params = Parameters(args.channels, args.hidden)
-    cp = params.cp
-    params.load_state_dict(state)
-    step = Step(make_net(params, args.batch_size, args.kernels, args.tf32), args.lr,
-                mode="eager" if args.eager else "graph")
-    phase_events = []  # one list of len(PHASES) + 1 events per sampled step
-    start_step = int(init_meta.get("step", 0))
-    steps_per_epoch = len(ds.train_x) // args.batch_size
-    if steps_per_epoch == 0:
-        parser.error(f"argument --batch-size: {args.batch_size} is larger than the training set")
-    total_steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
-    epochs = math.ceil(total_steps / steps_per_epoch)
-    metrics = open(args.metrics, "w") if args.metrics else None
+    ds = data.host_data(s.dataset, arrays, empty=cuda.pinned_empty)
+    params = Parameters(s.channels, s.hidden)
+    params.load_state_dict(s.state)
+    step = Step(make_net(params, s.batch_size, s.kernels, s.tf32), s.lr, mode="eager" if args.eager else "graph")
+    chunks = plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps)
+    metrics = open(args.metrics, "a" if args.init else "w") if args.metrics else None
     from tqdm import tqdm
 
-    train_seconds, accuracy, done = 0.0, float("nan"), 0
+    phase_events = []  # one list of len(PHASES) + 1 events per sampled step
+    records = []  # what --metrics writes, for --plot
+    at, saved = s.start, None  # where training stands; the last checkpoint written
+    epoch = s.start.epoch  # the epoch in progress
+    train_seconds = eval_seconds = 0.0
+    accuracy = float("nan")
     try:
-        for epoch in range(1, epochs + 1):
-            order = data.epoch_order(len(ds.train_x), args.seed, epoch - 1, shuffle=not args.no_shuffle)
-            steps = min(steps_per_epoch, total_steps - done)
-            step.losses(reset=True)
-            bar = tqdm(total=steps, desc=f"epoch {epoch}/{epochs}", unit="step", disable=args.quiet,
+        for chunk in chunks:
+            first, epoch = at.step, chunk.epoch
+            bar = tqdm(total=len(chunk.batches), desc=f"epoch {chunk.epoch + 1}", unit="step", disable=args.quiet,
                        leave=True, dynamic_ncols=True)
             t0 = time.perf_counter()
-            losses = np.zeros(0, np.float32)
-            batches = list(data.batch_indices(order, args.batch_size, drop_last=True))[:steps]
-            for i, (idx, next_idx) in enumerate(data.with_next(batches)):
-                events = None
-                if step.count % PHASE_SAMPLE_EVERY == 0:  # this step eagerly, with events between its phases
-                    events = [cp.cuda.Event() for _ in range(len(PHASES) + 1)]
-                    phase_events.append(events)
-                step.run(ds.train_x, ds.train_y, idx, next_idx, mode="eager" if events else None, events=events)
-                if (i + 1) % LOG_EVERY == 0 or i + 1 == steps:
-                    losses = step.losses()
-                    _check_finite(losses, start_step + done)
-                    elapsed = time.perf_counter() - t0
-                    bar.set_postfix(loss=f"{losses[-1]:.4f}", img_s=f"{(i + 1) * args.batch_size / elapsed:,.0f}")
-                    bar.update(i + 1 - bar.n)
-            step.synchronize()
+
+            def progress(done, losses):
+                bar.set_postfix(loss=f"{losses[-1]:.4f}",
+                                img_s=f"{done * s.batch_size / (time.perf_counter() - t0):,.0f}")
+                bar.update(done - bar.n)
+            losses = run_chunk(step, ds, chunk, first, progress, phase_events)
             epoch_seconds = time.perf_counter() - t0
             train_seconds += epoch_seconds
             bar.close()
-            if metrics:
-                for j, v in enumerate(losses):
-                    metrics.write(json.dumps({"step": start_step + done + j + 1, "epoch": epoch,
-                                              "loss": float(v)}) + "\n")
-            done += steps
+            at = chunk.end
+            t1 = time.perf_counter()
             accuracy = step.evaluate(ds.test_x, ds.test_y)
-            print(f"epoch {epoch}: test accuracy {accuracy * 100:.2f}%  loss {losses[-1]:.4f}  "
-                  f"{steps * args.batch_size / epoch_seconds:,.0f} img/s")
+            eval_seconds += time.perf_counter() - t1
+            lines = [{"step": first + j + 1, "epoch": chunk.epoch + 1, "loss": float(v)} for j, v in enumerate(losses)]
+            lines.append({"step": at.step, "epoch": chunk.epoch + 1, "test_accuracy": accuracy})
+            records += lines
             if metrics:
-                metrics.write(json.dumps({"step": start_step + done, "epoch": epoch,
-                                          "test_accuracy": accuracy}) + "\n")
+                metrics.write("".join(json.dumps(d) + "\n" for d in lines))
                 metrics.flush()
+            print(f"epoch {chunk.epoch + 1}: test accuracy {accuracy * 100:.2f}%  loss {losses[-1]:.4f}  "
+                  f"{len(chunk.batches) * s.batch_size / epoch_seconds:,.0f} img/s")
             if args.save:
                 checkpoint.save_checkpoint(args.save, params.state_dict(),
-                                           {**meta, "step": start_step + done, "epoch": epoch,
-                                            "test_accuracy": accuracy})
+                                           checkpoint_meta(s, at, test_accuracy=accuracy))
+                saved = at
     except TrainingDiverged as e:
-        print(f"mnist_cuda.train: {e}; stopping."
-              + (f" The last good checkpoint in {args.save} was left as it was." if args.save else ""),
-              file=sys.stderr)
+        print(f"{prog}: {e}; stopping." + _where_saved(args, saved), file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted in epoch {epoch + 1}." + _where_saved(args, saved), file=sys.stderr)
+        return 130
     finally:
         if metrics:
             metrics.close()
 
+    done = at.step - s.start.step
     times = phase_times_ms(phase_events)
     phases = dict(zip(PHASES, times.mean(axis=0).tolist())) if len(times) else {}
-    print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps ({args.dataset}, batch {args.batch_size}, "
-          f"lr {args.lr}, seed {args.seed}{', conv2 in TF32' if args.tf32 else ''})")
-    print(f"training wall time {train_seconds:.2f} s, {done * args.batch_size / train_seconds:,.0f} img/s "
-          f"({'eager launches' if args.eager else 'CUDA graph per step'})")
+    print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps{f' (step {at.step} in all)' if s.start.step else ''} "
+          f"({s.dataset}, batch {s.batch_size}, lr {s.lr}, seed {s.seed}{', conv2 in TF32' if s.tf32 else ''})")
+    print(f"training wall time {train_seconds:.2f} s, {done * s.batch_size / train_seconds:,.0f} img/s "
+          f"({'eager launches' if args.eager else 'CUDA graph per step'}); evaluation {eval_seconds:.2f} s")
     if phases:
         print(f"per-phase mean, {len(phase_events)} sampled steps, eager launches with CUDA events: "
               + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items())
-              + (" (fast kernels: zero-grad is fused into the update)" if args.kernels == "fast" else ""))
+              + (" (fast kernels: zero-grad is fused into the update)" if s.kernels == "fast" else ""))
     if args.save:
         print(f"checkpoint: {args.save}")
+    if args.plot:
+        from . import curves
+        curves.plot_training(records, args.plot, title=f"{s.dataset}, batch {s.batch_size}, lr {s.lr}, seed {s.seed}")
+        print(f"plot: {args.plot}")
     return 0
 
 
-def _check_finite(losses, steps_before):
-    bad = np.flatnonzero(~np.isfinite(losses))
-    if bad.size:
-        raise TrainingDiverged(f"the loss became {losses[bad[0]]} at step {steps_before + int(bad[0]) + 1}")
+def _where_saved(args, saved: Position | None) -> str:
+    if args.save is None:
+        return " Nothing was saved (no --save)."
+    if saved is None:
+        return f" No checkpoint was written yet; {args.save} was left as it was."
+    return (f" The last checkpoint, {args.save}, holds step {saved.step} (written at the end of an epoch) and is "
+            f"intact: continue with --init {args.save}")
 
 
 def main(argv=None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return train(args, parser)
-    except KeyboardInterrupt:
-        print("\ninterrupted", file=sys.stderr)
-        return 130
+    return cli.run(build_parser(), train, argv)
 
 
 if __name__ == "__main__":

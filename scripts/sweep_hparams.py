@@ -11,7 +11,6 @@ on the test set after every epoch), so a setting reproduces bit for bit with `py
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -19,19 +18,20 @@ from pathlib import Path
 import numpy as np
 
 from mnist_cuda import cuda, data, reference, train
+from mnist_cuda.cli import Parser, int_at_least, learning_rate, output_path, write_json
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
 
 PROG = "sweep_hparams.py"
 D = train.DEFAULTS
-CHANNELS, HIDDEN = tuple(int(c) for c in D["channels"].split(",")), D["hidden"]  # the trainer's default model
+CHANNELS, HIDDEN = D["channels"], D["hidden"]  # the trainer's default model
 
 
 def parse_configs(text):
     """BATCH:LR pairs, each checked as the trainer checks --batch-size and --lr."""
     try:
         pairs = [c.split(":") for c in text.split(",")]
-        return [(train.int_at_least(1)(b), train.learning_rate(lr)) for b, lr in pairs]
+        return [(int_at_least(1)(b), learning_rate(lr)) for b, lr in pairs]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected BATCH:LR pairs like 64:0.05,32:0.02, got {text!r}") from None
     except argparse.ArgumentTypeError as e:
@@ -54,30 +54,26 @@ def run(ds, batch, lr, seed, epochs, version) -> list[float]:
     params = Parameters(CHANNELS, HIDDEN)
     params.load_state_dict(reference.init_state_dict(seed, CHANNELS, HIDDEN))
     step = Step(make_net(params, batch, version), lr)
+    steps_per_epoch = len(ds.train_x) // batch
     accuracies = []
-    for epoch in range(epochs):
-        order = data.epoch_order(len(ds.train_x), seed, epoch)
-        batches = list(data.batch_indices(order, batch, drop_last=True))
-        step.losses(reset=True)  # (the loss log holds one epoch's losses at most)
-        for idx, next_idx in data.with_next(batches):
-            step.run(ds.train_x, ds.train_y, idx, next_idx)
+    for chunk in train.plan(len(ds.train_x), batch, seed, True, train.Position(), epochs * steps_per_epoch):
+        train.run_chunk(step, ds, chunk, chunk.end.step - len(chunk.batches))
         accuracies.append(step.evaluate(ds.test_x, ds.test_y))
     return accuracies
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+def build_parser() -> Parser:
+    p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", type=parse_configs, default=f"{D['batch_size']}:{D['lr']}", metavar="B:LR,...",
                    help="comma-separated BATCH:LR settings to train")
-    p.add_argument("--epochs", type=train.int_at_least(1), default=D["epochs"], help="epochs per run")
+    p.add_argument("--epochs", type=int_at_least(1), default=D["epochs"], help="epochs per run")
     p.add_argument("--seeds", type=parse_seeds, default="0,1,2", metavar="S,...",
                    help="comma-separated seeds: one run of each setting per seed (initialisation and shuffling)")
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default=D["dataset"], help="dataset to train on")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="kernel version")
-    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="also write the accuracies here")
+    p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="also write the accuracies here")
     return p
 
 
@@ -109,12 +105,7 @@ def main(argv=None) -> int:
               + " ".join(f"{100 * a:.2f}" for a in mean)
               + f" | best {100 * mean[best]:.2f}% at epoch {best + 1} | {time.perf_counter() - t0:.0f} s", flush=True)
     if args.json:
-        try:
-            args.json.write_text(json.dumps({"dataset": args.dataset, "kernels": args.kernels, "runs": results},
-                                            indent=1))
-        except OSError as e:
-            print(f"{PROG}: cannot write {args.json}: {e}", file=sys.stderr)
-            return 2
+        write_json(args.json, {"dataset": args.dataset, "kernels": args.kernels, "runs": results})
     return 0
 
 

@@ -17,41 +17,154 @@ def run_train(*args, env=None, timeout=600):
                           env=full_env, timeout=timeout, cwd=REPO)
 
 
-@pytest.mark.parametrize("args,flag", [
-    (["--batch-size", "0"], "--batch-size"),
-    (["--batch-size", "x"], "--batch-size"),
-    (["--lr", "-1"], "--lr"),
-    (["--lr", "nan"], "--lr"),
-    (["--lr", "inf"], "--lr"),
-    (["--lr", "0"], "--lr"),
-    (["--dataset", "cifar"], "--dataset"),
-    (["--channels", "32"], "--channels"),
-    (["--channels", "32,x"], "--channels"),
-    (["--channels", "0,4"], "--channels"),
-    (["--epochs", "0"], "--epochs"),
-    (["--steps", "-2"], "--steps"),
-    (["--steps", "0"], "--steps"),  # needs --save
-    (["--tf32", "--kernels", "naive"], "--tf32"),
+def one_line_usage_error(r, *words):
+    """exit 2, one line on stderr naming what is wrong, no traceback, nothing on stdout."""
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    for word in words:
+        assert word in lines[0], (word, lines[0])
+    return lines[0]
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--batch-size", "0"], ["--batch-size", "at least 1"]),
+    (["--batch-size", "x"], ["--batch-size", "whole number"]),
+    (["--batch-size", "60001"], ["--batch-size", "larger than the training set"]),
+    (["--channels", "32,50000"], ["--batch-size", "32-bit indexing"]),
+    (["--lr", "-1"], ["--lr"]),
+    (["--lr", "nan"], ["--lr"]),
+    (["--lr", "inf"], ["--lr"]),
+    (["--lr", "0"], ["--lr"]),
+    (["--dataset", "cifar"], ["--dataset"]),
+    (["--channels", "32"], ["--channels"]),
+    (["--channels", "32,x"], ["--channels"]),
+    (["--channels", "0,4"], ["--channels"]),
+    (["--epochs", "0"], ["--epochs"]),
+    (["--epochs"], ["--epochs", "expected one argument"]),
+    (["--steps", "-2"], ["--steps"]),
+    (["--steps", "0"], ["--steps", "needs --save"]),
+    (["--seed", "-1"], ["--seed", "at least 0"]),
+    (["--seed", str(2 ** 32)], ["--seed", "at most 4294967295"]),
+    (["--seed", "1.5"], ["--seed", "whole number"]),
+    (["--tf32", "--kernels", "naive"], ["--tf32", "--kernels fast"]),
+    (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    (["--save", "/no/such/folder/m.npz"], ["--save", "folder /no/such/folder does not exist"]),
+    (["--metrics", "/no/such/folder/m.jsonl"], ["--metrics", "does not exist"]),
+    (["--plot", "/no/such/folder/m.png"], ["--plot", "does not exist"]),
+    (["--data-dir", "/no/such/folder"], ["--data-dir", "/no/such/folder does not exist"]),
+    (["--init", "/no/such/file.npz"], ["--init", "does not exist"]),
 ])
-def test_bad_flags_are_usage_errors(args, flag):
+def test_bad_flags_are_one_line_usage_errors(args, words):
     r = run_train(*args)
-    assert r.returncode == 2
-    assert "usage:" in r.stderr and flag in r.stderr and "Traceback" not in r.stderr
+    one_line_usage_error(r, *words)
+    assert "see python -m mnist_cuda.train --help" in r.stderr
+
+
+def test_output_paths_that_are_folders_or_clash(tmp_path):
+    one_line_usage_error(run_train("--save", str(tmp_path)), "--save", "is a folder")
+    one_line_usage_error(run_train("--metrics", str(tmp_path)), "--metrics", "is a folder")
+    (tmp_path / "file").write_text("")
+    one_line_usage_error(run_train("--save", str(tmp_path / "file" / "m.npz")), "--save", "not a folder")
+    same = str(tmp_path / "run.out")
+    one_line_usage_error(run_train("--save", same, "--metrics", same), "--metrics", "also the --save file")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
+def test_unwritable_output_folder(tmp_path):
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    for flag in ("--save", "--metrics", "--plot"):
+        one_line_usage_error(run_train(flag, str(locked / "out")), flag, "not writable")
 
 
 def test_help():
     r = run_train("--help")
-    assert r.returncode == 0 and "--batch-size" in r.stdout and "--channels" in r.stdout
+    assert r.returncode == 0 and r.stdout.startswith("usage: python -m mnist_cuda.train")
+    for flag in ("--batch-size", "--epochs", "--channels", "--init", "--plot", "--metrics", "--seed"):
+        assert flag in r.stdout
+
+
+@pytest.mark.parametrize("module", ["train", "evaluate", "predict", "curves"])
+def test_every_flag_has_help_text(module):
+    import importlib
+    parser = importlib.import_module(f"mnist_cuda.{module}").build_parser()
+    for action in parser._actions:
+        assert action.help and len(action.help) > 10, (module, action.option_strings or action.dest)
+
+
+def test_console_script_names_itself():
+    code = ("import sys; sys.argv[0] = '/venv/bin/mnist-cuda-train'; from mnist_cuda.train import main; "
+            "sys.exit(main(['--help']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert r.returncode == 0 and r.stdout.startswith("usage: mnist-cuda-train ")
+
+
+def write_npz(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def test_bad_init_checkpoints(tmp_path):
+    """Each says what is wrong with the file and what a checkpoint is; none passes NumPy's advice on."""
+    (tmp_path / "notes.txt").write_text("hello")
+    write_npz(tmp_path / "pickled.npz", w=np.array([{"a": 1}], dtype=object))
+    write_npz(tmp_path / "plain.npz", w=np.zeros(3))
+    checkpoint.save_checkpoint(tmp_path / "old.npz", reference.init_state_dict(0), {"format": "mnist_cuda.checkpoint/0"})
+    cut = checkpoint.save_checkpoint(tmp_path / "cut.npz", reference.init_state_dict(0))
+    cut.write_bytes(cut.read_bytes()[:1000])
+    cases = {"notes.txt": "not an .npz archive", "pickled.npz": "pickled Python objects",
+             "plain.npz": "no mnist_cuda metadata", "old.npz": "checkpoint format 'mnist_cuda.checkpoint/0'",
+             "cut.npz": "not a readable .npz checkpoint"}
+    for name, words in cases.items():
+        line = one_line_usage_error(run_train("--init", str(tmp_path / name)), "--init", words)
+        assert "allow_pickle" not in line
+        if name != "old.npz":
+            assert "--save PATH" in line  # what a checkpoint is
+    one_line_usage_error(run_train("--init", str(tmp_path)), "--init", "is a folder")
 
 
 def test_init_with_mismatched_shapes_is_a_usage_error(tmp_path):
     path = tmp_path / "small.npz"
     checkpoint.save_checkpoint(path, reference.init_state_dict(0, (4, 8), 16))
-    r = run_train("--init", str(path))
-    assert r.returncode == 2 and "--init" in r.stderr and "conv1.weight has shape" in r.stderr
-    assert "Traceback" not in r.stderr
-    r = run_train("--init", str(tmp_path / "missing.npz"))
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    one_line_usage_error(run_train("--init", str(path), "--channels", "32,64"), "--channels",
+                         "holds a model with --channels 4,8 --hidden 16")
+    one_line_usage_error(run_train("--init", str(path), "--hidden", "128"), "--hidden", "--hidden 16")
+
+
+def test_named_data_folder_without_the_files(tmp_path):
+    """A named folder is the only source: no fallback to the cache or a download, nothing created."""
+    (tmp_path / "empty").mkdir()
+    r = run_train("--data-dir", str(tmp_path / "empty"), "--steps", "1", env={"MNIST_CUDA_CACHE": str(tmp_path / "cache")})
+    one_line_usage_error(r, "has no train-images-idx3-ubyte")
+    r = run_train("--steps", "1", env={"MNIST_DATA_DIR": str(tmp_path / "nope"), "MNIST_CUDA_CACHE": str(tmp_path / "cache")})
+    one_line_usage_error(r, "the data folder", "nope does not exist")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
+def test_plot_without_matplotlib_is_one_line_before_work(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; from mnist_cuda.train import main; "
+            f"sys.exit(main(['--plot', {str(tmp_path / 'c.png')!r}, '--steps', '1']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    one_line_usage_error(r, "--plot", "needs matplotlib", "pip install")
+
+
+def test_plan_continues_as_one_run():
+    """The batches of 4 epochs and then 6 more (or of 700 steps and then 1200) are those of one run."""
+    from mnist_cuda.train import Position, plan
+    n, b = 1000, 64  # 15 steps per epoch, 40 samples dropped
+    whole = [c.batches for c in plan(n, b, 3, True, Position(), 150)]
+    first = plan(n, b, 3, True, Position(), 60)
+    rest = plan(n, b, 3, True, first[-1].end, 90)
+    assert first[-1].end == Position(60, 4, 0)
+    flat = lambda chunks: np.concatenate([np.concatenate(c) for c in chunks])
+    assert np.array_equal(flat(whole), flat([c.batches for c in first + rest]))
+    mid = plan(n, b, 3, True, Position(), 7)
+    assert mid[-1].end == Position(7, 0, 7 * b) and len(mid) == 1
+    assert np.array_equal(flat(whole[:1])[:7 * b], flat([mid[0].batches]))
+    assert np.array_equal(flat(whole), flat([c.batches for c in mid + plan(n, b, 3, True, mid[-1].end, 143)]))
 
 
 def test_steps_zero_writes_the_initial_checkpoint(tmp_path):
@@ -116,3 +229,66 @@ def test_divergence_stops_and_keeps_the_last_checkpoint(tmp_path):
     r = run_train("--data-dir", str(folder), "--lr", "1e30", "--save", str(ck), "--quiet")
     assert r.returncode == 1 and "at step" in r.stderr and "Traceback" not in r.stderr
     assert ck.read_bytes() == before
+
+
+@pytest.mark.gpu
+def test_four_epochs_then_six_more_is_ten_at_once(tmp_path):
+    """--init continues the step count, the epoch and its shuffled order: the metrics (every step's loss,
+    every epoch's test accuracy) and the final weights are those of one run, byte for byte."""
+    folder = mnist_or_skip()
+    common = ["--data-dir", str(folder), "--quiet"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    r = run_train(*common, "--epochs", "10", "--metrics", f"{one}.jsonl", "--save", f"{one}.npz")
+    assert r.returncode == 0, r.stderr
+    r = run_train(*common, "--epochs", "4", "--metrics", f"{two}.jsonl", "--save", f"{two}.npz")
+    assert r.returncode == 0, r.stderr
+    r = run_train(*common, "--epochs", "6", "--init", f"{two}.npz", "--metrics", f"{two}.jsonl", "--save", f"{two}.npz")
+    assert r.returncode == 0, r.stderr
+    assert "epoch 5:" in r.stdout and "(step 9370 in all)" in r.stdout
+    assert (tmp_path / "two.jsonl").read_bytes() == (tmp_path / "one.jsonl").read_bytes()
+    (a, meta_a), (b, meta_b) = (checkpoint.load_checkpoint(f"{p}.npz") for p in (one, two))
+    assert meta_a == meta_b and meta_b["step"] == 9370 and meta_b["epoch_index"] == 10
+    for name in a:
+        assert a[name].tobytes() == b[name].tobytes(), name
+
+
+@pytest.mark.gpu
+def test_resume_in_the_middle_of_an_epoch(tmp_path):
+    """400 steps, then 600 more from the checkpoint: the losses of 1000 steps at once (batch 128)."""
+    folder = mnist_or_skip()
+    common = ["--data-dir", str(folder), "--quiet", "--batch-size", "128", "--seed", "7"]
+    r = run_train(*common, "--steps", "1000", "--metrics", str(tmp_path / "one.jsonl"))
+    assert r.returncode == 0, r.stderr
+    r = run_train(*common, "--steps", "400", "--metrics", str(tmp_path / "two.jsonl"), "--save", str(tmp_path / "c.npz"))
+    assert r.returncode == 0, r.stderr
+    meta = checkpoint.load_checkpoint(tmp_path / "c.npz")[1]
+    assert (meta["step"], meta["epoch_index"], meta["epoch_sample"]) == (400, 0, 400 * 128)
+    r = run_train("--data-dir", str(folder), "--quiet", "--steps", "600", "--init", str(tmp_path / "c.npz"),
+                  "--metrics", str(tmp_path / "two.jsonl"))  # batch size and seed come from the checkpoint
+    assert r.returncode == 0, r.stderr
+    losses = [[line for line in (tmp_path / f"{n}.jsonl").read_text().splitlines() if '"loss"' in line]
+              for n in ("one", "two")]
+    assert len(losses[0]) == 1000 and losses[0] == losses[1]
+
+
+@pytest.mark.gpu
+def test_ctrl_c_keeps_the_last_checkpoint_and_says_where(tmp_path):
+    import signal
+    import time
+    folder = mnist_or_skip()
+    ck = tmp_path / "m.npz"
+    p = subprocess.Popen([sys.executable, "-m", "mnist_cuda.train", "--data-dir", str(folder), "--epochs", "200",
+                          "--save", str(ck), "--quiet"], cwd=REPO, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    deadline = time.monotonic() + 300
+    while not ck.exists() and time.monotonic() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    time.sleep(0.5)  # into the next epoch
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    assert "interrupted in epoch" in err and f"--init {ck}" in err and "intact" in err
+    state, meta = checkpoint.load_checkpoint(ck, reference.state_dict_spec())
+    assert meta["step"] >= 937 and meta["step"] % 937 == 0 and meta["epoch_index"] == meta["step"] // 937
+    assert f"holds step {meta['step']}" in err
+    assert [q.name for q in tmp_path.iterdir()] == ["m.npz"]  # no temporary file left

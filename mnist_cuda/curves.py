@@ -1,0 +1,109 @@
+"""Training curves: the loss per step and the test accuracy per epoch, from the trainer's metrics.
+
+    python -m mnist_cuda.curves run.jsonl --out run.png      (or the trainer's own --plot PNG)
+
+The metrics are the JSON lines `python -m mnist_cuda.train --metrics` writes: {"step", "epoch", "loss"} per
+step and {"step", "epoch", "test_accuracy"} per epoch. A run continued with --init appends to the same file,
+so one file draws the whole run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from . import cli
+
+SMOOTH_STEPS = 50  # the loss of one batch is noisy; the curve also shows its running mean over this many
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """The records of a metrics file; ValueError naming the line for anything else."""
+    records = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+                assert isinstance(record, dict) and isinstance(record.get("step"), int)
+                assert ("loss" in record) != ("test_accuracy" in record)
+            except (json.JSONDecodeError, AssertionError):
+                raise ValueError(f"{path} line {n} is not a metrics record of mnist_cuda.train --metrics") from None
+            records.append(record)
+    if not any("loss" in r for r in records):
+        raise ValueError(f"{path} holds no step losses (is it a --metrics file of mnist_cuda.train?)")
+    return records
+
+
+def plot_training(records: list[dict], path: Path, title: str | None = None) -> None:
+    """Two panels, the loss per step (log scale, with its running mean) and the test accuracy per epoch."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = np.array([r["step"] for r in records if "loss" in r])
+    losses = np.array([r["loss"] for r in records if "loss" in r], dtype=np.float64)
+    evals = [(r["step"], r["epoch"], r["test_accuracy"]) for r in records if "test_accuracy" in r]
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    ax_loss.plot(steps, losses, lw=0.5, alpha=0.35, color="tab:blue", label="loss of each batch")
+    if len(losses) >= SMOOTH_STEPS:
+        mean = np.convolve(losses, np.ones(SMOOTH_STEPS) / SMOOTH_STEPS, mode="valid")
+        ax_loss.plot(steps[SMOOTH_STEPS - 1:], mean, color="tab:blue", label=f"mean of the last {SMOOTH_STEPS}")
+    ax_loss.set_yscale("log")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("training loss (NLL)")
+    ax_loss.legend(loc="upper right")
+    ax_loss.grid(alpha=0.3, which="both")
+    if evals:
+        eval_steps, epochs, accuracy = (np.array(v) for v in zip(*evals))
+        ax_acc.plot(epochs, 100 * accuracy, "o-", color="tab:green")
+        for e, a in zip(epochs, accuracy):
+            ax_acc.annotate(f"{100 * a:.2f}", (e, 100 * a), textcoords="offset points", xytext=(0, 6),
+                            ha="center", fontsize=8)
+        ax_acc.set_xticks(epochs)
+        low = min(100 * accuracy.min(), 99.0)
+        ax_acc.set_ylim(low - 0.1 * (100.2 - low), 100.0)
+    ax_acc.set_xlabel("epoch")
+    ax_acc.set_ylabel("test accuracy (%)")
+    ax_acc.grid(alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    cli.save_figure(fig, path)
+    plt.close(fig)
+
+
+def build_parser() -> cli.Parser:
+    p = cli.Parser(prog=cli.prog_name("mnist_cuda.curves"), description=__doc__.split("\n\n")[0])
+    p.add_argument("metrics", type=cli.input_file, metavar="METRICS", help="a --metrics file of mnist_cuda.train")
+    p.add_argument("--out", type=cli.output_path, default=None, metavar="PNG",
+                   help="where to draw (default: METRICS with .png)")
+    p.add_argument("--title", default=None, help="a title over the panels (default: the metrics file's name)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    try:
+        out = args.out or cli.output_path(str(args.metrics.with_suffix(".png")))
+    except argparse.ArgumentTypeError as e:
+        p.fail("--out", f"the default {e}")
+    cli.require_matplotlib(p, "--out")
+    try:
+        records = read_metrics(args.metrics)
+    except UnicodeDecodeError:
+        p.error(f"{args.metrics} is not a text file (a --metrics file of mnist_cuda.train is JSON lines)")
+    except ValueError as e:
+        p.error(str(e))
+    plot_training(records, out, args.title or args.metrics.name)
+    print(f"plot: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
