@@ -1,0 +1,202 @@
+"""Evaluate a checkpoint on the test set with our kernels on the GPU:  python -m mnist_cuda.evaluate CHECKPOINT
+
+Prints the test accuracy, the loss, the accuracy of each class and the confusion matrix (`--json`: the same
+as one JSON object); `--png` draws the confusion matrix and the worst misclassified test images.
+
+The network runs in evaluation mode (BatchNorm's running statistics) with the kernel version, precision
+and batch size the checkpoint was trained with, unless flags say otherwise, so the accuracy is the one the
+trainer printed at the end of that epoch. The accuracy is counted on the GPU as the trainer counts it; the
+per-class figures, the confusion matrix and the loss come from the same logits, copied to the host.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import numpy as np
+
+from . import checkpoint, cli, cuda, data
+from .nets import KERNEL_VERSIONS
+
+WORST = 16  # misclassified test images in the --png grid
+
+
+class Inference:
+    """A checkpoint's network on the GPU in evaluation mode, for evaluate and predict."""
+
+    def __init__(self, state, channels, hidden, batch_size: int, kernels: str, tf32: bool):
+        from .nets import Parameters, make_net
+        from .step import Step
+        params = Parameters(channels, hidden)
+        params.load_state_dict(state)
+        self.step = Step(make_net(params, batch_size, kernels, tf32), lr=0.0)  # lr: no training step runs
+
+    def accuracy(self, x, y) -> float:
+        return self.step.evaluate(x, y)
+
+    def logits(self, x, y=None) -> np.ndarray:
+        return self.step.logits(x, y)
+
+
+def log_softmax(logits: np.ndarray) -> np.ndarray:
+    """float64 log-probabilities of float32 logits."""
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def report(logits: np.ndarray, labels: np.ndarray, class_names) -> dict:
+    """Accuracy, mean NLL, per-class accuracy, the confusion matrix (rows: true class) and the misclassified
+    samples from the most confident mistake down."""
+    classes = len(class_names)
+    log_p = log_softmax(logits)
+    predicted = logits.argmax(axis=1)  # the first largest logit, as the GPU's count_correct takes it
+    confusion = np.zeros((classes, classes), np.int64)
+    np.add.at(confusion, (labels, predicted), 1)
+    per_class = confusion.diagonal() / np.maximum(confusion.sum(axis=1), 1)
+    nll = -log_p[np.arange(len(labels)), labels]
+    wrong = np.flatnonzero(predicted != labels)
+    wrong = wrong[np.argsort(-nll[wrong], kind="stable")]
+    return {"samples": int(len(labels)), "correct": int(confusion.trace()),
+            "accuracy": float(confusion.trace() / len(labels)), "loss": float(nll.mean()),
+            "per_class": {name: float(a) for name, a in zip(class_names, per_class)},
+            "confusion": confusion.tolist(),
+            "misclassified": [{"index": int(i), "label": class_names[labels[i]],
+                               "predicted": class_names[predicted[i]],
+                               "probability": float(np.exp(log_p[i, predicted[i]]))} for i in wrong]}
+
+
+def format_report(r: dict, header: str) -> str:
+    names = list(r["per_class"])
+    width = max(6, max(len(n) for n in names) + 1)
+    lines = [header,
+             f"test accuracy {100 * r['accuracy']:.2f}% ({r['correct']} of {r['samples']}), loss {r['loss']:.4f}",
+             "", "accuracy per class:"]
+    lines += [f"  {name:<{width}} {100 * a:6.2f}%" for name, a in r["per_class"].items()]
+    lines += ["", "confusion matrix (rows: true class, columns: predicted class):",
+              " " * (width + 2) + "".join(f"{n[:width - 1]:>{width}}" for n in names)]
+    lines += [f"  {name:<{width}}" + "".join(f"{v:>{width}}" for v in row) for name, row in zip(names, r["confusion"])]
+    return "\n".join(lines)
+
+
+def plot_report(r: dict, images: np.ndarray, path, title: str) -> None:
+    """The confusion matrix beside a grid of the WORST most confidently misclassified images."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(r["per_class"])
+    confusion = np.array(r["confusion"])
+    fig = plt.figure(figsize=(13, 6))
+    grid = fig.add_gridspec(4, 9)
+    ax = fig.add_subplot(grid[:, :5])
+    shown = np.log10(1 + confusion)  # the diagonal is ~100x the rest: a log scale shows the mistakes
+    ax.imshow(shown, cmap="Blues")
+    for (i, j), v in np.ndenumerate(confusion):
+        ax.text(j, i, str(v), ha="center", va="center", fontsize=7,
+                color="white" if shown[i, j] > 0.6 * shown.max() else "black")
+    ax.set_xticks(range(len(names)), names, rotation=45 if max(map(len, names)) > 2 else 0, ha="right")
+    ax.set_yticks(range(len(names)), names)
+    ax.set_xlabel("predicted class")
+    ax.set_ylabel("true class")
+    ax.set_title(f"confusion matrix: {100 * r['accuracy']:.2f}% correct")
+    for k, m in enumerate(r["misclassified"][:WORST]):
+        a = fig.add_subplot(grid[k // 4, 5 + k % 4])
+        a.imshow(images[m["index"]].reshape(data.IMAGE_SIZE, data.IMAGE_SIZE), cmap="gray_r")
+        a.set_title(f"#{m['index']}: {m['label']} -> {m['predicted']}\n({100 * m['probability']:.0f}%)", fontsize=8)
+        a.axis("off")
+    fig.text(0.78, 0.97, "the most confident mistakes (true -> predicted)", ha="center", fontsize=10)
+    fig.suptitle(title, x=0.3)
+    fig.tight_layout(rect=(0, 0, 1, 0.95))
+    cli.save_figure(fig, path)
+    plt.close(fig)
+
+
+def build_parser() -> cli.Parser:
+    from_ckpt = "(default: the checkpoint's)"
+    p = cli.Parser(prog=cli.prog_name("mnist_cuda.evaluate"), description=__doc__.split("\n\n")[0],
+                   formatter_class=argparse.HelpFormatter)
+    p.add_argument("checkpoint", type=cli.input_file, metavar="CHECKPOINT", help="a checkpoint written by --save")
+    p.add_argument("--dataset", choices=sorted(data.DATASETS), default=None,
+                   help=f"whose test set {from_ckpt}")
+    p.add_argument("--data-dir", type=cli.existing_dir, default=None, metavar="DIR",
+                   help="the folder holding the IDX files, the only place looked in when given (default: "
+                        "$MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download)")
+    p.add_argument("--batch-size", type=cli.int_at_least(1), default=None,
+                   help=f"samples per evaluation batch {from_ckpt}")
+    p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None, help=f"kernel version {from_ckpt}")
+    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
+                   help=f"conv2's products in plain TF32 (fast kernels only) {from_ckpt}")
+    p.add_argument("--json", action="store_true", help="print the report as one JSON object instead")
+    p.add_argument("--png", type=cli.output_path, default=None, metavar="PATH",
+                   help="draw the confusion matrix and the worst misclassified images here (needs matplotlib)")
+    p.add_argument("--quiet", action="store_true", help="no download progress bars")
+    return p
+
+
+def resolve(args, parser, meta: dict) -> dict:
+    """The dataset, batch size, kernels and precision: the flags, else what the checkpoint recorded."""
+    pick = lambda flag, key, default: flag if flag is not None else meta.get(key, default)
+    out = {"dataset": pick(args.dataset, "dataset", "mnist"), "batch_size": pick(args.batch_size, "batch_size", 64),
+           "kernels": pick(args.kernels, "kernels", "fast"), "tf32": bool(pick(args.tf32, "tf32", False))}
+    if out["dataset"] not in data.DATASETS:
+        parser.fail("CHECKPOINT", f"it names an unknown dataset {out['dataset']!r}; give --dataset")
+    if out["kernels"] not in KERNEL_VERSIONS or not isinstance(out["batch_size"], int) or out["batch_size"] < 1:
+        parser.fail("CHECKPOINT", "its metadata names no valid kernel version and batch size; give --kernels "
+                                  "and --batch-size")
+    if out["tf32"] and out["kernels"] != "fast":
+        parser.fail("--tf32", "needs --kernels fast (the naive kernels compute in plain fp32)")
+    return out
+
+
+def load_checkpoint_or_fail(parser, path):
+    try:
+        return checkpoint.load_model(path)
+    except checkpoint.CheckpointError as e:
+        parser.fail("CHECKPOINT", str(e))
+
+
+def main(argv=None) -> int:
+    return cli.run(build_parser(), evaluate, argv)
+
+
+def evaluate(args, parser) -> int:
+    state, meta, channels, hidden = load_checkpoint_or_fail(parser, args.checkpoint)
+    run = resolve(args, parser, meta)
+    if args.png is not None:
+        cli.require_matplotlib(parser, "--png")
+    arrays = cli.load_data_or_exit(parser.prog, run["dataset"], args.data_dir, args.quiet or args.json)
+    cli.gpu_or_exit(parser.prog)
+    test_x, test_y = arrays[2], arrays[3].astype(np.int32)
+    host = data.host_data(run["dataset"], arrays, empty=cuda.pinned_empty)
+    model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["tf32"])
+    accuracy = model.accuracy(host.test_x, host.test_y)
+    r = report(model.logits(host.test_x, host.test_y), test_y, data.CLASS_NAMES[run["dataset"]])
+    if r["correct"] != round(accuracy * len(test_y)):  # the same logits must give the same count
+        print(f"{parser.prog}: internal error: the GPU counted {accuracy:.4%} correct, the logits {r['accuracy']:.4%}",
+              file=sys.stderr)
+        return 1
+    r = {"checkpoint": str(args.checkpoint), "step": meta.get("step"), **run,
+         "trained_on": meta.get("dataset"), "test_accuracy_at_save": meta.get("test_accuracy"), **r}
+    header = (f"{args.checkpoint}: step {meta.get('step', '?')} of a {channels[0]},{channels[1]} / {hidden} model "
+              f"trained on {meta.get('dataset', '?')}; evaluated on the {run['dataset']} test set with the "
+              f"{run['kernels']} kernels{' (TF32)' if run['tf32'] else ''} at batch {run['batch_size']}")
+    if args.json:
+        print(json.dumps(r, indent=1))
+    else:
+        print(format_report(r, header))
+        wrong = r["misclassified"]
+        if wrong:
+            print("\nthe most confident mistakes (test index: true -> predicted, probability): "
+                  + ", ".join(f"#{m['index']}: {m['label']} -> {m['predicted']} ({m['probability']:.2f})"
+                              for m in wrong[:5]))
+    if args.png is not None:
+        plot_report(r, test_x, args.png, f"{args.checkpoint.name} on the {run['dataset']} test set")
+        if not args.json:
+            print(f"plot: {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
