@@ -3,6 +3,7 @@
 
     python scripts/compare_pytorch.py                  # timing at batch 64, 512 and 4096, then the parity run
     python scripts/compare_pytorch.py --show FILE.json # print the tables of a saved result
+    python scripts/compare_pytorch.py --show FILE.json --png FILE.png  # and draw its plot again (no GPU)
 
 (From a checkout without installing the package: PYTHONPATH=. python scripts/compare_pytorch.py ...)
 
@@ -59,7 +60,9 @@ import numpy as np
 from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import PHASES, Step
-from mnist_cuda.train import DEFAULTS, int_at_least, learning_rate
+from mnist_cuda.cli import (Parser, batch_sizes, int_at_least, learning_rate, output_path, require_matplotlib,
+                            save_figure, seed, write_json)
+from mnist_cuda.train import DEFAULTS
 
 REPO = Path(__file__).resolve().parent.parent  # the default --out lies under its benchmarks/results/
 
@@ -80,16 +83,6 @@ class Unavailable(Exception):
 # ---- arguments -------------------------------------------------------------------------------------
 
 
-def _int_list(text):
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers like 64,512, got {text!r}")
-    return values
-
-
 def seconds(text):
     try:
         v = float(text)
@@ -101,9 +94,8 @@ def seconds(text):
 
 
 def build_parser():
-    p = argparse.ArgumentParser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--batch-sizes", type=_int_list, default="64,512,4096",
+    p = Parser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--batch-sizes", type=batch_sizes, default="64,512,4096",
                    help="comma-separated batch sizes to time; the first is also the parity run's")
     p.add_argument("--steps", type=int_at_least(1), default=500, help="timed steps per measurement (method: >= 100)")
     p.add_argument("--timing-window", type=int_at_least(1), default=10,
@@ -114,7 +106,7 @@ def build_parser():
     p.add_argument("--parity-steps", type=int_at_least(0), default=200, help="0 skips the parity run")
     p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
     p.add_argument("--parity-lr", type=learning_rate, default=0.002, help="learning rate of the parity run (see above)")
-    p.add_argument("--seed", type=int, default=0, help="seeds the initial weights and the batches' order")
+    p.add_argument("--seed", type=seed, default=0, help="seeds the initial weights and the batches' order")
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default="mnist", help="training set of both sides")
     p.add_argument("--data-dir", type=Path, default=None,
                    help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
@@ -128,9 +120,11 @@ def build_parser():
     p.add_argument("--parity-only", action="store_true", help="only the parity run (no timing, no files)")
     p.add_argument("--out", type=Path, default=None,
                    help="result JSON (default benchmarks/results/compare-<gpu>-<time>.json)")
-    p.add_argument("--png", type=Path, default=None, help="plot (default: the JSON's path with .png)")
+    p.add_argument("--png", type=output_path, default=None,
+                   help="plot (default: the JSON's path with .png; with --show: draw the saved result's plot here)")
     p.add_argument("--no-png", action="store_true", help="write no plot")
-    p.add_argument("--show", type=Path, default=None, metavar="JSON", help="print a saved result and exit")
+    p.add_argument("--show", type=Path, default=None, metavar="JSON",
+                   help="print a saved result and exit (no GPU or torch needed)")
     return p
 
 
@@ -619,34 +613,170 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
     return out
 
 
+# Each side and mode has one colour in every panel: ours saturated and outlined, PyTorch's modes shades of
+# one blue-grey, darker for the modes that do more to be fast. The order is the bars' order in a group.
+MODE_COLOURS = {("ours", "eager"): "#f39c12", ("ours", "graph"): "#c0392b",
+                ("torch", "eager"): "#c9d6e3", ("torch", "graph"): "#93acc6",
+                ("torch", "compiled+graph"): "#2c4a6e", ("torch", "compiled"): "#5d7fa3"}
+SIDE_NAMES = {"ours": "ours", "torch": "PyTorch"}
+
+
+def _precision_words(result: dict) -> str:
+    return "ours with TF32 convolutions" if result["config"].get("tf32") else "ours in fp32"
+
+
+def _plain_log_axis(ax, label_of):
+    """A log y axis ticked at 1, 2 and 5 of each decade, labelled as plain numbers (10^3 makes the
+    reader convert)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: label_of(v)))
+    ax.yaxis.set_minor_locator(NullLocator())
+    ax.grid(axis="y", color="#e3e3e3", linewidth=0.6)
+    ax.set_axisbelow(True)
+
+
+def _us_label(v):
+    return f"{v:,.0f}" if v >= 1 else f"{v:g}"
+
+
+def _s_label(v):
+    return f"{v:g}"
+
+
+def _grouped_bars(ax, result, value_of, label_of):
+    """One group of bars per batch size: ours' modes, then PyTorch's, each that value_of gives a number
+    for (a mode that failed leaves no gap), its value written above it. Returns the tallest bar of each
+    group."""
+    bss = list(result["batch_sizes"])
+    width = 0.13
+    tallest = []
+    for group, bs in enumerate(bss):
+        r = result["batch_sizes"][bs]
+        bars = []
+        for side, modes in (("ours", OUR_MODES), ("torch", TORCH_MODES)):
+            for mode in modes:
+                m = r[side]["modes"].get(mode)
+                if m is not None and "error" not in m and value_of(m) is not None:
+                    bars.append((side, mode, value_of(m)))
+        left = group - width * (len(bars) - 1) / 2
+        for k, (side, mode, value) in enumerate(bars):
+            ours = side == "ours"
+            x = left + k * width
+            ax.bar(x, value, width * 0.9, color=MODE_COLOURS[side, mode], edgecolor="black",
+                   linewidth=1.0 if ours else 0.0)
+            ax.text(x, value * 1.06, label_of(value), ha="center", va="bottom", rotation=90, fontsize=7.5,
+                    fontweight="bold" if ours else "normal")
+        tallest.append(max((value for *_, value in bars), default=1.0))
+    ax.set_xticks(range(len(bss)), [f"batch {bs}" for bs in bss])
+    ax.tick_params(axis="x", length=0, labelsize=10)
+    ax.set_xlim(-0.5, len(bss) - 0.5)
+    return tallest
+
+
 def plot(result, path: Path):
+    """The comparison on one page, written atomically to path as a PNG: the whole step and the epoch of
+    every mode on top (the headline), the per-phase eager times and the parity run below."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
     bss = list(result["batch_sizes"])
-    fig, axes = plt.subplots(1, len(bss) + 1, figsize=(5 * (len(bss) + 1), 4))
-    for ax, bs in zip(axes, bss):
+    fig = plt.figure(figsize=(14, 8.5), layout="constrained")
+    # a row of its own for the legend of both top panels: inside either it would cover bars, and a figure
+    # legend "outside" the axes lands on the suptitle
+    rows = fig.add_gridspec(3, 1, height_ratios=(0.05, 1.3, 1))
+    legend_ax = fig.add_subplot(rows[0])
+    legend_ax.set_axis_off()
+    step_ax, epoch_ax = (fig.add_subplot(g) for g in rows[1].subgridspec(1, 2, width_ratios=(3, 2)))
+    bottom = rows[2].subgridspec(1, len(bss) + 1)
+    phase_axes = [fig.add_subplot(bottom[0, k]) for k in range(len(bss))]
+    parity_ax = fig.add_subplot(bottom[0, len(bss)])
+
+    # whole step: above each batch size's group, the speed-up of ours over PyTorch's fastest mode, placed
+    # clear of the bars' rotated value labels
+    tallest = _grouped_bars(step_ax, result, lambda m: m.get("median_us"), _us_label)
+    _plain_log_axis(step_ax, _us_label)
+    for group, bs in enumerate(bss):
+        h = result["batch_sizes"][bs].get("headline")
+        if h:
+            above_labels = (group, tallest[group] * 2.2)
+            step_ax.annotate(f"ours {h['ours_mode']}\nvs PyTorch {h['torch_mode']}", above_labels, ha="center",
+                             va="bottom", fontsize=8, linespacing=1.1)
+            step_ax.annotate(f"{h['speedup']:.2f}x faster", above_labels, xytext=(0, 20), textcoords="offset points",
+                             ha="center", va="bottom", fontsize=12, fontweight="bold",
+                             color=MODE_COLOURS["ours", "graph"])
+    step_ax.set_ylim(top=max(tallest) * 6)
+    step_ax.set_ylabel("median us per step (log)")
+    torch_tf32 = any(r["torch"].get("tf32", {}).get("cudnn") for r in result["batch_sizes"].values())
+    step_ax.set_title("whole training step, every mode" +
+                      (" (PyTorch's convolutions in TF32, its default)" if torch_tf32 else ""))
+
+    # one epoch's wall clock: permutation, gather, load and every step
+    dataset = result["config"].get("dataset")
+    epoch_ax.set_title(f"one epoch of the training set{f' ({dataset})' if dataset else ''}, wall clock")
+    if any(m.get("epoch_s") is not None for r in result["batch_sizes"].values() for side in ("ours", "torch")
+           for m in r[side]["modes"].values()):
+        tallest = _grouped_bars(epoch_ax, result, lambda m: m.get("epoch_s"), lambda v: f"{v:.3f}")
+        _plain_log_axis(epoch_ax, _s_label)
+        epoch_ax.set_ylim(top=max(tallest) * 3)
+        epoch_ax.set_ylabel("seconds per epoch (log)")
+    else:
+        epoch_ax.set_axis_off()
+        epoch_ax.text(0.5, 0.5, "no epoch runs (--no-epoch)", ha="center", va="center", transform=epoch_ax.transAxes)
+
+    shown = {(side, mode) for r in result["batch_sizes"].values() for side in ("ours", "torch")
+             for mode, m in r[side]["modes"].items() if "error" not in m}
+    handles = [Patch(facecolor=MODE_COLOURS[key], edgecolor="black", linewidth=1.0 if key[0] == "ours" else 0.0,
+                     label=f"{SIDE_NAMES[key[0]]} {key[1]}")
+               for key in MODE_COLOURS if key in shown]
+    legend_ax.legend(handles=handles, loc="center", ncol=len(handles), fontsize=10, frameon=False)
+
+    for ax, bs in zip(phase_axes, bss):
         r = result["batch_sizes"][bs]
         xs = np.arange(len(PHASES))
-        ax.bar(xs - 0.2, [r["torch"]["phases"][p]["median_us"] for p in PHASES], 0.4, label="torch eager")
-        ax.bar(xs + 0.2, [r["ours"]["phases"][p]["median_us"] for p in PHASES], 0.4, label="ours eager")
-        ax.set_xticks(xs, PHASES, rotation=20)
-        ax.set_ylabel("median us")
-        ax.set_yscale("log")
-        ax.set_title(f"batch {bs}: per phase")
-        ax.legend()
-    ax = axes[-1]
+        ax.bar(xs - 0.2, [r["torch"]["phases"][p]["median_us"] for p in PHASES], 0.4,
+               color=MODE_COLOURS["torch", "eager"], label="PyTorch eager")
+        ax.bar(xs + 0.2, [r["ours"]["phases"][p]["median_us"] for p in PHASES], 0.4,
+               color=MODE_COLOURS["ours", "eager"], edgecolor="black", linewidth=1.0, label="ours eager")
+        ax.set_xticks(xs, [p.replace("_", "\n") for p in PHASES], fontsize=8)
+        _plain_log_axis(ax, _us_label)
+        # headroom above the tallest bar for the legend
+        ax.set_ylim(top=max(r[side]["phases"][p]["median_us"] for side in ("torch", "ours") for p in PHASES) * 3)
+        ax.tick_params(axis="y", labelsize=8)
+        ax.set_title(f"batch {bs}: per phase, eager", fontsize=10)
+    phase_axes[0].set_ylabel("median us (log)")
+    phase_axes[0].legend(fontsize=8, loc="upper right")
+
     par = result.get("parity")
     if par:
-        ax.plot(par["losses_torch"], label="torch (fp32)")
-        ax.plot(par["losses_ours"], "--", label="ours")
-        ax.set_title(f"parity: loss per step ({'PASS' if par['pass'] else 'FAIL'})")
-        ax.set_xlabel("step")
-        ax.legend()
-    fig.suptitle(result["env"]["device"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        tol = par.get("tolerances", PARITY_TOL)
+        ax = parity_ax
+        ax.plot(par.get("losses_torch", []), color=MODE_COLOURS["torch", "compiled+graph"], linewidth=1.2,
+                label="PyTorch")
+        ax.plot(par.get("losses_ours", []), "--", color=MODE_COLOURS["ours", "graph"], linewidth=1.2, label="ours")
+        verdict = "PASS" if par["pass"] else "FAIL"
+        ax.set_title(f"parity: loss per step, {verdict}", fontsize=10,
+                     color="black" if par["pass"] else MODE_COLOURS["ours", "graph"], fontweight="bold")
+        lr = f", lr {par['lr']}" if par.get("lr") is not None else ""
+        ax.text(0.97, 0.97, f"batch {par['batch_size']}{lr}, {_tf32_words(par)}\n"
+                f"max |diff| {par['max_loss_diff']:.1e} (tol {tol['all']:.0e})",
+                transform=ax.transAxes, ha="right", va="top", fontsize=7.5)
+        ax.set_xlabel("step", fontsize=9)
+        ax.tick_params(labelsize=8)
+        ax.legend(fontsize=8, loc="lower left")
+    else:
+        parity_ax.set_axis_off()
+        parity_ax.text(0.5, 0.5, "no parity run", ha="center", va="center", transform=parity_ax.transAxes)
+
+    fig.suptitle(f"{result['env'].get('device', '?')}, {_precision_words(result)}: "
+                 f"our CUDA training step against PyTorch's", fontsize=14, fontweight="bold")
+    try:
+        save_figure(fig, path)
+    finally:
+        plt.close(fig)
 
 
 def _slug(text):
@@ -666,13 +796,6 @@ def check_batch_sizes(parser, args, train_samples, channels, hidden):
             parser.error(f"argument --batch-sizes: {e}")
 
 
-def write_json_atomic(path: Path, obj):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=1) + "\n")
-    tmp.replace(path)
-
-
 def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -682,6 +805,8 @@ def main(argv=None) -> int:
     if args.parity_only and not args.parity_steps:
         parser.error("argument --parity-only: needs --parity-steps > 0")
     if args.show is not None:
+        if args.png is not None:
+            require_matplotlib(parser, "--png")  # before reading: a missing matplotlib is a usage error
         try:
             result = json.loads(args.show.read_text())
             validate_result(result)
@@ -689,6 +814,13 @@ def main(argv=None) -> int:
             print(f"{prog}: cannot show {args.show}: {e}", file=sys.stderr)
             return 2
         print(format_tables(result))
+        if args.png is not None:
+            try:
+                plot(result, args.png)
+            except OSError as e:
+                print(f"{prog}: cannot write {args.png}: {e}", file=sys.stderr)
+                return 2
+            print(f"\nplot: {args.png}")
         return 0
     try:
         torch = require_torch_and_gpu()
@@ -737,7 +869,8 @@ def main(argv=None) -> int:
         f"compare-{_slug(env['device'])}-{time.strftime('%Y%m%d-%H%M%S')}.json")
     print(format_tables(result))
     try:
-        write_json_atomic(out, result)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        write_json(out, result, announce=False)
     except OSError as e:
         print(f"{prog}: cannot write {out}: {e}", file=sys.stderr)
         return 2

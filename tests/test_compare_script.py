@@ -116,11 +116,20 @@ def test_measure_loop_warms_up_for_steps_and_seconds(cmp):
     assert side.steps == 40 + 30  # the step count when that is longer
 
 
+def assert_one_line_usage_error(r, flag):
+    """Exit 2 and `compare_pytorch.py: error: ... FLAG ... (see compare_pytorch.py --help)`, one line."""
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith("compare_pytorch.py: error: ") and r.stderr.count("\n") == 1, r.stderr
+    assert flag in r.stderr and "(see compare_pytorch.py --help)" in r.stderr
+    assert "usage:" not in r.stderr and "Traceback" not in r.stderr
+
+
 @pytest.mark.parametrize("args,flag", [(["--batch-sizes", "0"], "--batch-sizes"),
-                                       (["--tf32", "--kernels", "naive"], "--tf32")])
-def test_bad_arguments_exit_2_with_usage(args, flag):
+                                       (["--tf32", "--kernels", "naive"], "--tf32"),
+                                       (["--png", "no-such-folder/x.png"], "--png")])
+def test_bad_arguments_exit_2_with_one_line(args, flag):
     r = run_script(*args)
-    assert r.returncode == 2 and "usage:" in r.stderr and flag in r.stderr and "Traceback" not in r.stderr
+    assert_one_line_usage_error(r, flag)
 
 
 def test_schema_accepts_a_complete_result_and_names_what_is_missing(cmp):
@@ -151,6 +160,54 @@ def test_show_prints_a_saved_result(cmp, tmp_path):
     path.write_text("{}")
     r = run_script("--show", str(path))
     assert r.returncode == 2 and "cannot show" in r.stderr and "Traceback" not in r.stderr
+
+
+COMMITTED_RESULT = REPO / "benchmarks" / "results" / "compare-h200-fp32.json"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def read_png(path):
+    """The picture's pixels, as matplotlib reads them back (rows, columns, channels)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.image
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    return matplotlib.image.imread(path)
+
+
+def test_show_with_png_draws_a_committed_result_without_a_gpu(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    png = tmp_path / "x.png"
+    r = run_script("--show", str(COMMITTED_RESULT), "--png", str(png), pre="sys.modules['torch'] = None")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "NVIDIA H200" in r.stdout and f"plot: {png}" in r.stdout
+    height, width, _ = read_png(png).shape
+    assert 1000 <= width <= 2000 and 600 <= height <= 1200  # README width, at the figure's 100 dpi
+    assert [p.name for p in tmp_path.iterdir()] == ["x.png"]  # the temporary file was renamed into place
+
+
+def test_plot_draws_a_result_with_a_failed_mode_and_no_epochs(cmp, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    result = sample_result(cmp, parity_pass=False)  # PyTorch's "compiled" failed; the parity has no losses
+    for side in ("ours", "torch"):
+        for m in result["batch_sizes"]["64"][side]["modes"].values():
+            m.pop("epoch_s", None)
+    cmp.plot(result, tmp_path / "r.png")
+    assert read_png(tmp_path / "r.png").shape[1] >= 1000
+
+
+def test_show_with_png_into_a_missing_folder_is_a_usage_error(tmp_path):
+    png = tmp_path / "missing" / "x.png"
+    r = run_script("--show", str(COMMITTED_RESULT), "--png", str(png))
+    assert_one_line_usage_error(r, "--png")
+    assert "does not exist" in r.stderr and r.stdout == "" and not png.parent.exists()
+
+
+def test_show_with_png_without_matplotlib_is_a_usage_error(tmp_path):
+    r = run_script("--show", str(COMMITTED_RESULT), "--png", str(tmp_path / "x.png"),
+                   pre="sys.modules['matplotlib'] = None")
+    assert_one_line_usage_error(r, "--png")
+    assert "matplotlib" in r.stderr and r.stdout == "" and not (tmp_path / "x.png").exists()
 
 
 def test_missing_torch_is_one_clear_line():

@@ -140,7 +140,7 @@ def test_train_step_updates_running_stats_and_lowers_loss(rng):
 
 
 def test_reference_matches_torch(rng):
-    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'mnist-cuda[torch]')")
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install '.[torch]' in the source folder)")
     from mnist_cuda.torch_model import make_torch_model
 
     state = ref.init_state_dict(seed=5, channels=(6, 10), hidden=20)
