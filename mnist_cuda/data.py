@@ -216,6 +216,7 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
         tried.append(f"cache: {spec.name}[.gz] not found in {cache_dir} or {cache_dir / dataset}")
 
     target_dir = cache_dir / dataset
+    created = [d for d in (target_dir, cache_dir) if not d.exists()]  # removed again if nothing lands
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -232,6 +233,11 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
         return arr
     if not mirrors:
         tried.append("download: no mirrors configured")
+    for folder in created:
+        try:
+            folder.rmdir()  # only if still empty
+        except OSError:
+            pass
     raise DataError(f"could not get {dataset} file {spec.name}. Tried:\n  - " + "\n  - ".join(tried))
 
 

@@ -137,6 +137,7 @@ def test_missing_files_name_every_source(tmp_path, rng, monkeypatch):
         data.load_arrays(spec=spec, cache_dir=tmp_path / "cache", mirrors=(), progress=False)
     msg = str(e.value)
     assert "train-images-idx3-ubyte" in msg and "cache" in msg and "no mirrors" in msg
+    assert not (tmp_path / "cache").exists()  # a failed fetch leaves no empty cache folder behind
     with pytest.raises(DataError, match="unknown dataset"):
         data.load_arrays("cifar")
 
