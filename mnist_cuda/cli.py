@@ -177,8 +177,20 @@ def run(parser: Parser, work, argv=None) -> int:
         return 130
 
 
+def check_data_dir_or_exit(prog, dataset, data_dir):
+    """A named data folder (--data-dir or $MNIST_DATA_DIR) that is missing or lacks a file is a user
+    mistake: one line, exit 2, before the GPU or a download is tried."""
+    from . import data
+    try:
+        data.named_dir(dataset, data_dir)
+    except data.DataDirError as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
 def load_data_or_exit(prog, dataset, data_dir, quiet):
-    """The dataset's four arrays; a named folder that lacks them is a user mistake (exit 2)."""
+    """The dataset's four verified arrays; a named folder whose files do not verify is a user mistake
+    (exit 2), a failed download not (exit 1)."""
     from . import data
     try:
         return data.load_arrays(dataset, data_dir, progress=not quiet)

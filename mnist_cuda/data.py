@@ -241,6 +241,29 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
     raise DataError(f"could not get {dataset} file {spec.name}. Tried:\n  - " + "\n  - ".join(tried))
 
 
+def named_dir(dataset: str, data_dir=None) -> Path | None:
+    """The folder the user named (data_dir, else $MNIST_DATA_DIR), checked for the dataset's four files
+    without reading them (DataDirError naming what is missing), or None when no folder is named."""
+    if data_dir is None and os.environ.get("MNIST_DATA_DIR"):
+        data_dir = os.environ["MNIST_DATA_DIR"]
+    if data_dir is None:
+        return None
+    data_dir = Path(data_dir)
+    if not data_dir.is_dir():
+        raise DataDirError(f"the data folder {data_dir} does not exist" if not data_dir.exists()
+                           else f"the data folder {data_dir} is not a folder")
+    for spec in DATASETS[dataset].files:
+        if not any(p.is_file() for p in _candidates(data_dir, dataset, spec.name)):
+            raise _missing(spec, dataset, data_dir)
+    return data_dir
+
+
+def _missing(spec: FileSpec, dataset: str, data_dir: Path) -> DataDirError:
+    return DataDirError(f"the data folder {data_dir} has no {spec.name}[.gz] (looked in {data_dir} and "
+                        f"{data_dir / dataset}); name the folder holding the four {dataset} IDX files, or "
+                        f"leave out --data-dir to use the cache and the download")
+
+
 def _from_named_dir(spec: FileSpec, dataset: str, data_dir: Path) -> np.ndarray:
     found = [p for p in _candidates(data_dir, dataset, spec.name) if p.is_file()]
     problems = []
@@ -252,9 +275,7 @@ def _from_named_dir(spec: FileSpec, dataset: str, data_dir: Path) -> np.ndarray:
         except OSError as e:
             problems.append(f"{path}: {e.strerror}")
     if not found:
-        raise DataDirError(f"the data folder {data_dir} has no {spec.name}[.gz] (looked in {data_dir} and "
-                           f"{data_dir / dataset}); name the folder holding the four {dataset} IDX files, or "
-                           f"leave out --data-dir to use the cache and the download")
+        raise _missing(spec, dataset, data_dir)
     raise DataDirError("; ".join(problems))
 
 

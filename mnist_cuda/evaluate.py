@@ -166,8 +166,9 @@ def evaluate(args, parser) -> int:
     run = resolve(args, parser, meta)
     if args.png is not None:
         cli.require_matplotlib(parser, "--png")
+    cli.check_data_dir_or_exit(parser.prog, run["dataset"], args.data_dir)
+    cli.gpu_or_exit(parser.prog)  # before a download
     arrays = cli.load_data_or_exit(parser.prog, run["dataset"], args.data_dir, args.quiet or args.json)
-    cli.gpu_or_exit(parser.prog)
     test_x, test_y = arrays[2], arrays[3].astype(np.int32)
     host = data.host_data(run["dataset"], arrays, empty=cuda.pinned_empty)
     model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["tf32"])

@@ -246,8 +246,9 @@ def train(args, parser) -> int:
         checkpoint.save_checkpoint(args.save, s.state, checkpoint_meta(s, s.start))
         print(f"wrote the initial checkpoint to {args.save}")
         return 0
+    cli.check_data_dir_or_exit(prog, s.dataset, args.data_dir)
+    cli.gpu_or_exit(prog)  # before a download
     arrays = cli.load_data_or_exit(prog, s.dataset, args.data_dir, args.quiet)
-    cli.gpu_or_exit(prog)
     from .nets import Parameters, make_net
     from .step import PHASES, Step, phase_times_ms
 
