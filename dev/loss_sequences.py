@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Record the metrics files of a fixed set of training runs, or compare two such recordings byte for byte.
 
-    python scripts/loss_sequences.py record DIR [--data-dir data/mnist]
-    python scripts/loss_sequences.py compare DIR_BEFORE DIR_AFTER
+    python dev/loss_sequences.py record DIR [--data-dir data/mnist]
+    python dev/loss_sequences.py compare BEFORE AFTER        (each a recording folder or a bundle)
+    python dev/loss_sequences.py bundle DIR FILE.jsonl       (a recording as one file, to commit)
 
 A change that should not change what is computed (a refactor, a move of kernels between files, a new
 launch wrapper) must leave every file identical. The runs go through the trainer's command line only,
@@ -13,6 +14,7 @@ hidden 33) for each version, which exercises partial tiles and odd batch sizes.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import subprocess
 import sys
@@ -50,23 +52,39 @@ def record(out_dir: Path, data_dir: Path | None, only: str) -> int:
     return 1 if failed else 0
 
 
+def load(recording: Path) -> dict[str, bytes]:
+    """{run file name: its bytes} of a recording folder, or of a bundle written by `bundle`."""
+    if recording.is_dir():
+        return {p.name: p.read_bytes() for p in sorted(recording.glob("*.jsonl"))}
+    runs = [json.loads(line) for line in recording.read_text().splitlines() if line.strip()]
+    return {r["run"]: r["metrics"].encode() for r in runs}
+
+
+def bundle(folder: Path, out: Path) -> int:
+    runs = load(folder)
+    if not runs:
+        print(f"loss_sequences: no .jsonl files in {folder}", file=sys.stderr)
+        return 2
+    out.write_text("".join(json.dumps({"run": name, "metrics": text.decode()}) + "\n" for name, text in runs.items()))
+    print(f"{len(runs)} runs bundled in {out}")
+    return 0
+
+
 def compare(before: Path, after: Path) -> int:
-    names = sorted(p.name for p in before.glob("*.jsonl"))
-    if not names:
-        print(f"loss_sequences: no .jsonl files in {before}", file=sys.stderr)
+    old, new = load(before), load(after)
+    if not old:
+        print(f"loss_sequences: no recorded runs in {before}", file=sys.stderr)
         return 2
     differ = 0
-    for name in names:
-        a, b = before / name, after / name
-        if not b.is_file():
+    for name, text in old.items():
+        if name not in new:
             print(f"MISSING   {name}")
             differ += 1
             continue
-        same = a.read_bytes() == b.read_bytes()
-        lines = len(a.read_text().splitlines())
-        print(f"{'IDENTICAL' if same else 'DIFFERENT'} {name} ({lines} lines)")
+        same = text == new[name]
+        print(f"{'IDENTICAL' if same else 'DIFFERENT'} {name} ({len(text.splitlines())} lines)")
         differ += not same
-    print(f"{len(names) - differ} of {len(names)} metrics files identical")
+    print(f"{len(old) - differ} of {len(old)} metrics files identical")
     return 1 if differ else 0
 
 
@@ -78,14 +96,21 @@ def main(argv=None) -> int:
     r.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (passed to the trainer)")
     r.add_argument("--only", default="", help="only the cases whose name contains this")
     c = sub.add_parser("compare", help="compare the metrics files of two recordings byte for byte")
-    c.add_argument("before", type=Path)
-    c.add_argument("after", type=Path)
+    c.add_argument("before", type=Path, help="a recording folder or bundle")
+    c.add_argument("after", type=Path, help="a recording folder or bundle")
+    b = sub.add_parser("bundle", help="write the runs of a recording folder into one file")
+    b.add_argument("dir", type=Path, help="a recording folder")
+    b.add_argument("file", type=Path, help="the bundle to write (.jsonl)")
     args = p.parse_args(argv)
     if args.command == "record":
         return record(args.dir, args.data_dir, args.only)
+    if args.command == "bundle":
+        if not args.dir.is_dir():
+            p.error(f"{args.dir} is not a folder")
+        return bundle(args.dir, args.file)
     for d in (args.before, args.after):
-        if not d.is_dir():
-            p.error(f"{d} is not a folder")
+        if not d.exists():
+            p.error(f"{d} does not exist")
     return compare(args.before, args.after)
 
 

@@ -1,0 +1,23 @@
+"""dev/loss_sequences.py: a bundled recording compares as its folder does, and a changed byte is found."""
+import loss_sequences  # dev/ (conftest puts it on sys.path)
+
+from conftest import REPO
+
+
+def test_bundle_round_trip_and_a_changed_byte(tmp_path, capsys):
+    folder = tmp_path / "rec"
+    folder.mkdir()
+    (folder / "a.jsonl").write_text('{"step": 1, "loss": 2.5}\n')
+    (folder / "b.jsonl").write_text('{"step": 1, "loss": 1.25}\n{"step": 1, "test_accuracy": 0.5}\n')
+    assert loss_sequences.bundle(folder, tmp_path / "rec.jsonl") == 0
+    assert loss_sequences.load(tmp_path / "rec.jsonl") == loss_sequences.load(folder)
+    assert loss_sequences.compare(tmp_path / "rec.jsonl", folder) == 0
+    (folder / "b.jsonl").write_text('{"step": 1, "loss": 1.25}\n{"step": 1, "test_accuracy": 0.6}\n')
+    assert loss_sequences.compare(tmp_path / "rec.jsonl", folder) == 1
+    assert "DIFFERENT b.jsonl" in capsys.readouterr().out
+
+
+def test_the_committed_recording_reads():
+    runs = loss_sequences.load(REPO / "benchmarks" / "results" / "loss-sequences-h200.jsonl")
+    assert set(runs) == {f"{name}.jsonl" for name in loss_sequences.cases()}
+    assert len(runs["fast-defaults-600.jsonl"].splitlines()) == 601
