@@ -27,7 +27,7 @@ from mnist_cuda.cuda import ceil_div
 from mnist_cuda.ops import bn_relu_pool, head, linear_splitk, naive
 from mnist_cuda.ops import conv1_bn_relu_pool as conv1
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
-from mnist_cuda.ops.sgd_zero_grad import sgd_zero_grad
+from mnist_cuda.ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
 from mnist_cuda.ops.splitk_reduce import splitk_reduce
 
 EPS, MOMENTUM = ref.BN_EPS, ref.BN_MOMENTUM
@@ -688,6 +688,39 @@ def sgd_fast_case():
     return Case("sgd_zero_grad_fast", make, ops=("sgd",))
 
 
+def sgd_momentum_case(version: str, started: bool):
+    """torch.optim.SGD's options at a one-cycle rate computed on the GPU from the step counter: the buffers'
+    first step (buffer = direction, plain momentum) or a later one (dampening, Nesterov)."""
+    from mnist_cuda.optim import Schedule
+    momentum, dampening, weight_decay, nesterov = (0.9, 0.0, 5e-4, True) if started else (0.9, 0.25, 1e-3, False)
+    schedule, lr, t = Schedule("onecycle", total=200, anneal="cos"), 0.1, 37
+
+    def make(rng, d):
+        import cupy
+        n = sum(-(-int(np.prod(s)) // 4) * 4 for s in ref.param_shapes((d.c1, d.c2), d.hidden).values())
+        p, g, b = _f32(rng, n), _f32(rng, n), _f32(rng, n)
+        pd, gd, bd = _dev(p), _dev(g), _dev(b)
+        state, lr_d, first_d = cupy.array([t, int(started)], cupy.int32), cupy.zeros(1, cupy.float32), cupy.zeros(1, cupy.int32)
+
+        def run():
+            state[0] = t  # (a replay by the benchmark takes the same step)
+            naive.sgd_schedule(state, lr_d, first_d, schedule.kernel_args(lr))
+            update = naive.sgd_momentum if version == "naive" else sgd_momentum_zero_grad
+            update(pd, gd, bd, lr_d, first_d, momentum, dampening, weight_decay, nesterov)
+        rate = np.float64(np.float32(schedule.lr_at(lr, t)))
+        p64, g64, b64 = (a.astype(np.float64) for a in (p, g, b))
+        direction = g64 + weight_decay * p64
+        buffer = momentum * b64 + (1 - dampening) * direction if started else direction
+        step = direction + momentum * buffer if nesterov else buffer
+        want = {"params": p64 - rate * step, "buffers": buffer}
+        got = {"params": pd, "buffers": bd}
+        if version == "fast":
+            want["grads"], got["grads"] = np.zeros(n), gd
+        return Prepared(run, got, want, (6.0 * n, 5 * _bytes(p)))
+    kernel = "sgd_momentum_naive" if version == "naive" else "sgd_momentum_zero_grad_fast"
+    return Case(f"sgd_schedule+{kernel}[{'later' if started else 'first'} step]", make, ops=("sgd",))
+
+
 # ---- the lists ------------------------------------------------------------------------------------
 
 
@@ -706,7 +739,8 @@ def fast_cases() -> list[Case]:
             + [block_backward_fast_case(layer) for layer in (1, 2)]
             + [linear_fast_case("forward"), linear_fast_case("backward_input", narrow=False),
                linear_fast_case("backward_input", narrow=True), linear_fast_case("backward_weight")]
-            + [head_fast_case(), sgd_fast_case()])
+            + [head_fast_case(), sgd_fast_case()]
+            + [sgd_momentum_case("fast", started) for started in (False, True)])
 
 
 def naive_cases() -> list[Case]:
@@ -719,6 +753,7 @@ def naive_cases() -> list[Case]:
     for layer in ("fc1", "fc2"):
         cases += [linear_case(layer, part) for part in ("forward", "backward_input", "backward_params")]
     cases += [normalize_case(), cross_entropy_case(), count_correct_case(), sgd_case()]
+    cases += [sgd_momentum_case("naive", started) for started in (False, True)]
     return cases
 
 

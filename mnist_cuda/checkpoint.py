@@ -1,4 +1,5 @@
-"""Checkpoints: one .npz holding the state_dict (PyTorch's names and shapes) and a metadata record.
+"""Checkpoints: one .npz holding the state_dict (PyTorch's names and shapes), with momentum the optimizer's
+buffers (momentum_buffer.<parameter name>), and a metadata record.
 
 Written atomically (a temporary file in the same directory, then a rename), so a crash or a full disk
 never leaves a half-written checkpoint where a good one was.
@@ -15,6 +16,7 @@ from . import cli, reference
 
 FORMAT = "mnist_cuda.checkpoint/1"
 META_KEY = "__meta__"
+MOMENTUM_PREFIX = "momentum_buffer."  # + a parameter's name: SGD's momentum buffer of that parameter
 
 
 class CheckpointError(Exception):
@@ -109,7 +111,15 @@ def model_of(state: dict[str, np.ndarray], path) -> tuple[tuple[int, int], int]:
 
 
 def load_model(path):
-    """(state, meta, channels, hidden) of a checkpoint, the state checked against the model its shapes name."""
-    state, meta = load_checkpoint(path)
-    channels, hidden = model_of(state, path)
-    return fit(state, reference.state_dict_spec(channels, hidden), path), meta, channels, hidden
+    """(state, meta, channels, hidden, momentum buffers) of a checkpoint: the state checked against the
+    model its shapes name; the buffers (saved with momentum) by parameter name, else empty."""
+    arrays, meta = load_checkpoint(path)
+    buffers = {k[len(MOMENTUM_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(MOMENTUM_PREFIX)}
+    channels, hidden = model_of(arrays, path)
+    state = fit(arrays, reference.state_dict_spec(channels, hidden), path)
+    if buffers:
+        shapes = reference.param_shapes(channels, hidden)
+        bad = [k for k in shapes if k not in buffers or buffers[k].shape != tuple(shapes[k])]
+        if bad or set(buffers) - set(shapes):
+            raise CheckpointError(f"{path}: its momentum buffers do not fit the model ({', '.join(bad) or 'extra'})")
+    return state, meta, channels, hidden, buffers

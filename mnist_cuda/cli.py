@@ -73,6 +73,16 @@ def positive_number(text):
 learning_rate = positive_number
 
 
+def non_negative(text):
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
+
+
 def batch_sizes(text: str) -> list[int]:
     """--batch-sizes: positive whole numbers separated by commas."""
     try:

@@ -24,7 +24,7 @@ import numpy as np
 COMPILE_OPTIONS = ("--std=c++17",)
 INSTALL_HINT = ("install the CUDA extra from the checkout: pip install '.[cuda12]' "
                 "(or '.[cuda13]' for a CUDA 13 driver); only an NVIDIA driver is needed besides")
-ARG_TYPES = (np.int32, np.uint32, np.int64, np.float32)
+ARG_TYPES = (np.int32, np.uint32, np.int64, np.float32, np.float64)
 
 
 class GPUUnavailable(RuntimeError):

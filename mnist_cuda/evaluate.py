@@ -30,7 +30,7 @@ class Inference:
         from .step import Step
         params = Parameters(channels, hidden)
         params.load_state_dict(state)
-        self.step = Step(make_net(params, batch_size, kernels, tf32), lr=0.0)  # lr: no training step runs
+        self.step = Step(make_net(params, batch_size, kernels, tf32), 0.0)  # a rate of 0: no training step runs
 
     def accuracy(self, x, y) -> float:
         return self.step.evaluate(x, y)
@@ -162,7 +162,7 @@ def main(argv=None) -> int:
 
 
 def evaluate(args, parser) -> int:
-    state, meta, channels, hidden = load_checkpoint_or_fail(parser, args.checkpoint)
+    state, meta, channels, hidden, _ = load_checkpoint_or_fail(parser, args.checkpoint)
     run = resolve(args, parser, meta)
     if args.png is not None:
         cli.require_matplotlib(parser, "--png")

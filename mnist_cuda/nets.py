@@ -16,7 +16,7 @@ import numpy as np
 
 from . import cuda, data, ops, reference
 from .ops import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk, naive
-from .ops.sgd_zero_grad import sgd_zero_grad
+from .ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
 
 ALIGN = 4  # every parameter view starts on a 16-byte boundary (room for float4 loads)
 S1 = data.IMAGE_SIZE  # conv1's images
@@ -40,18 +40,21 @@ class Parameters:
         for name, shape in self.shapes.items():
             offsets[name] = total
             total += cuda.ceil_div(int(np.prod(shape)), ALIGN) * ALIGN
+        self.offsets = offsets
         self.params = cp.zeros(total, dtype=cp.float32)
         self.grads = cp.zeros(total, dtype=cp.float32)
-        self.p = {k: self.params[o:o + int(np.prod(s))].reshape(s) for (k, s), o in
-                  zip(self.shapes.items(), offsets.values())}
-        self.g = {k: self.grads[o:o + int(np.prod(s))].reshape(s) for (k, s), o in
-                  zip(self.shapes.items(), offsets.values())}
+        self.p, self.g = self.views(self.params), self.views(self.grads)
         c1, c2 = self.channels
         self.stats = cp.zeros(2 * c1 + 2 * c2, dtype=cp.float32)  # one flat buffer as well
         self.running = {"bn1.running_mean": self.stats[:c1], "bn1.running_var": self.stats[c1:2 * c1],
                         "bn2.running_mean": self.stats[2 * c1:2 * c1 + c2],
                         "bn2.running_var": self.stats[2 * c1 + c2:]}
         self.num_batches_tracked = 0
+
+    def views(self, flat) -> dict:
+        """Each parameter's view into a flat buffer of this layout (parameters, gradients, momentum)."""
+        return {k: flat[o:o + int(np.prod(s))].reshape(s) for (k, s), o in zip(self.shapes.items(),
+                                                                                self.offsets.values())}
 
     def state_spec(self):
         return reference.state_dict_spec(self.channels, self.hidden)
@@ -203,8 +206,15 @@ class NaiveNet(_Net):
         d = self.block2.backward(self.d_features, n, need_input_grad=True)
         self.block1.backward(d, n, need_input_grad=False)
 
-    def update(self, lr: float):
-        naive.sgd(self.params.params, self.params.grads, lr)
+    def update(self, opt):
+        """The optimizer's step (optim.Optimizer): plain SGD at a constant rate, or with its options."""
+        p, o = self.params, opt.options
+        if o.plain:
+            naive.sgd(p.params, p.grads, o.lr)
+            return
+        opt.schedule()
+        naive.sgd_momentum(p.params, p.grads, opt.buffers if opt.buffers is not None else p.grads, opt.lr,
+                           opt.first, o.momentum, o.dampening, o.weight_decay, o.nesterov)
 
     def zero_grad(self):
         grads = self.params.grads
@@ -328,8 +338,16 @@ class FastNet(_Net):
         self.conv_side.join()
         self.side.join()
 
-    def update(self, lr: float):
-        sgd_zero_grad(self.params.params, self.params.grads, lr)  # (ALIGN keeps the size a multiple of 4)
+    def update(self, opt):
+        """The optimizer's step (optim.Optimizer), fused with the zero-grad (ALIGN keeps the flat buffers'
+        size a multiple of 4)."""
+        p, o = self.params, opt.options
+        if o.plain:
+            sgd_zero_grad(p.params, p.grads, o.lr)
+            return
+        opt.schedule()
+        sgd_momentum_zero_grad(p.params, p.grads, opt.buffers if opt.buffers is not None else p.grads, opt.lr,
+                               opt.first, o.momentum, o.dampening, o.weight_decay, o.nesterov)
 
     def zero_grad(self):
         """Nothing to do: the update zeroes the gradients."""

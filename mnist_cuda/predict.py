@@ -61,7 +61,7 @@ def main(argv=None) -> int:
 
 
 def predict(args, parser) -> int:
-    state, meta, channels, hidden = load_checkpoint_or_fail(parser, args.checkpoint)
+    state, meta, channels, hidden, _ = load_checkpoint_or_fail(parser, args.checkpoint)
     run = resolve(args, parser, meta)
     x = read_images(parser, args.images)
     cli.gpu_or_exit(parser.prog)

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cuda, data
+from . import cuda, data, optim
 from .nets import SLOTS
 
 PHASES = ("load", "forward", "backward", "update", "zero_grad")
@@ -27,13 +27,17 @@ MODES = ("graph", "eager", "phases")
 
 
 class Step:
-    """Runs training steps of `net` at learning rate lr on its batch size."""
+    """Runs training steps of `net` on its batch size with an optimizer: a learning rate (plain SGD), an
+    optim.SGDOptions or an optim.Optimizer (its device state, e.g. restored from a checkpoint)."""
 
-    def __init__(self, net, lr: float, mode: str = "graph"):
+    def __init__(self, net, optimizer, mode: str = "graph"):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
         self.cp = cp = net.cp
-        self.net, self.lr, self.mode = net, lr, mode
+        if not isinstance(optimizer, optim.Optimizer):
+            options = optimizer if isinstance(optimizer, optim.SGDOptions) else optim.SGDOptions(float(optimizer))
+            optimizer = optim.Optimizer(net.params, options)
+        self.net, self.optimizer, self.mode = net, optimizer, mode
         B = self.batch_size = net.batch_size
         # One byte buffer holds a batch's images (uint8, as MNIST stores them: the kernels normalise) and
         # then its labels (int32; B * 784 bytes keep them aligned), on the host (pinned) and on the device,
@@ -78,7 +82,7 @@ class Step:
         """The five phases of a training step on the batch staged in `slot`, as callables."""
         n, net = self.batch_size, self.net
         return (lambda: self.load(slot, n), lambda: net.forward(self.x[slot], self.y[slot], n, True, slot),
-                lambda: net.backward(n), lambda: net.update(self.lr), net.zero_grad)
+                lambda: net.backward(n), lambda: net.update(self.optimizer), net.zero_grad)
 
     def capture_step(self, slot: int):
         """The whole step as one CUDA graph: forward, backward, update and zero-grad on device input buffer

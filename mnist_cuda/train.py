@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from . import checkpoint, cli, cuda, data, reference
+from . import checkpoint, cli, cuda, data, optim, reference
 from .nets import KERNEL_VERSIONS
 
 PHASE_SAMPLE_EVERY = 50
@@ -166,6 +166,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--eager", action="store_true",
                    help="launch the kernels one by one instead of replaying a CUDA graph of the step")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
+    optim.add_arguments(p)
     return p
 
 
@@ -184,14 +185,16 @@ class Setup:
     state: dict
     start: Position
     steps: int
+    optimizer: optim.SGDOptions
+    buffers: dict  # momentum buffers from --init
 
 
 def check(args, parser: cli.Parser) -> Setup:
     """Every user mistake as a usage error (exit 2), before any data, GPU or training work."""
-    resumed, start, state = {}, Position(), None
+    resumed, start, state, buffers, resumed_optimizer = {}, Position(), None, {}, {}
     if args.init is not None:
         try:
-            state, meta, channels, hidden = checkpoint.load_model(args.init)
+            state, meta, channels, hidden, buffers = checkpoint.load_model(args.init)
         except checkpoint.CheckpointError as e:
             parser.fail("--init", str(e))
         for flag, value, theirs in (("--channels", args.channels, channels), ("--hidden", args.hidden, hidden)):
@@ -200,6 +203,7 @@ def check(args, parser: cli.Parser) -> Setup:
                                   f"{channels[0]},{channels[1]} --hidden {hidden}; leave {flag} out to use it")
         args.channels, args.hidden = channels, hidden
         resumed = {k: meta[k] for k in RESUMED if k in meta}
+        resumed_optimizer = meta.get("optimizer", {})
         start = Position(int(meta.get("step", 0)), int(meta.get("epoch_index", 0)), int(meta.get("epoch_sample", 0)))
     explicit = {"dataset": args.dataset, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                 "kernels": args.kernels, "tf32": args.tf32, "shuffle": False if args.no_shuffle else None}
@@ -230,20 +234,32 @@ def check(args, parser: cli.Parser) -> Setup:
         state = reference.init_state_dict(value["seed"], channels, hidden)
     steps_per_epoch = train_samples // batch
     steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
-    return Setup(channels=tuple(channels), hidden=hidden, state=state, start=start, steps=steps, **value)
+    given = {k: getattr(args, k) for k in optim.ARGUMENTS}
+    values = {k: given[k] if given[k] is not None else resumed_optimizer.get(k) for k in optim.ARGUMENTS}
+    # a schedule continued from --init keeps its length; a new one spans the steps trained so far and this run's
+    keep_total = values["schedule"] == resumed_optimizer.get("schedule") and given["schedule"] is None
+    total = resumed_optimizer.get("schedule_total", 0) if keep_total else start.step + max(steps, 1)
+    try:
+        options = optim.options_from(values, value["lr"], total)
+    except ValueError as e:
+        parser.error(str(e))
+    return Setup(channels=tuple(channels), hidden=hidden, state=state, start=start, steps=steps, optimizer=options,
+                 buffers=buffers if options.momentum else {}, **value)
 
 
 def checkpoint_meta(s: Setup, at: Position, **extra) -> dict:
     return {"dataset": s.dataset, "channels": list(s.channels), "hidden": s.hidden, "seed": s.seed, "lr": s.lr,
             "batch_size": s.batch_size, "kernels": s.kernels, "tf32": s.tf32, "shuffle": s.shuffle,
-            "step": at.step, "epoch_index": at.epoch, "epoch_sample": at.sample, **extra}
+            "step": at.step, "epoch_index": at.epoch, "epoch_sample": at.sample,
+            "optimizer": optim.describe(s.optimizer), **extra}
 
 
 def train(args, parser) -> int:
     s = check(args, parser)
     prog = parser.prog
     if args.steps == 0:
-        checkpoint.save_checkpoint(args.save, s.state, checkpoint_meta(s, s.start))
+        checkpoint.save_checkpoint(args.save, {**s.state, **{checkpoint.MOMENTUM_PREFIX + k: v for k, v in
+                                                             s.buffers.items()}}, checkpoint_meta(s, s.start))
         print(f"wrote the initial checkpoint to {args.save}")
         return 0
     cli.check_data_dir_or_exit(prog, s.dataset, args.data_dir)
@@ -255,7 +271,8 @@ def train(args, parser) -> int:
     ds = data.host_data(s.dataset, arrays, empty=cuda.pinned_empty)
     params = Parameters(s.channels, s.hidden)
     params.load_state_dict(s.state)
-    step = Step(make_net(params, s.batch_size, s.kernels, s.tf32), s.lr, mode="eager" if args.eager else "graph")
+    optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
+    step = Step(make_net(params, s.batch_size, s.kernels, s.tf32), optimizer, mode="eager" if args.eager else "graph")
     chunks = plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps)
     metrics = open(args.metrics, "a" if args.init else "w") if args.metrics else None
     from tqdm import tqdm
@@ -294,7 +311,7 @@ def train(args, parser) -> int:
             print(f"epoch {chunk.epoch + 1}: test accuracy {accuracy * 100:.2f}%  loss {losses[-1]:.4f}  "
                   f"{len(chunk.batches) * s.batch_size / epoch_seconds:,.0f} img/s")
             if args.save:
-                checkpoint.save_checkpoint(args.save, params.state_dict(),
+                checkpoint.save_checkpoint(args.save, {**params.state_dict(), **optimizer.buffer_state()},
                                            checkpoint_meta(s, at, test_accuracy=accuracy))
                 saved = at
     except TrainingDiverged as e:

@@ -44,10 +44,8 @@ tolerances are PARITY_TOL_TF32's.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
-import math
 import platform
 import re
 import subprocess
@@ -57,11 +55,11 @@ from pathlib import Path
 
 import numpy as np
 
-from mnist_cuda import cuda, data, reference
+from mnist_cuda import cuda, data, optim, reference
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import PHASES, Step
-from mnist_cuda.cli import (Parser, batch_sizes, int_at_least, learning_rate, output_path, require_matplotlib,
-                            save_figure, seed, write_json)
+from mnist_cuda.cli import (Parser, batch_sizes, int_at_least, learning_rate, non_negative, output_path,
+                            require_matplotlib, save_figure, seed, write_json)
 from mnist_cuda.train import DEFAULTS
 
 REPO = Path(__file__).resolve().parent.parent  # the default --out lies under its benchmarks/results/
@@ -83,16 +81,6 @@ class Unavailable(Exception):
 # ---- arguments -------------------------------------------------------------------------------------
 
 
-def seconds(text):
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not (math.isfinite(v) and v >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return v
-
-
 def build_parser():
     p = Parser(prog="compare_pytorch.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512,4096",
@@ -101,7 +89,7 @@ def build_parser():
     p.add_argument("--timing-window", type=int_at_least(1), default=10,
                    help="whole-step loops: steps between timing events (1: an event per step)")
     p.add_argument("--warmup", type=int_at_least(0), default=20, help="untimed steps first (method: >= 20)")
-    p.add_argument("--warmup-seconds", type=seconds, default=1.0,
+    p.add_argument("--warmup-seconds", type=non_negative, default=1.0,
                    help="the whole-step loops' warm-up lasts at least this long as well (the GPU's clocks settle)")
     p.add_argument("--parity-steps", type=int_at_least(0), default=200, help="0 skips the parity run")
     p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
@@ -125,6 +113,7 @@ def build_parser():
     p.add_argument("--no-png", action="store_true", help="write no plot")
     p.add_argument("--show", type=Path, default=None, metavar="JSON",
                    help="print a saved result and exit (no GPU or torch needed)")
+    optim.add_arguments(p)
     return p
 
 
@@ -269,12 +258,13 @@ class OurSide:
 
     name = "ours"
 
-    def __init__(self, state, batch, lr, version, channels, hidden, tf32=False):
+    def __init__(self, state, batch, optimizer, version, channels, hidden, tf32=False):
+        """optimizer: a learning rate (plain SGD) or optim.SGDOptions."""
         self.params = Parameters(channels, hidden)
         self.params.load_state_dict(state)
         self.cp = self.params.cp
-        self.runner = Step(make_net(self.params, batch, version, tf32), lr)
-        self.lr, self.batch = lr, batch
+        self.runner = Step(make_net(self.params, batch, version, tf32), optimizer)
+        self.batch = batch
 
     def new_event(self):
         return self.cp.cuda.Event()
@@ -307,7 +297,7 @@ class TorchSide:
 
     name = "torch"
 
-    def __init__(self, torch, state, batch, lr, mode, channels, hidden, fused=True, log_losses=False):
+    def __init__(self, torch, state, batch, lr, mode, channels, hidden, fused=True, log_losses=False, options=None):
         from mnist_cuda.torch_model import make_torch_model
         import torch.nn.functional as F
         self.torch, self.F, self.mode, self.batch = torch, F, mode, batch
@@ -316,7 +306,12 @@ class TorchSide:
         self.net.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
         self.net.train()
         self.fused = False
-        if fused:
+        self.scheduler = None
+        if options is not None and not options.plain:  # torch.optim.SGD's options and the matching scheduler
+            if mode != "eager":
+                raise ValueError("the optimizer's options are compared in eager mode only (the parity run)")
+            self.opt, self.scheduler = options.torch_optimizer(torch, self.net.parameters())
+        elif fused:
             try:
                 self.opt = torch.optim.SGD(self.net.parameters(), lr=lr, fused=True)
                 self.fused = True
@@ -424,6 +419,8 @@ class TorchSide:
             loss.backward()
             rec(3)
             self.opt.step()
+            if self.scheduler is not None:
+                self.scheduler.step()
             rec(4)
             self.opt.zero_grad()  # PyTorch's default (set_to_none=True): its cheapest zero-grad
             rec(5)
@@ -512,6 +509,12 @@ def measure_epoch(side, x, y, seed, mode):
     return time.perf_counter() - t0
 
 
+def parity_options(args) -> optim.SGDOptions:
+    """The optimizer of the parity run: plain SGD at --parity-lr, or the options given, the schedule over
+    the parity run's steps."""
+    return optim.options_from(vars(args), args.parity_lr, args.parity_steps)
+
+
 def run_parity(torch, ds, state, args, channels, hidden) -> dict:
     """Train both sides from identical weights on identical batches: fp32 on both, or with --tf32 TF32
     convolutions on both (the precision each side's timed runs use)."""
@@ -520,8 +523,10 @@ def run_parity(torch, ds, state, args, channels, hidden) -> dict:
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     batch = args.batch_sizes[0]
-    ours = OurSide(state, batch, args.parity_lr, args.kernels, channels, hidden, args.tf32)
-    theirs = TorchSide(torch, state, batch, args.parity_lr, "eager", channels, hidden, log_losses=True)
+    options = parity_options(args)
+    ours = OurSide(state, batch, options, args.kernels, channels, hidden, args.tf32)
+    theirs = TorchSide(torch, state, batch, args.parity_lr, "eager", channels, hidden, log_losses=True,
+                       options=options)
     order = data.epoch_order(len(ds.train_x), args.seed, 0)
     idxs = batches(order, batch, args.parity_steps)
     ours.losses()
@@ -537,6 +542,7 @@ def run_parity(torch, ds, state, args, channels, hidden) -> dict:
     first = float(diff[:50].max())
     tol = PARITY_TOL_TF32 if args.tf32 else PARITY_TOL
     result = {"steps": args.parity_steps, "batch_size": batch, "lr": args.parity_lr, "tf32": args.tf32,
+              "optimizer": optim.describe(options),
               "max_loss_diff_first_50": first, "max_loss_diff": float(diff.max()),
               "max_state_rel_diff": max(rel.values()), "state_rel_diff": rel,
               "tolerances": tol, "losses_ours": lo.tolist(), "losses_torch": lt.tolist(),
@@ -804,6 +810,13 @@ def main(argv=None) -> int:
         parser.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
     if args.parity_only and not args.parity_steps:
         parser.error("argument --parity-only: needs --parity-steps > 0")
+    try:
+        options = parity_options(args)
+    except ValueError as e:
+        parser.error(str(e))
+    if not options.plain and not args.parity_only:
+        parser.error("the optimizer's options are compared in the parity run: give --parity-only (the timed "
+                     "runs train with plain SGD, the design's step)")
     if args.show is not None:
         if args.png is not None:
             require_matplotlib(parser, "--png")  # before reading: a missing matplotlib is a usage error
@@ -855,7 +868,10 @@ def main(argv=None) -> int:
     check_batch_sizes(parser, args, len(ds.train_x), channels, hidden)
     if args.parity_only:
         par = run_parity(torch, ds, state, args, channels, hidden)
-        print(f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par['lr']}, kernels {args.kernels}, "
+        o = par["optimizer"]
+        extra = "".join(f", {k} {o[k]}" for k in ("momentum", "dampening", "weight_decay") if o[k]) + (
+            ", nesterov" if o["nesterov"] else "") + (f", {o['schedule']} schedule" if o["schedule"] != "constant" else "")
+        print(f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par['lr']}{extra}, kernels {args.kernels}, "
               f"{_tf32_words(par)}): max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e}, all {par['max_loss_diff']:.2e}"
               f" -> {'PASS' if par['pass'] else 'FAIL'}")
         return 0 if par["pass"] else 1

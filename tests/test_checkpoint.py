@@ -110,5 +110,5 @@ def test_other_format_version_is_refused(tmp_path):
 def test_load_model_reads_the_shapes(tmp_path):
     state = reference.init_state_dict(0, (4, 6), 9)
     path = checkpoint.save_checkpoint(tmp_path / "m.npz", state, {"step": 5})
-    got, meta, channels, hidden = checkpoint.load_model(path)
-    assert channels == (4, 6) and hidden == 9 and meta["step"] == 5 and list(got) == list(state)
+    got, meta, channels, hidden, buffers = checkpoint.load_model(path)
+    assert channels == (4, 6) and hidden == 9 and meta["step"] == 5 and list(got) == list(state) and buffers == {}

@@ -45,7 +45,7 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
     params = net.params
     ref = reference.ReferenceModel(reference.init_state_dict(seed, channels, hidden))
     x, y = random_batch(rng, batch)
-    step = Step(net, lr=0.1, mode="eager")
+    step = Step(net, 0.1, mode="eager")
     step.stage_x[0][:batch] = x
     step.stage_y[0][:batch] = y
     with step.stream:
@@ -100,7 +100,7 @@ def test_eval_forward_uses_running_stats(version):
     net.params.load_state_dict(state)
     ref = reference.ReferenceModel(state)
     x, y = random_batch(rng, 37)
-    step = Step(net, lr=0.1, mode="eager")
+    step = Step(net, 0.1, mode="eager")
     accuracy = step.evaluate(x, y)  # a partial batch, as the last evaluation batch is
     logits = net.logits[:37].get()
     assert rel_err(logits, ref.forward(data.normalize(x), train=False)[0]) < step_tol(version)
@@ -162,7 +162,7 @@ def test_one_epoch_on_mnist_reaches_98_percent(version):
     from mnist_cuda.step import PHASES, Step, phase_times_ms
     ds = data.load("mnist", data_dir=folder, empty=cuda.pinned_empty, progress=False)
     net = make_net((32, 64), 128, seed=0, version=version, batch=64)
-    step = Step(net, lr=train.DEFAULTS["lr"])
+    step = Step(net, train.DEFAULTS["lr"])
     batches = list(data.batch_indices(data.epoch_order(60000, 0, 0), 64, drop_last=True))
     event_lists = []
     for idx, next_idx in data.with_next(batches):

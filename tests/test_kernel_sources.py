@@ -79,11 +79,12 @@ def test_every_entry_point_is_declared_and_every_declared_kernel_exists():
 
 def test_kernel_names_say_their_version():
     """kernels/naive/ and kernels/fast/ pair by name: every naive kernel is <op>_naive (except
-    count_correct, the evaluation's, which has no fast form), every fast kernel <...>_fast."""
+    count_correct, the evaluation's, and sgd_schedule, the optimizer's one-thread rate: both versions use
+    them), every fast kernel <...>_fast."""
     for path, s in SOURCES.items():
         for name in cuda.entry_points(cuda.read_source(path)):
             if path.startswith("naive/"):
-                assert name.endswith("_naive") or name == "count_correct", (path, name)
+                assert name.endswith("_naive") or name in ("count_correct", "sgd_schedule"), (path, name)
             else:
                 assert name.endswith("_fast"), (path, name)
 

@@ -4,6 +4,8 @@ reductions over a channel or the batch, which take one block of REDUCE_THREADS t
 Tensors are NCHW float32 cupy arrays; n is the number of samples to process (a workspace may hold more)."""
 from __future__ import annotations
 
+import numpy as np
+
 from .common import F32, I32, source
 
 REDUCE_THREADS = 256  # a block per channel (BatchNorm) or per batch (the loss, the accuracy count)
@@ -26,7 +28,7 @@ _k = {name: src.kernel(name) for src, names in [
     (_maxpool, ["maxpool2x2_forward_naive", "maxpool2x2_backward_naive"]),
     (_linear, ["linear_forward_naive", "linear_backward_input_naive", "linear_backward_params_naive"]),
     (_cross_entropy, ["cross_entropy_naive", "count_correct"]),
-    (_sgd, ["sgd_naive"])] for name in names}
+    (_sgd, ["sgd_naive", "sgd_momentum_naive", "sgd_schedule"])] for name in names}
 
 
 def normalize(images, out, count: int):
@@ -120,3 +122,22 @@ def count_correct(logits, labels, correct, n: int):
 def sgd(params, grads, lr: float):
     """params -= lr * grads over the flat buffers."""
     _k["sgd_naive"].launch_1d(params.size, params, grads, F32(lr), I32(params.size))
+
+
+def sgd_schedule(state, lr_out, first_out, schedule_args: tuple):
+    """One thread: this step's rate into lr_out and whether the momentum buffers start now into first_out,
+    from the step counter in state (advanced). schedule_args: optim.Schedule.kernel_args(lr)."""
+    kind, lr, step_size, gamma, total, pct_start, div_factor, final_div_factor, anneal_cos = schedule_args
+    _k["sgd_schedule"].launch(1, 1, state, lr_out, first_out, I32(kind), np.float64(lr), I32(step_size),
+                              np.float64(gamma), I32(total), np.float64(pct_start), np.float64(div_factor),
+                              np.float64(final_div_factor), I32(anneal_cos))
+
+
+def sgd_momentum(params, grads, buffers, lr, first, momentum: float, dampening: float, weight_decay: float,
+                 nesterov: bool):
+    """torch.optim.SGD's step over the flat buffers at the rate lr[0] (a device float) with its options;
+    first[0]: the momentum buffers take the direction as it is (their first step)."""
+    _k["sgd_momentum_naive"].launch_1d(params.size, params, grads, buffers, lr, first, F32(momentum),
+                                       F32(1.0 - dampening), F32(weight_decay), I32(bool(nesterov)),
+                                       I32(params.size))
+

@@ -1,0 +1,191 @@
+"""torch.optim.SGD's options and learning-rate schedules, on the GPU.
+
+    SGDOptions   lr, momentum, dampening, nesterov, weight_decay and a Schedule, with PyTorch's semantics:
+                 weight decay is added to the gradient, the momentum buffer takes the direction as it is on
+                 its first step, Nesterov's step is d + momentum * buffer.
+    Schedule     constant, step (StepLR), cosine (CosineAnnealingLR, eta_min 0) or onecycle (OneCycleLR
+                 with anneal_strategy "cos" or "linear", its momentum not cycled), counted in steps.
+    Optimizer    the device state: the momentum buffers (one flat buffer beside the parameters, the same
+                 layout) and the step counter the rate is computed from. A step launches a one-thread kernel
+                 that computes this step's rate from the counter (and advances it) and then the update, so a
+                 captured step graph serves every step without host work.
+
+Plain SGD at a constant rate (the default) keeps its own kernels with the rate as a launch argument, so
+the default step computes exactly what it always did.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+SCHEDULES = ("constant", "step", "cosine", "onecycle")
+ANNEALS = ("cos", "linear")
+
+
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    kind: str = "constant"
+    total: int = 0             # steps: cosine's T_max, onecycle's total_steps
+    step_size: int = 1         # step: steps between two decays
+    gamma: float = 0.1         # step: the decay factor
+    pct_start: float = 0.3     # onecycle: the share of the steps that warm up
+    div_factor: float = 25.0   # onecycle: initial rate = lr / div_factor
+    final_div_factor: float = 1e4  # onecycle: final rate = initial / final_div_factor
+    anneal: str = "cos"        # onecycle: "cos" or "linear"
+
+    def __post_init__(self):
+        if self.kind not in SCHEDULES:
+            raise ValueError(f"unknown schedule {self.kind!r}; choose from {SCHEDULES}")
+        if self.anneal not in ANNEALS:
+            raise ValueError(f"unknown anneal strategy {self.anneal!r}; choose from {ANNEALS}")
+        if self.kind in ("cosine", "onecycle") and self.total < 1:
+            raise ValueError(f"the {self.kind} schedule needs its total number of steps")
+        if self.kind == "onecycle" and not (0 < self.pct_start < 1 and self.pct_start * self.total >= 2):
+            raise ValueError("onecycle needs 0 < pct_start < 1 and at least 2 warm-up steps")
+        if self.kind == "step" and self.step_size < 1:
+            raise ValueError("the step schedule needs step_size >= 1")
+
+    def kernel_args(self, lr: float) -> tuple:
+        """The arguments of the sgd_schedule kernel (kernels/include/sgd_options.cuh's LrSchedule)."""
+        return (SCHEDULES.index(self.kind), lr, self.step_size, self.gamma, self.total, self.pct_start,
+                self.div_factor, self.final_div_factor, int(self.anneal == "cos"))
+
+    def lr_at(self, lr: float, t: int) -> float:
+        """The rate of step t (from 0) in double, as the kernel computes it (the tests' reference)."""
+        if self.kind == "step":
+            return lr * self.gamma ** (t // self.step_size)
+        if self.kind == "cosine":
+            return lr * (1 + math.cos(math.pi * t / self.total)) / 2
+        if self.kind == "onecycle":
+            initial = lr / self.div_factor
+            minimum = initial / self.final_div_factor
+            warm_end, end = self.pct_start * self.total - 1, self.total - 1
+
+            def anneal(start, stop, pct):
+                if self.anneal == "cos":
+                    return stop + (start - stop) / 2 * (math.cos(math.pi * pct) + 1)
+                return (stop - start) * pct + start
+            if t <= warm_end:
+                return anneal(initial, lr, t / warm_end)
+            return anneal(lr, minimum, (t - warm_end) / (end - warm_end))
+        return lr
+
+
+@dataclasses.dataclass(frozen=True)
+class SGDOptions:
+    lr: float
+    momentum: float = 0.0
+    dampening: float = 0.0
+    nesterov: bool = False
+    weight_decay: float = 0.0
+    schedule: Schedule = Schedule()
+
+    def __post_init__(self):
+        if self.momentum < 0 or self.dampening < 0 or self.weight_decay < 0:
+            raise ValueError("momentum, dampening and weight decay must be >= 0")
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ValueError("Nesterov momentum needs a momentum > 0 and zero dampening (as torch.optim.SGD)")
+
+    @property
+    def plain(self) -> bool:
+        """p -= lr * g at a constant rate: the default, with kernels of its own."""
+        return self.momentum == 0 and self.weight_decay == 0 and self.schedule.kind == "constant"
+
+    def torch_optimizer(self, torch, parameters, **kw):
+        """torch.optim.SGD and the matching scheduler (None for constant), for the comparison."""
+        opt = torch.optim.SGD(parameters, lr=self.lr, momentum=self.momentum, dampening=self.dampening,
+                              nesterov=self.nesterov, weight_decay=self.weight_decay, **kw)
+        s, sched = self.schedule, torch.optim.lr_scheduler
+        if s.kind == "step":
+            return opt, sched.StepLR(opt, step_size=s.step_size, gamma=s.gamma)
+        if s.kind == "cosine":
+            return opt, sched.CosineAnnealingLR(opt, T_max=s.total, eta_min=0.0)
+        if s.kind == "onecycle":
+            return opt, sched.OneCycleLR(opt, max_lr=self.lr, total_steps=s.total, pct_start=s.pct_start,
+                                         anneal_strategy=s.anneal, cycle_momentum=False, div_factor=s.div_factor,
+                                         final_div_factor=s.final_div_factor)
+        return opt, None
+
+
+class Optimizer:
+    """The device state of SGD with `options` for the parameters of a nets.Parameters: the momentum buffers
+    and the step counter. start_step: the steps already taken (a resumed run); buffers: saved momentum
+    buffers by parameter name (a resumed run), else they start on the first step as PyTorch's do."""
+
+    def __init__(self, params, options: SGDOptions, start_step: int = 0, buffers: dict | None = None):
+        cp = params.cp
+        self.params, self.options = params, options
+        self.buffers = cp.zeros_like(params.params) if options.momentum else None
+        self.buffer_views = params.views(self.buffers) if self.buffers is not None else {}
+        started = False
+        if buffers and self.buffers is not None:
+            for name, view in self.buffer_views.items():
+                view.set(np.ascontiguousarray(buffers[name], dtype=np.float32))
+            started = True
+        self.state = cp.array([start_step, int(started)], dtype=cp.int32)  # steps taken, buffers started
+        self.lr = cp.zeros(1, cp.float32)  # this step's rate
+        self.first = cp.zeros(1, cp.int32)  # this step starts the buffers
+
+    def schedule(self):
+        """This step's rate and first-step flag, on the current stream (before the update kernel)."""
+        from .ops import naive
+        naive.sgd_schedule(self.state, self.lr, self.first, self.options.schedule.kernel_args(self.options.lr))
+
+    def buffer_state(self) -> dict[str, np.ndarray]:
+        """The momentum buffers by checkpoint name (MOMENTUM_PREFIX + parameter name); empty without momentum."""
+        if self.buffers is None:
+            return {}
+        self.params.cp.cuda.runtime.deviceSynchronize()
+        from .checkpoint import MOMENTUM_PREFIX
+        return {MOMENTUM_PREFIX + k: v.get() for k, v in self.buffer_views.items()}
+
+    def steps_taken(self) -> int:
+        self.params.cp.cuda.runtime.deviceSynchronize()
+        return int(self.state[0].get())
+
+
+def add_arguments(parser):
+    """The optimizer's flags, for the trainer and the comparison."""
+    from . import cli
+    g = parser.add_argument_group("optimizer (torch.optim.SGD's options; the defaults are plain SGD)")
+    g.add_argument("--momentum", type=cli.non_negative, default=None, help="momentum factor (default: 0)")
+    g.add_argument("--dampening", type=cli.non_negative, default=None, help="dampening of the momentum (default: 0)")
+    g.add_argument("--nesterov", action="store_true", default=None,
+                   help="Nesterov momentum (needs --momentum > 0 and no dampening)")
+    g.add_argument("--weight-decay", type=cli.non_negative, default=None, help="L2 penalty added to the gradient (default: 0)")
+    g.add_argument("--schedule", choices=SCHEDULES, default=None,
+                   help="learning-rate schedule over the run's steps, computed on the GPU: constant, step "
+                        "(x --gamma every --step-size steps), cosine (to 0 at the last step), onecycle (warm up "
+                        "from lr/25 to lr over --pct-start of the steps, then anneal to lr/25e4) (default: constant)")
+    g.add_argument("--step-size", type=cli.int_at_least(1), default=None, help="the step schedule's period in steps")
+    g.add_argument("--gamma", type=cli.positive_number, default=None, help="the step schedule's factor (default: 0.1)")
+    g.add_argument("--pct-start", type=cli.positive_number, default=None,
+                   help="onecycle: the share of the steps that warm up (default: 0.3)")
+    g.add_argument("--anneal", choices=ANNEALS, default=None, help="onecycle: the annealing curve (default: cos)")
+
+
+ARGUMENTS = ("momentum", "dampening", "nesterov", "weight_decay", "schedule", "step_size", "gamma", "pct_start",
+             "anneal")
+
+
+def options_from(values: dict, lr: float, total_steps: int) -> SGDOptions:
+    """SGDOptions from the flags' values (None: the default); ValueError names what does not fit."""
+    v = {k: values.get(k) for k in ARGUMENTS}
+    kind = v["schedule"] or "constant"
+    if kind == "step" and v["step_size"] is None:
+        raise ValueError("--schedule step needs --step-size")
+    schedule = Schedule(kind, total=total_steps, step_size=v["step_size"] or 1,
+                        gamma=0.1 if v["gamma"] is None else v["gamma"],
+                        pct_start=0.3 if v["pct_start"] is None else v["pct_start"], anneal=v["anneal"] or "cos")
+    return SGDOptions(lr, momentum=v["momentum"] or 0.0, dampening=v["dampening"] or 0.0,
+                      nesterov=bool(v["nesterov"]), weight_decay=v["weight_decay"] or 0.0, schedule=schedule)
+
+
+def describe(o: SGDOptions) -> dict:
+    """The options as a checkpoint records them (options_from's values)."""
+    s = o.schedule
+    return {"momentum": o.momentum, "dampening": o.dampening, "nesterov": o.nesterov, "weight_decay": o.weight_decay,
+            "schedule": s.kind, "schedule_total": s.total, "step_size": s.step_size, "gamma": s.gamma,
+            "pct_start": s.pct_start, "anneal": s.anneal}
