@@ -56,8 +56,11 @@ def load(recording: Path) -> dict[str, bytes]:
     """{run file name: its bytes} of a recording folder, or of a bundle written by `bundle`."""
     if recording.is_dir():
         return {p.name: p.read_bytes() for p in sorted(recording.glob("*.jsonl"))}
-    runs = [json.loads(line) for line in recording.read_text().splitlines() if line.strip()]
-    return {r["run"]: r["metrics"].encode() for r in runs}
+    try:
+        runs = [json.loads(line) for line in recording.read_text().splitlines() if line.strip()]
+        return {r["run"]: r["metrics"].encode() for r in runs}
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError):
+        raise SystemExit(f"loss_sequences: {recording} is neither a recording folder nor a bundle") from None
 
 
 def bundle(folder: Path, out: Path) -> int:
@@ -107,6 +110,8 @@ def main(argv=None) -> int:
     if args.command == "bundle":
         if not args.dir.is_dir():
             p.error(f"{args.dir} is not a folder")
+        if not args.file.parent.is_dir():
+            p.error(f"the folder {args.file.parent} does not exist")
         return bundle(args.dir, args.file)
     for d in (args.before, args.after):
         if not d.exists():

@@ -107,6 +107,8 @@ def output_path(text: str) -> Path:
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"the folder {folder} does not exist" if not folder.exists()
                                          else f"{folder} is not a folder")
+    if path.exists() and not path.is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file (a device or a pipe?); name a file")
     if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"{text} is not writable")
     return path
@@ -187,23 +189,23 @@ def run(parser: Parser, work, argv=None) -> int:
         return 130
 
 
-def check_data_dir_or_exit(prog, dataset, data_dir):
+def check_data_dir_or_exit(prog, dataset, data_dir, test_only=False):
     """A named data folder (--data-dir or $MNIST_DATA_DIR) that is missing or lacks a file is a user
     mistake: one line, exit 2, before the GPU or a download is tried."""
     from . import data
     try:
-        data.named_dir(dataset, data_dir)
+        data.named_dir(dataset, data_dir, test_only)
     except data.DataDirError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)
 
 
-def load_data_or_exit(prog, dataset, data_dir, quiet):
+def load_data_or_exit(prog, dataset, data_dir, quiet, test_only=False):
     """The dataset's four verified arrays; a named folder whose files do not verify is a user mistake
     (exit 2), a failed download not (exit 1)."""
     from . import data
     try:
-        return data.load_arrays(dataset, data_dir, progress=not quiet)
+        return data.load_arrays(dataset, data_dir, progress=not quiet, test_only=test_only)
     except data.DataDirError as e:
         print(f"{prog}: error: {e}", file=sys.stderr)
         sys.exit(2)

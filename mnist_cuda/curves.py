@@ -29,8 +29,10 @@ def read_metrics(path: Path) -> list[dict]:
                 continue
             try:
                 record = json.loads(line)
-                assert isinstance(record, dict) and isinstance(record.get("step"), int)
+                assert isinstance(record, dict) and type(record.get("step")) is int
+                assert type(record.get("epoch")) is int
                 assert ("loss" in record) != ("test_accuracy" in record)
+                assert all(type(record.get(k, 0.0)) in (int, float) for k in ("loss", "test_accuracy"))
             except (json.JSONDecodeError, AssertionError):
                 raise ValueError(f"{path} line {n} is not a metrics record of mnist_cuda.train --metrics") from None
             records.append(record)
@@ -87,10 +89,14 @@ def build_parser() -> cli.Parser:
 
 
 def main(argv=None) -> int:
-    p = build_parser()
-    args = p.parse_args(argv)
+    return cli.run(build_parser(), draw, argv)
+
+
+def draw(args, p) -> int:
+    default = args.metrics.with_name(args.metrics.name + ".png") if args.metrics.suffix == ".png" \
+        else args.metrics.with_suffix(".png")  # never the metrics file itself
     try:
-        out = args.out or cli.output_path(str(args.metrics.with_suffix(".png")))
+        out = args.out or cli.output_path(str(default))
     except argparse.ArgumentTypeError as e:
         p.fail("--out", f"the default {e}")
     cli.require_matplotlib(p, "--out")

@@ -241,9 +241,10 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
     raise DataError(f"could not get {dataset} file {spec.name}. Tried:\n  - " + "\n  - ".join(tried))
 
 
-def named_dir(dataset: str, data_dir=None) -> Path | None:
-    """The folder the user named (data_dir, else $MNIST_DATA_DIR), checked for the dataset's four files
-    without reading them (DataDirError naming what is missing), or None when no folder is named."""
+def named_dir(dataset: str, data_dir=None, test_only: bool = False) -> Path | None:
+    """The folder the user named (data_dir, else $MNIST_DATA_DIR), checked for the dataset's four files (the
+    two test files with test_only) without reading them (DataDirError naming what is missing), or None
+    when no folder is named."""
     if data_dir is None and os.environ.get("MNIST_DATA_DIR"):
         data_dir = os.environ["MNIST_DATA_DIR"]
     if data_dir is None:
@@ -252,7 +253,7 @@ def named_dir(dataset: str, data_dir=None) -> Path | None:
     if not data_dir.is_dir():
         raise DataDirError(f"the data folder {data_dir} does not exist" if not data_dir.exists()
                            else f"the data folder {data_dir} is not a folder")
-    for spec in DATASETS[dataset].files:
+    for spec in DATASETS[dataset].files[2 if test_only else 0:]:
         if not any(p.is_file() for p in _candidates(data_dir, dataset, spec.name)):
             raise _missing(spec, dataset, data_dir)
     return data_dir
@@ -281,8 +282,9 @@ def _from_named_dir(spec: FileSpec, dataset: str, data_dir: Path) -> np.ndarray:
 
 def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
                 cache_dir: str | Path | None = None, mirrors: Sequence[str] | None = None,
-                spec: DatasetSpec | None = None, progress: bool = True, **fetch_kw):
-    """The four verified uint8 arrays: (train_images, train_labels, test_images, test_labels)."""
+                spec: DatasetSpec | None = None, progress: bool = True, test_only: bool = False, **fetch_kw):
+    """The four verified uint8 arrays: (train_images, train_labels, test_images, test_labels); with
+    test_only the training pair is (None, None) and its files are not needed."""
     if spec is None:
         if dataset not in DATASETS:
             raise DataError(f"unknown dataset {dataset!r}; choose from {', '.join(DATASETS)}")
@@ -295,10 +297,10 @@ def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
                            else f"the data folder {data_dir} is not a folder")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     mirrors = spec.mirrors if mirrors is None else tuple(mirrors)
-    arrays = [fetch_file(f, spec.name, data_dir, cache_dir, mirrors, progress, **fetch_kw)
-              for f in spec.files]
+    arrays = [None if test_only and i < 2 else fetch_file(f, spec.name, data_dir, cache_dir, mirrors, progress, **fetch_kw)
+              for i, f in enumerate(spec.files)]
     for i, j in ((0, 1), (2, 3)):
-        if arrays[i].shape[0] != arrays[j].shape[0]:
+        if arrays[i] is not None and arrays[i].shape[0] != arrays[j].shape[0]:
             raise DataError(f"{spec.files[i].name} has {arrays[i].shape[0]} images but "
                             f"{spec.files[j].name} has {arrays[j].shape[0]} labels")
     return tuple(arrays)
@@ -346,11 +348,15 @@ def host_data(dataset: str, arrays, empty: EmptyFn | None = None) -> HostData:
     tr_i, tr_l, te_i, te_l = arrays
 
     def images(u8):
+        if u8 is None:  # load_arrays(test_only=True)
+            return None
         out = empty((u8.shape[0], 1, IMAGE_SIZE, IMAGE_SIZE), np.uint8)
         out[...] = u8.reshape(out.shape)
         return out
 
     def labels(u8):
+        if u8 is None:
+            return None
         out = empty(u8.shape, np.int32)
         out[...] = u8
         return out

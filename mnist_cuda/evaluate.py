@@ -122,7 +122,8 @@ def build_parser() -> cli.Parser:
                    help=f"whose test set {from_ckpt}")
     p.add_argument("--data-dir", type=cli.existing_dir, default=None, metavar="DIR",
                    help="the folder holding the IDX files, the only place looked in when given (default: "
-                        "$MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download)")
+                        "$MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download); "
+                        "only the two test files are needed")
     p.add_argument("--batch-size", type=cli.int_at_least(1), default=None,
                    help=f"samples per evaluation batch {from_ckpt}")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None, help=f"kernel version {from_ckpt}")
@@ -166,9 +167,9 @@ def evaluate(args, parser) -> int:
     run = resolve(args, parser, meta)
     if args.png is not None:
         cli.require_matplotlib(parser, "--png")
-    cli.check_data_dir_or_exit(parser.prog, run["dataset"], args.data_dir)
+    cli.check_data_dir_or_exit(parser.prog, run["dataset"], args.data_dir, test_only=True)
     cli.gpu_or_exit(parser.prog)  # before a download
-    arrays = cli.load_data_or_exit(parser.prog, run["dataset"], args.data_dir, args.quiet or args.json)
+    arrays = cli.load_data_or_exit(parser.prog, run["dataset"], args.data_dir, args.quiet or args.json, test_only=True)
     test_x, test_y = arrays[2], arrays[3].astype(np.int32)
     host = data.host_data(run["dataset"], arrays, empty=cuda.pinned_empty)
     model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["tf32"])

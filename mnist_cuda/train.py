@@ -13,8 +13,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -148,7 +150,9 @@ def build_parser() -> cli.Parser:
                    help="write a checkpoint (.npz) here after every epoch, replacing the last one atomically")
     p.add_argument("--init", type=cli.input_file, default=None, metavar="PATH",
                    help="start from this checkpoint (written by --save) and continue where it stopped")
-    p.add_argument("--no-shuffle", action="store_true", help="visit the training set in file order")
+    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
+                   help="a new permutation of the training set every epoch; --no-shuffle: file order "
+                        "(default: shuffle, or the --init checkpoint's)")
     p.add_argument("--steps", type=cli.int_at_least(0), default=None, metavar="N",
                    help="train N steps instead of --epochs (0: only write the initial checkpoint to --save)")
     p.add_argument("--metrics", type=cli.output_path, default=None, metavar="PATH",
@@ -159,7 +163,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None,
                    help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones "
                         f"(default: {d['kernels']}{from_init})")
-    p.add_argument("--tf32", action="store_true", default=None,
+    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
                    help="conv2's products in plain TF32, as PyTorch's cuDNN convolutions by default (faster; "
                         "~3e-4 relative error instead of fp32's ~1e-6; fast kernels only; default: off, or the "
                         "--init checkpoint's)")
@@ -203,11 +207,22 @@ def check(args, parser: cli.Parser) -> Setup:
                                   f"{channels[0]},{channels[1]} --hidden {hidden}; leave {flag} out to use it")
         args.channels, args.hidden = channels, hidden
         resumed = {k: meta[k] for k in RESUMED if k in meta}
+        problem = _bad_record(resumed, meta)
+        if problem:
+            parser.fail("--init", f"{args.init}'s record of the run is damaged ({problem}); start from a checkpoint "
+                                  f"that --save wrote, or without --init")
         resumed_optimizer = meta.get("optimizer", {})
-        start = Position(int(meta.get("step", 0)), int(meta.get("epoch_index", 0)), int(meta.get("epoch_sample", 0)))
+        start = _position(meta, resumed.get("batch_size", DEFAULTS["batch_size"]),
+                          data.TRAIN_SAMPLES[resumed.get("dataset", DEFAULTS["dataset"])])
     explicit = {"dataset": args.dataset, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                "kernels": args.kernels, "tf32": args.tf32, "shuffle": False if args.no_shuffle else None}
+                "kernels": args.kernels, "tf32": args.tf32, "shuffle": args.shuffle}
     value = {k: explicit[k] if explicit[k] is not None else resumed.get(k, DEFAULTS[k]) for k in RESUMED}
+    if start.sample:  # inside an epoch: its order must stay the one the checkpoint was trained on
+        for k, flag in (("seed", "--seed"), ("shuffle", "--shuffle"), ("dataset", "--dataset")):
+            if value[k] != resumed.get(k, DEFAULTS[k]):
+                parser.fail(flag, f"the --init checkpoint stopped inside epoch {start.epoch + 1}; another {k} would "
+                                  f"splice two sample orders: continue with the checkpoint's, or from one that "
+                                  f"ends an epoch")
     channels = args.channels or DEFAULTS["channels"]
     hidden = args.hidden or DEFAULTS["hidden"]
     if value["dataset"] not in data.DATASETS:
@@ -216,11 +231,11 @@ def check(args, parser: cli.Parser) -> Setup:
         parser.fail("--tf32", "needs --kernels fast (the naive kernels compute in plain fp32)")
     if args.steps == 0 and args.save is None:
         parser.fail("--steps", "0 only writes the initial checkpoint, so it needs --save")
-    outputs = [(flag, path) for flag, path in (("--save", args.save), ("--metrics", args.metrics),
-                                                 ("--plot", args.plot)) if path is not None]
-    for i, (flag, path) in enumerate(outputs):
-        for other, other_path in outputs[i + 1:]:
-            if path.resolve() == other_path.resolve():
+    files = [(flag, path) for flag, path in (("--init", args.init), ("--save", args.save), ("--metrics", args.metrics),
+                                               ("--plot", args.plot)) if path is not None]
+    for i, (flag, path) in enumerate(files):
+        for other, other_path in files[i + 1:]:
+            if path.resolve() == other_path.resolve() and (flag, other) != ("--init", "--save"):
                 parser.fail(other, f"{other_path} is also the {flag} file; name another file")
     train_samples, batch = data.TRAIN_SAMPLES[value["dataset"]], value["batch_size"]
     if batch > train_samples:
@@ -245,6 +260,33 @@ def check(args, parser: cli.Parser) -> Setup:
         parser.error(str(e))
     return Setup(channels=tuple(channels), hidden=hidden, state=state, start=start, steps=steps, optimizer=options,
                  buffers=buffers if options.momentum else {}, **value)
+
+
+def _bad_record(resumed: dict, meta: dict) -> str | None:
+    """What is wrong with a checkpoint's record of the run, if anything."""
+    kinds = {"dataset": lambda v: v in data.DATASETS, "kernels": lambda v: v in KERNEL_VERSIONS,
+             "batch_size": lambda v: type(v) is int and v >= 1, "seed": lambda v: type(v) is int and 0 <= v <= cli.SEED_MAX,
+             "lr": lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0,
+             "tf32": lambda v: type(v) is bool, "shuffle": lambda v: type(v) is bool}
+    for key, ok in kinds.items():
+        if key in resumed and not ok(resumed[key]):
+            return f"{key} {resumed[key]!r}"
+    for key in ("step", "epoch", "epoch_index", "epoch_sample"):
+        if key in meta and not (type(meta[key]) is int and meta[key] >= 0):
+            return f"{key} {meta[key]!r}"
+    if not isinstance(meta.get("optimizer", {}), dict):
+        return "optimizer"
+    return None
+
+
+def _position(meta: dict, batch_size: int, train_samples: int) -> Position:
+    """Where a checkpoint's run stood. A checkpoint that records only its step count (written before the
+    epoch's place was recorded) was trained from step 0 at its batch size: the place follows from the count."""
+    step = meta.get("step", 0)
+    if "epoch_index" in meta:
+        return Position(step, meta["epoch_index"], meta.get("epoch_sample", 0))
+    steps_per_epoch = train_samples // batch_size
+    return Position(step, step // steps_per_epoch, step % steps_per_epoch * batch_size)
 
 
 def checkpoint_meta(s: Setup, at: Position, **extra) -> dict:
@@ -274,6 +316,8 @@ def train(args, parser) -> int:
     optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
     step = Step(make_net(params, s.batch_size, s.kernels, s.tf32), optimizer, mode="eager" if args.eager else "graph")
     chunks = plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps)
+    if args.metrics and args.init:
+        _keep_metrics_until(args.metrics, s.start.step)
     metrics = open(args.metrics, "a" if args.init else "w") if args.metrics else None
     from tqdm import tqdm
 
@@ -304,7 +348,8 @@ def train(args, parser) -> int:
             eval_seconds += time.perf_counter() - t1
             lines = [{"step": first + j + 1, "epoch": chunk.epoch + 1, "loss": float(v)} for j, v in enumerate(losses)]
             lines.append({"step": at.step, "epoch": chunk.epoch + 1, "test_accuracy": accuracy})
-            records += lines
+            if args.plot:
+                records += lines
             if metrics:
                 metrics.write("".join(json.dumps(d) + "\n" for d in lines))
                 metrics.flush()
@@ -342,6 +387,21 @@ def train(args, parser) -> int:
         curves.plot_training(records, args.plot, title=f"{s.dataset}, batch {s.batch_size}, lr {s.lr}, seed {s.seed}")
         print(f"plot: {args.plot}")
     return 0
+
+
+def _keep_metrics_until(path: Path, step: int):
+    """A continued run appends to its metrics file: first drop the records of steps after the checkpoint (an
+    earlier continuation, or an epoch interrupted after its records were written), atomically."""
+    if not path.is_file():
+        return
+    kept = []
+    for line in path.read_text(errors="replace").splitlines(keepends=True):
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            kept.append(line)  # not ours to judge: leave it
+    cli.write_atomic(path, lambda f: f.write("".join(kept).encode()))
 
 
 def _where_saved(args, saved: Position | None) -> str:

@@ -61,6 +61,50 @@ def test_bad_flags_are_one_line_usage_errors(args, words):
     assert "see python -m mnist_cuda.train --help" in r.stderr
 
 
+def test_damaged_records_and_clashes_with_init(tmp_path):
+    state = reference.init_state_dict(0)
+    for meta, word in (({"step": "abc"}, "step 'abc'"), ({"batch_size": "64"}, "batch_size '64'"),
+                       ({"batch_size": 0}, "batch_size 0"), ({"kernels": "turbo"}, "kernels 'turbo'"),
+                       ({"tf32": "yes"}, "tf32 'yes'")):
+        path = checkpoint.save_checkpoint(tmp_path / "bad.npz", state, meta)
+        one_line_usage_error(run_train("--init", str(path)), "--init", "damaged", word)
+    ck = str(checkpoint.save_checkpoint(tmp_path / "ck.npz", state, {"step": 0}))
+    one_line_usage_error(run_train("--init", ck, "--metrics", ck), "--metrics", "also the --init file")
+    one_line_usage_error(run_train("--init", ck, "--plot", ck), "--plot", "also the --init file")
+    one_line_usage_error(run_train("--save", "/dev/null"), "--save", "not a regular file")
+
+
+def test_a_checkpoint_inside_an_epoch_keeps_its_order(tmp_path):
+    path = checkpoint.save_checkpoint(tmp_path / "mid.npz", reference.init_state_dict(0),
+                                      {"step": 500, "epoch_index": 0, "epoch_sample": 32000, "seed": 3})
+    one_line_usage_error(run_train("--init", str(path), "--seed", "4"), "--seed", "inside epoch 1")
+    one_line_usage_error(run_train("--init", str(path), "--no-shuffle"), "--shuffle", "splice")
+
+
+def test_position_of_a_checkpoint_that_records_only_its_step():
+    from mnist_cuda.train import Position, _position
+    assert _position({"step": 3749, "epoch": 5}, 64, 60000) == Position(3749, 4, 64)
+    assert _position({"step": 3748, "epoch_index": 4, "epoch_sample": 0}, 64, 60000) == Position(3748, 4, 0)
+    assert _position({"step": 937 * 4}, 64, 60000) == Position(3748, 4, 0)
+
+
+def test_metrics_of_a_continued_run_keep_only_the_steps_before_it(tmp_path):
+    from mnist_cuda.train import _keep_metrics_until
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "epoch": 1, "loss": 1.0}) + "\n" for s in range(1, 11)))
+    _keep_metrics_until(path, 6)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == list(range(1, 7))
+
+
+def test_optimizer_flag_mistakes(tmp_path):
+    one_line_usage_error(run_train("--nesterov"), "Nesterov momentum needs a momentum > 0")
+    one_line_usage_error(run_train("--momentum", "0.9", "--dampening", "0.1", "--nesterov"), "zero dampening")
+    one_line_usage_error(run_train("--schedule", "step"), "--schedule step needs --step-size")
+    one_line_usage_error(run_train("--momentum", "-1"), "--momentum", ">= 0")
+    one_line_usage_error(run_train("--schedule", "warp"), "--schedule")
+    one_line_usage_error(run_train("--schedule", "onecycle", "--pct-start", "1.5"), "pct_start")
+
+
 def test_output_paths_that_are_folders_or_clash(tmp_path):
     one_line_usage_error(run_train("--save", str(tmp_path)), "--save", "is a folder")
     one_line_usage_error(run_train("--metrics", str(tmp_path)), "--metrics", "is a folder")

@@ -44,11 +44,18 @@ def test_draws_a_png(tmp_path):
 
 def test_bad_input(tmp_path):
     one_line_usage_error(run_curves(str(tmp_path / "none.jsonl")), "METRICS", "does not exist")
-    (tmp_path / "bad.jsonl").write_text('{"step": 1, "loss": 1.0}\nnot json\n')
+    (tmp_path / "bad.jsonl").write_text('{"step": 1, "epoch": 1, "loss": 1.0}\nnot json\n')
     one_line_usage_error(run_curves(str(tmp_path / "bad.jsonl")), "bad.jsonl line 2 is not a metrics record")
     (tmp_path / "acc.jsonl").write_text('{"step": 1, "epoch": 1, "test_accuracy": 0.9}\n')
     one_line_usage_error(run_curves(str(tmp_path / "acc.jsonl")), "holds no step losses")
     (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
     one_line_usage_error(run_curves(str(tmp_path / "binary.jsonl")), "not a text file")
+    (tmp_path / "noepoch.jsonl").write_text('{"step": 1, "loss": 1.0}\n')
+    one_line_usage_error(run_curves(str(tmp_path / "noepoch.jsonl")), "line 1 is not a metrics record")
+    (tmp_path / "text.jsonl").write_text('{"step": 1, "epoch": 1, "loss": "low"}\n')
+    one_line_usage_error(run_curves(str(tmp_path / "text.jsonl")), "line 1 is not a metrics record")
     metrics = write_metrics(tmp_path / "run.jsonl")
     one_line_usage_error(run_curves(str(metrics), "--out", str(tmp_path / "no" / "x.png")), "--out", "does not exist")
+    named_png = write_metrics(tmp_path / "odd.png")  # the default output is never the metrics file itself
+    assert run_curves(str(named_png)).returncode == 0 and (tmp_path / "odd.png.png").is_file()
+    assert named_png.read_text().startswith('{"step": 1')

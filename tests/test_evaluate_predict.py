@@ -47,7 +47,7 @@ def test_evaluate_bad_flags(small_checkpoint, tmp_path):
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--data-dir", str(tmp_path / "nope")), "--data-dir")
     (tmp_path / "empty").mkdir()
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--data-dir", str(tmp_path / "empty")),
-                         "has no train-images-idx3-ubyte")
+                         "has no t10k-images-idx3-ubyte")  # only the test files are needed
     one_line_usage_error(run_module("mnist_cuda.evaluate"), "the following arguments are required: CHECKPOINT")
 
 
