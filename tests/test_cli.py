@@ -336,3 +336,23 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_says_where(tmp_path):
     assert meta["step"] >= 937 and meta["step"] % 937 == 0 and meta["epoch_index"] == meta["step"] // 937
     assert f"holds step {meta['step']}" in err
     assert [q.name for q in tmp_path.iterdir()] == ["m.npz"]  # no temporary file left
+
+
+@pytest.mark.gpu
+def test_resume_with_momentum_restores_the_buffers(tmp_path):
+    """Momentum and weight decay: 300 steps, then 300 more from the checkpoint (its buffers restored, the
+    options taken from it), give the losses of 600 steps at once; a plain-SGD checkpoint has no buffers."""
+    folder = mnist_or_skip()
+    common = ["--data-dir", str(folder), "--quiet"]
+    opts = ["--momentum", "0.9", "--weight-decay", "5e-4", "--lr", "0.01"]
+    r = run_train(*common, *opts, "--steps", "600", "--metrics", str(tmp_path / "one.jsonl"))
+    assert r.returncode == 0, r.stderr
+    r = run_train(*common, *opts, "--steps", "300", "--metrics", str(tmp_path / "two.jsonl"), "--save", str(tmp_path / "c.npz"))
+    assert r.returncode == 0, r.stderr
+    state, meta = checkpoint.load_checkpoint(tmp_path / "c.npz")
+    assert meta["optimizer"]["momentum"] == 0.9 and "momentum_buffer.fc1.weight" in state
+    r = run_train(*common, "--steps", "300", "--init", str(tmp_path / "c.npz"), "--metrics", str(tmp_path / "two.jsonl"))
+    assert r.returncode == 0, r.stderr
+    losses = [[line for line in (tmp_path / f"{n}.jsonl").read_text().splitlines() if '"loss"' in line]
+              for n in ("one", "two")]
+    assert len(losses[0]) == 600 and losses[0] == losses[1]

@@ -72,7 +72,7 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
         err = rel_err(params.g[name].get(), g)
         assert err < tol, (name, err, seed)
     with step.stream:
-        net.update(0.1)
+        net.update(step.optimizer)  # plain SGD at the rate 0.1 the Step was made with
         net.zero_grad()
     step.synchronize()
     ref.train_step(seen, y, lr=0.1, decisions=decisions)
