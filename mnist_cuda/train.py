@@ -29,6 +29,14 @@ LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar 
 # batch size and learning rate as scripts/sweep_hparams.py chose them (README, Results)
 DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels=(32, 64), hidden=128,
                 kernels="fast", tf32=False, shuffle=True)
+# named sets of flags, chosen by scripts/sweep_recipes.py on the H200 (benchmarks/results/recipes-h200.json):
+# fast, the fewest seconds of training to 99.0% test accuracy on every seed; best, the highest mean accuracy
+RECIPES = {
+    "fast": dict(batch_size=128, lr=0.05, epochs=2, momentum=0.9, nesterov=True, weight_decay=5e-4,
+                 schedule="onecycle", target_accuracy=99.0),
+    "best": dict(batch_size=64, lr=0.05, epochs=20, momentum=0.9, nesterov=True, weight_decay=5e-4,
+                 schedule="onecycle"),
+}
 # what a checkpoint records and --init takes as this run's default (the model's shape comes from its arrays)
 RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "tf32", "shuffle")
 
@@ -119,6 +127,13 @@ def _channels(text):
     return c
 
 
+def percent(text):
+    value = cli.positive_number(text)
+    if value > 100:
+        raise argparse.ArgumentTypeError(f"a percentage is at most 100, got {text}")
+    return value
+
+
 def build_parser() -> cli.Parser:
     d = DEFAULTS
     from_init = ", or the --init checkpoint's"
@@ -134,8 +149,15 @@ def build_parser() -> cli.Parser:
     p.add_argument("--data-dir", type=cli.existing_dir, default=None, metavar="DIR",
                    help="the folder holding the four IDX files (.gz or raw), the only place looked in when given "
                         "(default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download)")
-    p.add_argument("--epochs", type=cli.int_at_least(1), default=d["epochs"],
-                   help="epochs to train in this run, counted from where --init stopped (default: %(default)s)")
+    p.add_argument("--epochs", type=cli.int_at_least(1), default=None,
+                   help=f"epochs to train in this run, counted from where --init stopped (default: {d['epochs']})")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default=None,
+                   help="a named set of the flags below (batch size, lr, epochs, SGD's options, schedule; given "
+                        "flags win): fast, the fewest seconds to 99.0%% test accuracy (with --target-accuracy "
+                        "99); best, the highest mean accuracy within 20 epochs")
+    p.add_argument("--target-accuracy", type=percent, default=None, metavar="PERCENT",
+                   help="stop after the first epoch whose test accuracy reaches PERCENT and report the training "
+                        "time to there (evaluation timed apart)")
     p.add_argument("--batch-size", type=cli.int_at_least(1), default=None,
                    help=f"samples per training step; evaluation uses the same (default: {d['batch_size']}{from_init})")
     p.add_argument("--lr", type=cli.learning_rate, default=None,
@@ -195,6 +217,11 @@ class Setup:
 
 def check(args, parser: cli.Parser) -> Setup:
     """Every user mistake as a usage error (exit 2), before any data, GPU or training work."""
+    for key, value in RECIPES.get(args.recipe, {}).items():  # a recipe fills the flags not given
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    if args.epochs is None:
+        args.epochs = DEFAULTS["epochs"]
     resumed, start, state, buffers, resumed_optimizer = {}, Position(), None, {}, {}
     if args.init is not None:
         try:
@@ -253,7 +280,8 @@ def check(args, parser: cli.Parser) -> Setup:
     values = {k: given[k] if given[k] is not None else resumed_optimizer.get(k) for k in optim.ARGUMENTS}
     # a schedule continued from --init keeps its length; a new one spans the steps trained so far and this run's
     keep_total = values["schedule"] == resumed_optimizer.get("schedule") and given["schedule"] is None
-    total = resumed_optimizer.get("schedule_total", 0) if keep_total else start.step + max(steps, 1)
+    planned = steps or args.epochs * steps_per_epoch  # (--steps 0 records the schedule of a run of --epochs)
+    total = resumed_optimizer.get("schedule_total", 0) if keep_total else start.step + planned
     try:
         options = optim.options_from(values, value["lr"], total)
     except ValueError as e:
@@ -325,6 +353,7 @@ def train(args, parser) -> int:
     records = []  # what --metrics writes, for --plot
     at, saved = s.start, None  # where training stands; the last checkpoint written
     epoch = s.start.epoch  # the epoch in progress
+    reached = None  # (epoch, training seconds, evaluation seconds) when --target-accuracy was reached
     train_seconds = eval_seconds = 0.0
     accuracy = float("nan")
     try:
@@ -359,6 +388,9 @@ def train(args, parser) -> int:
                 checkpoint.save_checkpoint(args.save, {**params.state_dict(), **optimizer.buffer_state()},
                                            checkpoint_meta(s, at, test_accuracy=accuracy))
                 saved = at
+            if args.target_accuracy is not None and 100 * accuracy >= args.target_accuracy:
+                reached = (epoch + 1, train_seconds, eval_seconds)
+                break
     except TrainingDiverged as e:
         print(f"{prog}: {e}; stopping." + _where_saved(args, saved), file=sys.stderr)
         return 1
@@ -373,13 +405,18 @@ def train(args, parser) -> int:
     times = phase_times_ms(phase_events)
     phases = dict(zip(PHASES, times.mean(axis=0).tolist())) if len(times) else {}
     print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps{f' (step {at.step} in all)' if s.start.step else ''} "
-          f"({s.dataset}, batch {s.batch_size}, lr {s.lr}, seed {s.seed}{', conv2 in TF32' if s.tf32 else ''})")
+          f"({s.dataset}, batch {s.batch_size}, lr {s.lr}{_optimizer_words(s.optimizer)}, seed {s.seed}"
+          f"{', conv2 in TF32' if s.tf32 else ''})")
     print(f"training wall time {train_seconds:.2f} s, {done * s.batch_size / train_seconds:,.0f} img/s "
           f"({'eager launches' if args.eager else 'CUDA graph per step'}); evaluation {eval_seconds:.2f} s")
     if phases:
         print(f"per-phase mean, {len(phase_events)} sampled steps, eager launches with CUDA events: "
               + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items())
               + (" (fast kernels: zero-grad is fused into the update)" if s.kernels == "fast" else ""))
+    if args.target_accuracy is not None:
+        print(f"target {args.target_accuracy:g}%: " + (
+            f"reached in epoch {reached[0]} after {reached[1]:.3f} s of training (evaluation {reached[2]:.3f} s "
+            f"more, not counted)" if reached else "not reached"))
     if args.save:
         print(f"checkpoint: {args.save}")
     if args.plot:
@@ -402,6 +439,14 @@ def _keep_metrics_until(path: Path, step: int):
         except (ValueError, KeyError, TypeError):
             kept.append(line)  # not ours to judge: leave it
     cli.write_atomic(path, lambda f: f.write("".join(kept).encode()))
+
+
+def _optimizer_words(o: optim.SGDOptions) -> str:
+    words = [f"momentum {o.momentum:g}" + (" (Nesterov)" if o.nesterov else "")] if o.momentum else []
+    words += [f"dampening {o.dampening:g}"] if o.dampening else []
+    words += [f"weight decay {o.weight_decay:g}"] if o.weight_decay else []
+    words += [f"{o.schedule.kind} schedule"] if o.schedule.kind != "constant" else []
+    return "".join(", " + w for w in words)
 
 
 def _where_saved(args, saved: Position | None) -> str:

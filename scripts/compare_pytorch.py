@@ -93,7 +93,8 @@ def build_parser():
                    help="the whole-step loops' warm-up lasts at least this long as well (the GPU's clocks settle)")
     p.add_argument("--parity-steps", type=int_at_least(0), default=200, help="0 skips the parity run")
     p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
-    p.add_argument("--parity-lr", type=learning_rate, default=0.002, help="learning rate of the parity run (see above)")
+    p.add_argument("--parity-lr", type=learning_rate, default=0.002, help="learning rate of the parity run (see above); with --momentum M the run uses this x (1 - M), "
+                        "steps of the same size")
     p.add_argument("--seed", type=seed, default=0, help="seeds the initial weights and the batches' order")
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default="mnist", help="training set of both sides")
     p.add_argument("--data-dir", type=Path, default=None,
@@ -511,8 +512,11 @@ def measure_epoch(side, x, y, seed, mode):
 
 def parity_options(args) -> optim.SGDOptions:
     """The optimizer of the parity run: plain SGD at --parity-lr, or the options given, the schedule over
-    the parity run's steps."""
-    return optim.options_from(vars(args), args.parity_lr, args.parity_steps)
+    the parity run's steps. With momentum m the rate is --parity-lr * (1 - m): the steps then have the size
+    lr / (1 - m) of plain SGD's at --parity-lr, the size at which the tolerances were set (how fast two
+    float32 runs of this network part grows with the size of its steps)."""
+    momentum = args.momentum or 0.0
+    return optim.options_from(vars(args), args.parity_lr * (1 - momentum), args.parity_steps)
 
 
 def run_parity(torch, ds, state, args, channels, hidden) -> dict:
@@ -541,7 +545,7 @@ def run_parity(torch, ds, state, args, channels, hidden) -> dict:
            for k in so if not k.endswith("num_batches_tracked")}
     first = float(diff[:50].max())
     tol = PARITY_TOL_TF32 if args.tf32 else PARITY_TOL
-    result = {"steps": args.parity_steps, "batch_size": batch, "lr": args.parity_lr, "tf32": args.tf32,
+    result = {"steps": args.parity_steps, "batch_size": batch, "lr": options.lr, "tf32": args.tf32,
               "optimizer": optim.describe(options),
               "max_loss_diff_first_50": first, "max_loss_diff": float(diff.max()),
               "max_state_rel_diff": max(rel.values()), "state_rel_diff": rel,

@@ -105,6 +105,19 @@ def test_optimizer_flag_mistakes(tmp_path):
     one_line_usage_error(run_train("--schedule", "onecycle", "--pct-start", "1.5"), "pct_start")
 
 
+def test_recipes_fill_the_flags_not_given(tmp_path):
+    from mnist_cuda.train import RECIPES
+    path = tmp_path / "fast.npz"
+    r = run_train("--recipe", "fast", "--lr", "0.07", "--steps", "0", "--save", str(path))
+    assert r.returncode == 0, r.stderr
+    meta = checkpoint.load_checkpoint(path)[1]
+    assert meta["batch_size"] == RECIPES["fast"]["batch_size"] and meta["lr"] == 0.07  # a given flag wins
+    o = meta["optimizer"]
+    assert (o["momentum"], o["nesterov"], o["weight_decay"], o["schedule"]) == (0.9, True, 5e-4, "onecycle")
+    one_line_usage_error(run_train("--recipe", "slow"), "--recipe")
+    one_line_usage_error(run_train("--target-accuracy", "101"), "--target-accuracy", "at most 100")
+
+
 def test_output_paths_that_are_folders_or_clash(tmp_path):
     one_line_usage_error(run_train("--save", str(tmp_path)), "--save", "is a folder")
     one_line_usage_error(run_train("--metrics", str(tmp_path)), "--metrics", "is a folder")
@@ -356,3 +369,15 @@ def test_resume_with_momentum_restores_the_buffers(tmp_path):
     losses = [[line for line in (tmp_path / f"{n}.jsonl").read_text().splitlines() if '"loss"' in line]
               for n in ("one", "two")]
     assert len(losses[0]) == 600 and losses[0] == losses[1]
+
+
+@pytest.mark.gpu
+def test_target_accuracy_stops_at_the_first_epoch_that_reaches_it(tmp_path):
+    folder = mnist_or_skip()
+    metrics = tmp_path / "m.jsonl"
+    r = run_train("--data-dir", str(folder), "--quiet", "--epochs", "5", "--target-accuracy", "97",
+                  "--metrics", str(metrics))
+    assert r.returncode == 0, r.stderr
+    accuracies = [json.loads(line)["test_accuracy"] for line in metrics.read_text().splitlines() if "test_accuracy" in line]
+    assert accuracies[-1] >= 0.97 and all(a < 0.97 for a in accuracies[:-1]) and len(accuracies) < 5
+    assert f"target 97%: reached in epoch {len(accuracies)} after" in r.stdout and "not counted" in r.stdout
