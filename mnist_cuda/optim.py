@@ -83,8 +83,8 @@ class SGDOptions:
     schedule: Schedule = Schedule()
 
     def __post_init__(self):
-        if self.momentum < 0 or self.dampening < 0 or self.weight_decay < 0:
-            raise ValueError("momentum, dampening and weight decay must be >= 0")
+        if not 0 <= self.momentum < 1 or self.dampening < 0 or self.weight_decay < 0:
+            raise ValueError("momentum must be in [0, 1), dampening and weight decay >= 0")
         if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
             raise ValueError("Nesterov momentum needs a momentum > 0 and zero dampening (as torch.optim.SGD)")
 
@@ -148,12 +148,14 @@ class Optimizer:
 
 def add_arguments(parser):
     """The optimizer's flags, for the trainer and the comparison."""
+    import argparse
+
     from . import cli
     g = parser.add_argument_group("optimizer (torch.optim.SGD's options; the defaults are plain SGD)")
     g.add_argument("--momentum", type=cli.non_negative, default=None, help="momentum factor (default: 0)")
     g.add_argument("--dampening", type=cli.non_negative, default=None, help="dampening of the momentum (default: 0)")
-    g.add_argument("--nesterov", action="store_true", default=None,
-                   help="Nesterov momentum (needs --momentum > 0 and no dampening)")
+    g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
+                   help="Nesterov momentum (needs --momentum > 0 and no dampening; default: off)")
     g.add_argument("--weight-decay", type=cli.non_negative, default=None, help="L2 penalty added to the gradient (default: 0)")
     g.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="learning-rate schedule over the run's steps, computed on the GPU: constant, step "
@@ -168,6 +170,7 @@ def add_arguments(parser):
 
 ARGUMENTS = ("momentum", "dampening", "nesterov", "weight_decay", "schedule", "step_size", "gamma", "pct_start",
              "anneal")
+SCHEDULE_ARGUMENTS = ("step_size", "gamma", "pct_start", "anneal", "schedule_total")  # belong to one schedule
 
 
 def options_from(values: dict, lr: float, total_steps: int) -> SGDOptions:
@@ -186,6 +189,12 @@ def options_from(values: dict, lr: float, total_steps: int) -> SGDOptions:
 def describe(o: SGDOptions) -> dict:
     """The options as a checkpoint records them (options_from's values)."""
     s = o.schedule
-    return {"momentum": o.momentum, "dampening": o.dampening, "nesterov": o.nesterov, "weight_decay": o.weight_decay,
-            "schedule": s.kind, "schedule_total": s.total, "step_size": s.step_size, "gamma": s.gamma,
-            "pct_start": s.pct_start, "anneal": s.anneal}
+    record = {"momentum": o.momentum, "dampening": o.dampening, "nesterov": o.nesterov, "weight_decay": o.weight_decay,
+              "schedule": s.kind}
+    if s.kind == "step":
+        record.update(step_size=s.step_size, gamma=s.gamma)
+    if s.kind in ("cosine", "onecycle"):
+        record["schedule_total"] = s.total
+    if s.kind == "onecycle":
+        record.update(pct_start=s.pct_start, anneal=s.anneal)
+    return record

@@ -139,7 +139,7 @@ def build_parser() -> cli.Parser:
     from_init = ", or the --init checkpoint's"
     p = cli.Parser(
         prog=cli.prog_name("mnist_cuda.train"), formatter_class=argparse.HelpFormatter,
-        description="Train the MNIST CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, plain SGD) on the "
+        description="Train the MNIST CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, SGD: plain by default) on the "
                     "GPU with hand-written CUDA kernels.",
         epilog="With --init, the flags marked 'or the --init checkpoint's' default to what the checkpoint "
                "recorded, and training continues where it stopped: the step count, the epoch and its shuffled "
@@ -217,6 +217,8 @@ class Setup:
 
 def check(args, parser: cli.Parser) -> Setup:
     """Every user mistake as a usage error (exit 2), before any data, GPU or training work."""
+    if args.recipe and args.init:
+        parser.fail("--recipe", "starts a run; a run continued with --init takes its settings from the checkpoint")
     for key, value in RECIPES.get(args.recipe, {}).items():  # a recipe fills the flags not given
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -277,6 +279,8 @@ def check(args, parser: cli.Parser) -> Setup:
     steps_per_epoch = train_samples // batch
     steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
     given = {k: getattr(args, k) for k in optim.ARGUMENTS}
+    if given["schedule"] not in (None, resumed_optimizer.get("schedule")):  # a new schedule: none of the old one's
+        resumed_optimizer = {k: v for k, v in resumed_optimizer.items() if k not in optim.SCHEDULE_ARGUMENTS}
     values = {k: given[k] if given[k] is not None else resumed_optimizer.get(k) for k in optim.ARGUMENTS}
     # a schedule continued from --init keeps its length; a new one spans the steps trained so far and this run's
     keep_total = values["schedule"] == resumed_optimizer.get("schedule") and given["schedule"] is None
@@ -284,8 +288,13 @@ def check(args, parser: cli.Parser) -> Setup:
     total = resumed_optimizer.get("schedule_total", 0) if keep_total else start.step + planned
     try:
         options = optim.options_from(values, value["lr"], total)
-    except ValueError as e:
+    except (ValueError, TypeError) as e:
         parser.error(str(e))
+    if options.schedule.kind in ("cosine", "onecycle") and start.step + steps > total:
+        parser.fail("--epochs" if args.steps is None else "--steps",
+                    f"the {options.schedule.kind} schedule of {args.init} ends at step {total}; this run would train "
+                    f"to step {start.step + steps}: train at most {total - start.step} steps more, or give "
+                    f"--schedule to start a new one")
     return Setup(channels=tuple(channels), hidden=hidden, state=state, start=start, steps=steps, optimizer=options,
                  buffers=buffers if options.momentum else {}, **value)
 
@@ -302,9 +311,21 @@ def _bad_record(resumed: dict, meta: dict) -> str | None:
     for key in ("step", "epoch", "epoch_index", "epoch_sample"):
         if key in meta and not (type(meta[key]) is int and meta[key] >= 0):
             return f"{key} {meta[key]!r}"
-    if not isinstance(meta.get("optimizer", {}), dict):
+    o = meta.get("optimizer", {})
+    if not isinstance(o, dict):
         return "optimizer"
+    for key, ok in (("momentum", _number), ("dampening", _number), ("weight_decay", _number), ("gamma", _number),
+                    ("pct_start", _number), ("nesterov", lambda v: type(v) is bool),
+                    ("schedule", lambda v: v in optim.SCHEDULES), ("anneal", lambda v: v in optim.ANNEALS),
+                    ("step_size", lambda v: type(v) is int and v >= 1),
+                    ("schedule_total", lambda v: type(v) is int and v >= 0)):
+        if key in o and not ok(o[key]):
+            return f"optimizer {key} {o[key]!r}"
     return None
+
+
+def _number(v) -> bool:
+    return type(v) in (int, float) and math.isfinite(v) and v >= 0
 
 
 def _position(meta: dict, batch_size: int, train_samples: int) -> Position:

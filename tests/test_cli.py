@@ -118,6 +118,25 @@ def test_recipes_fill_the_flags_not_given(tmp_path):
     one_line_usage_error(run_train("--target-accuracy", "101"), "--target-accuracy", "at most 100")
 
 
+def test_continuing_with_the_optimizer(tmp_path):
+    """A recipe starts a run; a kept schedule is not overrun; a new one inherits nothing of the old; Nesterov
+    can be turned off; a damaged optimizer record is named."""
+    fast = tmp_path / "fast.npz"
+    assert run_train("--recipe", "fast", "--steps", "0", "--save", str(fast)).returncode == 0
+    one_line_usage_error(run_train("--init", str(fast), "--recipe", "best"), "--recipe", "continued with --init")
+    one_line_usage_error(run_train("--init", str(fast), "--epochs", "3"), "--epochs", "ends at step 936",
+                         "at most 936 steps more")
+    one_line_usage_error(run_train("--init", str(fast), "--schedule", "step"), "--schedule step needs --step-size")
+    r = run_train("--init", str(fast), "--no-nesterov", "--momentum", "0", "--steps", "0", "--save", str(tmp_path / "p.npz"))
+    assert r.returncode == 0, r.stderr
+    o = checkpoint.load_checkpoint(tmp_path / "p.npz")[1]["optimizer"]
+    assert (o["momentum"], o["nesterov"], o["schedule"]) == (0.0, False, "onecycle")
+    state = reference.init_state_dict(0)
+    bad = checkpoint.save_checkpoint(tmp_path / "bad.npz", state, {"optimizer": {"momentum": "0.9"}})
+    one_line_usage_error(run_train("--init", str(bad)), "--init", "optimizer momentum '0.9'")
+    one_line_usage_error(run_train("--momentum", "1"), "momentum must be in [0, 1)")
+
+
 def test_output_paths_that_are_folders_or_clash(tmp_path):
     one_line_usage_error(run_train("--save", str(tmp_path)), "--save", "is a folder")
     one_line_usage_error(run_train("--metrics", str(tmp_path)), "--metrics", "is a folder")
