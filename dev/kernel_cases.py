@@ -33,7 +33,7 @@ from mnist_cuda.ops.splitk_reduce import splitk_reduce
 EPS, MOMENTUM = ref.BN_EPS, ref.BN_MOMENTUM
 # The op families, one per file of kernels/naive/. A fast case belongs to every family whose naive
 # kernels its kernels replace (each kernels/fast/ file's header names them: "the fast form of naive/...").
-FAMILIES = ("normalize", "conv2d", "batchnorm", "relu", "maxpool", "linear", "cross_entropy", "sgd")
+FAMILIES = ("normalize", "conv2d", "batchnorm", "relu", "maxpool", "linear", "cross_entropy", "sgd", "shift")
 BLOCK1_OPS = ("normalize", "conv2d", "batchnorm", "relu", "maxpool")  # conv1_bn_relu_pool.cu
 BLOCK2_OPS = ("batchnorm", "relu", "maxpool")  # bn_relu_pool.cu
 
@@ -721,6 +721,22 @@ def sgd_momentum_case(version: str, started: bool):
     return Case(f"sgd_schedule+{kernel}[{'later' if started else 'first'} step]", make, ops=("sgd",))
 
 
+def shift_case():
+    """shift_images_naive: every image moved by its own offset, exactly as numpy moves it."""
+    def make(rng, d):
+        n, size = d.batch, data.IMAGE_SIZE
+        images = rng.integers(0, 256, (n, 1, size, size), dtype=np.uint8)
+        offsets = rng.integers(-3, 4, (n, 2)).astype(np.int8)
+        xd, od, out = _dev(images, np.uint8), _dev(offsets, np.int8), _poison((n, 1, size, size), np.uint8)
+        run = lambda: naive.shift_images(xd, od, out, n)
+        want = np.zeros_like(images)
+        for i, (dx, dy) in enumerate(offsets.astype(int)):
+            src = images[i, 0, max(0, -dy):size - max(0, dy), max(0, -dx):size - max(0, dx)]
+            want[i, 0, max(0, dy):max(0, dy) + src.shape[0], max(0, dx):max(0, dx) + src.shape[1]] = src
+        return Prepared(run, {"x": out}, {"x": want}, (0.0, 2.0 * images.nbytes), compare={"x": _exact})
+    return Case("shift_images_naive", make, ops=("shift",))
+
+
 # ---- the lists ------------------------------------------------------------------------------------
 
 
@@ -754,6 +770,7 @@ def naive_cases() -> list[Case]:
         cases += [linear_case(layer, part) for part in ("forward", "backward_input", "backward_params")]
     cases += [normalize_case(), cross_entropy_case(), count_correct_case(), sgd_case()]
     cases += [sgd_momentum_case("naive", started) for started in (False, True)]
+    cases += [shift_case()]
     return cases
 
 

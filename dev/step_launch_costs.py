@@ -69,15 +69,15 @@ class RecordingStep(Step):
         super().__init__(net, 0.0)
         self.doubler = doubler
 
-    def load(self, slot: int, n: int):
+    def load(self, slot: int, n: int, train: bool = True):
         calls = []
 
         def launch():
             if not calls:  # the copy, then the net's work on the images (launches the hook sees)
-                Step.load(self, slot, n)
+                Step.load(self, slot, n, train)
             else:  # the copy alone again: the net's kernels are launches of their own, doubled on their turn
                 with cuda.launch_hook(lambda *_: None):
-                    Step.load(self, slot, n)
+                    Step.load(self, slot, n, train)
             calls.append(1)
 
         self.doubler.launch(COPY, launch)

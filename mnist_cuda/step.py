@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cuda, data, optim
+from . import cuda, data, ops, optim
 from .nets import SLOTS
 
 PHASES = ("load", "forward", "backward", "update", "zero_grad")
@@ -30,7 +30,7 @@ class Step:
     """Runs training steps of `net` on its batch size with an optimizer: a learning rate (plain SGD), an
     optim.SGDOptions or an optim.Optimizer (its device state, e.g. restored from a checkpoint)."""
 
-    def __init__(self, net, optimizer, mode: str = "graph"):
+    def __init__(self, net, optimizer, mode: str = "graph", augment: int = 0, seed: int = 0, first_step: int = 0):
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
         self.cp = cp = net.cp
@@ -38,19 +38,27 @@ class Step:
             options = optimizer if isinstance(optimizer, optim.SGDOptions) else optim.SGDOptions(float(optimizer))
             optimizer = optim.Optimizer(net.params, options)
         self.net, self.optimizer, self.mode = net, optimizer, mode
+        # augment: each training image moved by up to this many pixels each way, the offsets drawn on the
+        # host from (seed, step number) and copied with the batch; evaluation sees the images as they are
+        self.augment, self.seed = augment, seed
         B = self.batch_size = net.batch_size
         # One byte buffer holds a batch's images (uint8, as MNIST stores them: the kernels normalise) and
         # then its labels (int32; B * 784 bytes keep them aligned), on the host (pinned) and on the device,
         # so that the load is a single copy of a quarter of the float32 batch. x, y and stage_x, stage_y
         # are views into them, per slot.
         pixels = data.IMAGE_SIZE * data.IMAGE_SIZE
-        size = B * pixels + 4 * B
+        labels_end = B * pixels + 4 * B
+        size = labels_end + (2 * B if augment else 0)  # then each image's offset (dx, dy), int8
         self.batch = [cp.zeros(size, cp.uint8) for _ in range(SLOTS)]
         self.x = [b[:B * pixels].reshape(B, 1, data.IMAGE_SIZE, data.IMAGE_SIZE) for b in self.batch]
-        self.y = [b[B * pixels:].view(cp.int32) for b in self.batch]
+        self.y = [b[B * pixels:labels_end].view(cp.int32) for b in self.batch]
         self.stage = [cuda.pinned_empty((size,), np.uint8) for _ in range(SLOTS)]
         self.stage_x = [st[:B * pixels].reshape(B, 1, data.IMAGE_SIZE, data.IMAGE_SIZE) for st in self.stage]
-        self.stage_y = [st[B * pixels:].view(np.int32) for st in self.stage]
+        self.stage_y = [st[B * pixels:labels_end].view(np.int32) for st in self.stage]
+        self.offsets = [b[labels_end:].view(cp.int8) for b in self.batch] if augment else None
+        self.stage_offsets = [st[labels_end:].view(np.int8).reshape(B, 2) for st in self.stage] if augment else None
+        self.shifted = [cp.empty_like(x) for x in self.x] if augment else None
+        self.inputs = self.shifted if augment else self.x  # what a training step's forward reads
         for st in self.stage:
             st[...] = 0  # labels of unfilled rows (a partial last batch) stay valid class numbers
         self.stage_free = [cp.cuda.Event(disable_timing=True) for _ in range(SLOTS)]
@@ -59,29 +67,36 @@ class Step:
         self.correct = cp.zeros(1, cp.int32)
         self.graphs = self.phase_graphs = None
         self.prefetched_step = None  # the step whose batch the last graph loaded (any other step loads its own)
-        self.count = 0  # steps run: the next step's slot is count % 2
+        self.count = first_step  # steps run (a resumed run counts on): the next step's slot is count % 2
         cuda.preload()
 
     # ---- the phases ---------------------------------------------------------------------------
 
-    def stage_batch(self, slot: int, x, y, idx) -> int:
-        """Gather the samples idx of (x, y) into pinned slot `slot`, once the GPU has stopped reading it
-        (stage_free[slot]: recorded after whatever reads the slot). Returns the batch length."""
+    def stage_batch(self, slot: int, x, y, idx, step: int) -> int:
+        """Gather the samples idx of (x, y) for training step number `step` into pinned slot `slot`, once the
+        GPU has stopped reading it (stage_free[slot]: recorded after whatever reads the slot), with their
+        offsets when augmenting. Returns the batch length."""
         self.stage_free[slot].synchronize()
+        if self.augment:
+            rng = np.random.default_rng([self.seed, step])
+            self.stage_offsets[slot][...] = rng.integers(-self.augment, self.augment + 1, self.stage_offsets[slot].shape)
         return data.gather(x, y, idx, self.stage_x[slot], self.stage_y[slot])
 
-    def load(self, slot: int, n: int):
+    def load(self, slot: int, n: int, train: bool = True):
         """Async copy of the batch staged in pinned slot `slot` into device input buffer `slot` (the whole
-        buffer, even if n < B: one copy), then the net's work on its images."""
+        buffer, even if n < B: one copy), the augmentation's shift of a training batch, then the net's work on
+        its images."""
         rt, stream = self.cp.cuda.runtime, self.cp.cuda.get_current_stream().ptr
         src = self.stage[slot]
         rt.memcpyAsync(self.batch[slot].data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, stream)
-        self.net.prepare_batch(self.x[slot], n, slot)
+        if self.augment and train:
+            ops.naive.shift_images(self.x[slot], self.offsets[slot], self.shifted[slot], n)
+        self.net.prepare_batch(self.inputs[slot] if train else self.x[slot], n, slot)
 
     def phases(self, slot: int):
         """The five phases of a training step on the batch staged in `slot`, as callables."""
         n, net = self.batch_size, self.net
-        return (lambda: self.load(slot, n), lambda: net.forward(self.x[slot], self.y[slot], n, True, slot),
+        return (lambda: self.load(slot, n), lambda: net.forward(self.inputs[slot], self.y[slot], n, True, slot),
                 lambda: net.backward(n), lambda: net.update(self.optimizer), net.zero_grad)
 
     def capture_step(self, slot: int):
@@ -103,7 +118,7 @@ class Step:
         if mode == "graph":
             self._graph_step(slot, x, y, idx, next_idx)
         else:
-            self.stage_batch(slot, x, y, idx)
+            self.stage_batch(slot, x, y, idx, self.count)
             with self.stream:
                 if events is not None:
                     events[0].record(self.stream)
@@ -129,11 +144,11 @@ class Step:
         other, stream = 1 - slot, self.stream
         with stream:
             if self.prefetched_step != self.count:
-                self.stage_batch(slot, x, y, idx)
+                self.stage_batch(slot, x, y, idx, self.count)
                 self.load(slot, self.batch_size)
                 self.stage_free[slot].record(stream)
             if next_idx is not None:
-                self.stage_batch(other, x, y, next_idx)
+                self.stage_batch(other, x, y, next_idx, self.count + 1)
             self.graphs[slot].launch(stream)
             self.stage_free[other].record(stream)  # the graph copied from the other slot
         self.prefetched_step = self.count + 1 if next_idx is not None else None
@@ -174,7 +189,7 @@ class Step:
             self.stage_free[slot].synchronize()
             n = data.gather(x, y, idx, self.stage_x[slot], self.stage_y[slot])
             self.prefetched_step = None  # this overwrites a device input buffer
-            self.load(slot, n)
+            self.load(slot, n, train=False)
             self.net.forward(self.x[slot], self.y[slot], n, False, slot)
             after_forward(slot, n, i * self.batch_size)
             self.stage_free[slot].record()

@@ -28,17 +28,17 @@ LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar 
 
 # batch size and learning rate as scripts/sweep_hparams.py chose them (README, Results)
 DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels=(32, 64), hidden=128,
-                kernels="fast", tf32=False, shuffle=True)
+                kernels="fast", tf32=False, shuffle=True, augment=0)
 # named sets of flags, chosen by scripts/sweep_recipes.py on the H200 (benchmarks/results/recipes-h200.json):
 # fast, the fewest seconds of training to 99.0% test accuracy on every seed; best, the highest mean accuracy
 RECIPES = {
     "fast": dict(batch_size=128, lr=0.05, epochs=2, momentum=0.9, nesterov=True, weight_decay=5e-4,
                  schedule="onecycle", target_accuracy=99.0),
     "best": dict(batch_size=64, lr=0.05, epochs=20, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                 schedule="onecycle"),
+                 schedule="onecycle", augment=2),
 }
 # what a checkpoint records and --init takes as this run's default (the model's shape comes from its arrays)
-RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "tf32", "shuffle")
+RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "tf32", "shuffle", "augment")
 
 
 class TrainingDiverged(Exception):
@@ -182,6 +182,9 @@ def build_parser() -> cli.Parser:
                         "so one file holds a continued run)")
     p.add_argument("--plot", type=cli.output_path, default=None, metavar="PNG",
                    help="draw this run's loss per step and test accuracy per epoch here (needs matplotlib)")
+    p.add_argument("--augment", type=cli.int_at_least(0), default=None, metavar="PIXELS",
+                   help="move each training image by up to PIXELS pixels each way, offsets drawn per step from "
+                        "the seed and done on the GPU as the batch is loaded (default: 0, or the --init checkpoint's)")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None,
                    help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones "
                         f"(default: {d['kernels']}{from_init})")
@@ -206,6 +209,7 @@ class Setup:
     kernels: str
     tf32: bool
     shuffle: bool
+    augment: int
     channels: tuple
     hidden: int
     state: dict
@@ -244,7 +248,8 @@ def check(args, parser: cli.Parser) -> Setup:
         start = _position(meta, resumed.get("batch_size", DEFAULTS["batch_size"]),
                           data.TRAIN_SAMPLES[resumed.get("dataset", DEFAULTS["dataset"])])
     explicit = {"dataset": args.dataset, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                "kernels": args.kernels, "tf32": args.tf32, "shuffle": args.shuffle}
+                "kernels": args.kernels, "tf32": args.tf32, "shuffle": args.shuffle,
+                "augment": args.augment}
     value = {k: explicit[k] if explicit[k] is not None else resumed.get(k, DEFAULTS[k]) for k in RESUMED}
     if start.sample:  # inside an epoch: its order must stay the one the checkpoint was trained on
         for k, flag in (("seed", "--seed"), ("shuffle", "--shuffle"), ("dataset", "--dataset")):
@@ -256,6 +261,9 @@ def check(args, parser: cli.Parser) -> Setup:
     hidden = args.hidden or DEFAULTS["hidden"]
     if value["dataset"] not in data.DATASETS:
         parser.fail("--init", f"the checkpoint names an unknown dataset {value['dataset']!r}; give --dataset")
+    if value["augment"] >= data.IMAGE_SIZE:
+        parser.fail("--augment", f"{value['augment']} pixels would move every image out of its {data.IMAGE_SIZE}x"
+                                 f"{data.IMAGE_SIZE} field; a few (1-3) is the usual")
     if value["tf32"] and value["kernels"] != "fast":
         parser.fail("--tf32", "needs --kernels fast (the naive kernels compute in plain fp32)")
     if args.steps == 0 and args.save is None:
@@ -304,7 +312,8 @@ def _bad_record(resumed: dict, meta: dict) -> str | None:
     kinds = {"dataset": lambda v: v in data.DATASETS, "kernels": lambda v: v in KERNEL_VERSIONS,
              "batch_size": lambda v: type(v) is int and v >= 1, "seed": lambda v: type(v) is int and 0 <= v <= cli.SEED_MAX,
              "lr": lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0,
-             "tf32": lambda v: type(v) is bool, "shuffle": lambda v: type(v) is bool}
+             "tf32": lambda v: type(v) is bool, "shuffle": lambda v: type(v) is bool,
+             "augment": lambda v: type(v) is int and 0 <= v < data.IMAGE_SIZE}
     for key, ok in kinds.items():
         if key in resumed and not ok(resumed[key]):
             return f"{key} {resumed[key]!r}"
@@ -340,7 +349,7 @@ def _position(meta: dict, batch_size: int, train_samples: int) -> Position:
 
 def checkpoint_meta(s: Setup, at: Position, **extra) -> dict:
     return {"dataset": s.dataset, "channels": list(s.channels), "hidden": s.hidden, "seed": s.seed, "lr": s.lr,
-            "batch_size": s.batch_size, "kernels": s.kernels, "tf32": s.tf32, "shuffle": s.shuffle,
+            "batch_size": s.batch_size, "kernels": s.kernels, "tf32": s.tf32, "shuffle": s.shuffle, "augment": s.augment,
             "step": at.step, "epoch_index": at.epoch, "epoch_sample": at.sample,
             "optimizer": optim.describe(s.optimizer), **extra}
 
@@ -363,7 +372,8 @@ def train(args, parser) -> int:
     params = Parameters(s.channels, s.hidden)
     params.load_state_dict(s.state)
     optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
-    step = Step(make_net(params, s.batch_size, s.kernels, s.tf32), optimizer, mode="eager" if args.eager else "graph")
+    step = Step(make_net(params, s.batch_size, s.kernels, s.tf32), optimizer, mode="eager" if args.eager else "graph",
+                augment=s.augment, seed=s.seed, first_step=s.start.step)
     chunks = plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps)
     if args.metrics and args.init:
         _keep_metrics_until(args.metrics, s.start.step)
@@ -427,6 +437,7 @@ def train(args, parser) -> int:
     phases = dict(zip(PHASES, times.mean(axis=0).tolist())) if len(times) else {}
     print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps{f' (step {at.step} in all)' if s.start.step else ''} "
           f"({s.dataset}, batch {s.batch_size}, lr {s.lr}{_optimizer_words(s.optimizer)}, seed {s.seed}"
+          f"{f', images shifted by up to {s.augment} px' if s.augment else ''}"
           f"{', conv2 in TF32' if s.tf32 else ''})")
     print(f"training wall time {train_seconds:.2f} s, {done * s.batch_size / train_seconds:,.0f} img/s "
           f"({'eager launches' if args.eager else 'CUDA graph per step'}); evaluation {eval_seconds:.2f} s")

@@ -3,7 +3,8 @@
 
     python scripts/sweep_recipes.py --data-dir data/mnist --json benchmarks/results/recipes-h200.json
 
-Each candidate is a batch size, a learning rate, SGD's options, a schedule and a number of epochs; it trains
+Each candidate is a batch size, a learning rate, SGD's options, a schedule, the augmentation's shift (the
+trainer's --augment) and a number of epochs; it trains
 through the trainer's own pieces (train.plan and train.run_chunk: a CUDA graph per step, the trainer's
 shuffling and initialisation) for seeds 0-4 and evaluates the test set after every epoch. The training
 time of an epoch is the trainer's (wall clock from its first step's launch to the end of its last step,
@@ -36,9 +37,10 @@ FAST = [(f"fast-b{b}-lr{lr}-e{e}", b, lr, {**NESTEROV, "schedule": "onecycle"}, 
         for b, lrs, epochs in ((96, (0.05, 0.1), (2, 3)), (128, (0.05, 0.1, 0.15), (2, 3, 4)),
                                (192, (0.1, 0.15), (3, 4)), (256, (0.1, 0.2), (3, 4)))
         for lr in lrs for e in epochs]
-BEST = [(f"best-b{b}-lr{lr}-{s}-e{e}", b, lr, {**NESTEROV, "schedule": s}, e)
-        for b, lr, s, e in ((128, 0.1, "onecycle", 20), (128, 0.05, "cosine", 20), (64, 0.05, "onecycle", 20),
-                            (256, 0.2, "onecycle", 20))]
+BEST = [(f"best-b{b}-lr{lr}-{s}-e{e}" + (f"-shift{a}" if a else ""), b, lr, {**NESTEROV, "schedule": s, "augment": a}, e)
+        for b, lr, s, e, a in ((128, 0.1, "onecycle", 20, 0), (128, 0.05, "cosine", 20, 0), (64, 0.05, "onecycle", 20, 0),
+                               (256, 0.2, "onecycle", 20, 0), (64, 0.05, "onecycle", 20, 1), (64, 0.05, "onecycle", 20, 2),
+                               (128, 0.1, "onecycle", 20, 2))]
 
 
 def run(ds, batch, lr, options: dict, epochs: int, seed: int) -> dict:
@@ -46,7 +48,8 @@ def run(ds, batch, lr, options: dict, epochs: int, seed: int) -> dict:
     params = Parameters(train.DEFAULTS["channels"], train.DEFAULTS["hidden"])
     params.load_state_dict(reference.init_state_dict(seed, train.DEFAULTS["channels"], train.DEFAULTS["hidden"]))
     steps = epochs * (len(ds.train_x) // batch)
-    step = Step(make_net(params, batch, "fast"), optim.options_from(options, lr, steps))
+    step = Step(make_net(params, batch, "fast"), optim.options_from(options, lr, steps),
+                augment=options.get("augment", 0), seed=seed)
     accuracy, seconds, eval_seconds = [], [], 0.0
     for chunk in train.plan(len(ds.train_x), batch, seed, True, train.Position(), steps):
         t0 = time.perf_counter()

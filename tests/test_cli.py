@@ -135,6 +135,7 @@ def test_continuing_with_the_optimizer(tmp_path):
     bad = checkpoint.save_checkpoint(tmp_path / "bad.npz", state, {"optimizer": {"momentum": "0.9"}})
     one_line_usage_error(run_train("--init", str(bad)), "--init", "optimizer momentum '0.9'")
     one_line_usage_error(run_train("--momentum", "1"), "momentum must be in [0, 1)")
+    one_line_usage_error(run_train("--augment", "28"), "--augment", "out of its 28x28 field")
 
 
 def test_output_paths_that_are_folders_or_clash(tmp_path):
@@ -372,11 +373,12 @@ def test_ctrl_c_keeps_the_last_checkpoint_and_says_where(tmp_path):
 
 @pytest.mark.gpu
 def test_resume_with_momentum_restores_the_buffers(tmp_path):
-    """Momentum and weight decay: 300 steps, then 300 more from the checkpoint (its buffers restored, the
-    options taken from it), give the losses of 600 steps at once; a plain-SGD checkpoint has no buffers."""
+    """Momentum, weight decay and the augmentation's shifts: 300 steps, then 300 more from the checkpoint (its
+    buffers restored, the options taken from it, the shifts drawn by step number), give the losses of 600
+    steps at once."""
     folder = mnist_or_skip()
     common = ["--data-dir", str(folder), "--quiet"]
-    opts = ["--momentum", "0.9", "--weight-decay", "5e-4", "--lr", "0.01"]
+    opts = ["--momentum", "0.9", "--weight-decay", "5e-4", "--lr", "0.01", "--augment", "2"]
     r = run_train(*common, *opts, "--steps", "600", "--metrics", str(tmp_path / "one.jsonl"))
     assert r.returncode == 0, r.stderr
     r = run_train(*common, *opts, "--steps", "300", "--metrics", str(tmp_path / "two.jsonl"), "--save", str(tmp_path / "c.npz"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .. import data
 from .common import F32, I32, source
 
 REDUCE_THREADS = 256  # a block per channel (BatchNorm) or per batch (the loss, the accuracy count)
@@ -18,6 +19,7 @@ _maxpool = source("naive/maxpool.cu")
 _linear = source("naive/linear.cu")
 _cross_entropy = source("naive/cross_entropy.cu")
 _sgd = source("naive/sgd.cu")
+_shift = source("naive/shift.cu", IMAGE_SIZE=data.IMAGE_SIZE)
 
 _k = {name: src.kernel(name) for src, names in [
     (_normalize, ["normalize_naive"]),
@@ -28,7 +30,8 @@ _k = {name: src.kernel(name) for src, names in [
     (_maxpool, ["maxpool2x2_forward_naive", "maxpool2x2_backward_naive"]),
     (_linear, ["linear_forward_naive", "linear_backward_input_naive", "linear_backward_params_naive"]),
     (_cross_entropy, ["cross_entropy_naive", "count_correct"]),
-    (_sgd, ["sgd_naive", "sgd_momentum_naive", "sgd_schedule"])] for name in names}
+    (_sgd, ["sgd_naive", "sgd_momentum_naive", "sgd_schedule"]),
+    (_shift, ["shift_images_naive"])] for name in names}
 
 
 def normalize(images, out, count: int):
@@ -140,4 +143,9 @@ def sgd_momentum(params, grads, buffers, lr, first, momentum: float, dampening: 
     _k["sgd_momentum_naive"].launch_1d(params.size, params, grads, buffers, lr, first, F32(momentum),
                                        F32(1.0 - dampening), F32(weight_decay), I32(bool(nesterov)),
                                        I32(params.size))
+
+
+def shift_images(x, offsets, out, n: int):
+    """out[i] = image x[i] (bytes) moved by offsets[i] = (dx, dy) whole pixels (int8), background moved in."""
+    _k["shift_images_naive"].launch_1d(n * data.IMAGE_SIZE * data.IMAGE_SIZE, x, offsets, out, I32(n))
 
