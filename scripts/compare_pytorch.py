@@ -107,6 +107,9 @@ def build_parser():
                    help="skip the torch.compile + whole-step CUDA graph mode")
     p.add_argument("--no-epoch", action="store_true", help="skip the whole-epoch wall-clock runs")
     p.add_argument("--parity-only", action="store_true", help="only the parity run (no timing, no files)")
+    p.add_argument("--recipe", choices=["fast"], default=None,
+                   help="instead of the step timings: train's --recipe on both sides, seeds 0-4, the training "
+                        "time to its target accuracy (written to --out)")
     p.add_argument("--out", type=Path, default=None,
                    help="result JSON (default benchmarks/results/compare-<gpu>-<time>.json)")
     p.add_argument("--png", type=output_path, default=None,
@@ -309,8 +312,8 @@ class TorchSide:
         self.fused = False
         self.scheduler = None
         if options is not None and not options.plain:  # torch.optim.SGD's options and the matching scheduler
-            if mode != "eager":
-                raise ValueError("the optimizer's options are compared in eager mode only (the parity run)")
+            if mode not in ("eager", "compiled"):  # a scheduler's host-side rate cannot change inside a graph
+                raise ValueError("the optimizer's options run in the modes without a CUDA graph")
             self.opt, self.scheduler = options.torch_optimizer(torch, self.net.parameters())
         elif fused:
             try:
@@ -430,6 +433,26 @@ class TorchSide:
             self.n_logged += 1
         self.i += 1
 
+    def restart(self, state, options):
+        """The weights of state and a fresh optimizer and scheduler, keeping the compiled model (a recipe's
+        seeds, timed without recompiling)."""
+        torch = self.torch
+        self.net.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
+        self.opt, self.scheduler = options.torch_optimizer(torch, self.net.parameters())
+        self.i = 0
+
+    def accuracy(self, x, y) -> float:
+        """Test accuracy in evaluation mode, with the uncompiled model (a compiled one would recompile)."""
+        torch, correct = self.torch, 0
+        self.net.eval()
+        with torch.no_grad():
+            for start in range(0, len(x), 1000):
+                images = torch.from_numpy(np.ascontiguousarray(x[start:start + 1000])).cuda()
+                predicted = self.net(self._normalize(images)).argmax(dim=1).cpu().numpy()
+                correct += int((predicted == y[start:start + 1000]).sum())
+        self.net.train()
+        return correct / len(x)
+
     def losses(self):
         out = self.loss_log[:self.n_logged].cpu().numpy()
         self.n_logged = 0
@@ -508,6 +531,79 @@ def measure_epoch(side, x, y, seed, mode):
         side.step(x, y, idx, mode, next_idx=next_idx)
     side.synchronize()
     return time.perf_counter() - t0
+
+
+RECIPE_SEEDS = (0, 1, 2, 3, 4)
+
+
+def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
+    """train's --recipe on both sides for seeds 0-4: the same initial weights, the same batches (train.plan),
+    the same optimizer and schedule; PyTorch in each mode that takes a scheduler (eager, compiled; a CUDA
+    graph would freeze its host-side rate), compiled once before anything is timed. Training time to the
+    end of the first epoch that reaches the recipe's target accuracy; evaluation is not counted."""
+    from mnist_cuda import train
+    flags = train.RECIPES[args.recipe]
+    target, batch = flags["target_accuracy"] / 100, flags["batch_size"]
+    steps = flags["epochs"] * (len(ds.train_x) // batch)
+    options = optim.options_from(flags, flags["lr"], steps)
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = True  # PyTorch's defaults for speed, as in the timed runs
+    torch.backends.cuda.matmul.allow_tf32 = False
+    sides = {}
+    for mode in ("eager", "compiled"):
+        side = TorchSide(torch, reference.init_state_dict(0, channels, hidden), batch, flags["lr"], mode, channels,
+                         hidden, options=options)
+        warm = list(data.batch_indices(np.arange(len(ds.train_x)), batch, drop_last=True))[:30]
+        for idx in warm:  # compile (and let cuDNN choose) before anything is timed
+            side.step(ds.train_x, ds.train_y64, idx)
+        side.synchronize()
+        sides[mode] = side
+    out = {"recipe": args.recipe, "flags": flags, "target": target, "seeds": {}}
+    for run_seed in RECIPE_SEEDS:
+        state = reference.init_state_dict(run_seed, channels, hidden)
+        chunks = train.plan(len(ds.train_x), batch, run_seed, True, train.Position(), steps)
+        params = Parameters(channels, hidden)
+        params.load_state_dict(state)
+        ours = Step(make_net(params, batch, "fast"), options, augment=flags.get("augment", 0), seed=run_seed)
+        row = {"ours": _time_to_target(chunks, target, lambda c: train.run_chunk(ours, ds, c, c.end.step - len(c.batches)),
+                                       ours.synchronize, lambda: ours.evaluate(ds.test_x, ds.test_y))}
+        for mode, side in sides.items():
+            side.restart(state, options)
+            run = lambda c, side=side: [side.step(ds.train_x, ds.train_y64, idx) for idx in c.batches]
+            row[f"torch {mode}"] = _time_to_target(chunks, target, run, side.synchronize,
+                                                   lambda side=side: side.accuracy(ds.test_x, ds.test_y))
+        out["seeds"][str(run_seed)] = row
+        log(f"recipe {args.recipe}, seed {run_seed}: " + ", ".join(
+            f"{k} {100 * v['accuracy'][-1]:.2f}% in {v['seconds_to_target']}" for k, v in row.items()))
+    return out
+
+
+def _time_to_target(chunks, target, run, synchronize, accuracy) -> dict:
+    seconds, accuracies, reached = 0.0, [], None
+    for chunk in chunks:
+        synchronize()
+        t0 = time.perf_counter()
+        run(chunk)
+        synchronize()
+        seconds += time.perf_counter() - t0
+        accuracies.append(accuracy())
+        if accuracies[-1] >= target:
+            reached = seconds
+            break
+    return {"accuracy": accuracies, "seconds_to_target": reached, "seconds": seconds}
+
+
+def format_recipe(result: dict) -> str:
+    sides = list(next(iter(result["seeds"].values())))
+    lines = [f"--recipe {result['recipe']}: training seconds to {100 * result['target']:.1f}% test accuracy "
+             f"(evaluation not counted), seeds {', '.join(result['seeds'])}"]
+    for side in sides:
+        runs = [r[side] for r in result["seeds"].values()]
+        times = [r["seconds_to_target"] for r in runs]
+        mean = f"mean {np.mean(times):.3f} s" if all(t is not None for t in times) else "not every seed reached it"
+        lines.append(f"  {side:16s} " + " ".join(f"{t:.3f}" if t is not None else "-" for t in times) + f"  ({mean}); "
+                     "accuracy " + " ".join(f"{100 * r['accuracy'][-1]:.2f}" for r in runs))
+    return "\n".join(lines)
 
 
 def parity_options(args) -> optim.SGDOptions:
@@ -870,6 +966,12 @@ def main(argv=None) -> int:
                          "hidden": hidden, "batch_sizes": args.batch_sizes},
               "batch_sizes": {}, "parity": None}
     check_batch_sizes(parser, args, len(ds.train_x), channels, hidden)
+    if args.recipe:
+        result["recipe"] = run_recipe(torch, ds, args, channels, hidden, log)
+        print(format_recipe(result["recipe"]))
+        out = args.out or REPO / "benchmarks" / "results" / f"recipe-{args.recipe}-{_slug(env['device'])}.json"
+        write_json(out, result)
+        return 0
     if args.parity_only:
         par = run_parity(torch, ds, state, args, channels, hidden)
         o = par["optimizer"]
