@@ -329,6 +329,11 @@ def test_four_epochs_then_six_more_is_ten_at_once(tmp_path):
         assert a[name].tobytes() == b[name].tobytes(), name
 
 
+def loss_lines(metrics) -> list[str]:
+    """The step-loss records of a metrics file, as written."""
+    return [line for line in metrics.read_text().splitlines() if '"loss"' in line]
+
+
 @pytest.mark.gpu
 def test_resume_in_the_middle_of_an_epoch(tmp_path):
     """400 steps, then 600 more from the checkpoint: the losses of 1000 steps at once (batch 128)."""
@@ -343,8 +348,7 @@ def test_resume_in_the_middle_of_an_epoch(tmp_path):
     r = run_train("--data-dir", str(folder), "--quiet", "--steps", "600", "--init", str(tmp_path / "c.npz"),
                   "--metrics", str(tmp_path / "two.jsonl"))  # batch size and seed come from the checkpoint
     assert r.returncode == 0, r.stderr
-    losses = [[line for line in (tmp_path / f"{n}.jsonl").read_text().splitlines() if '"loss"' in line]
-              for n in ("one", "two")]
+    losses = [loss_lines(tmp_path / f"{n}.jsonl") for n in ("one", "two")]
     assert len(losses[0]) == 1000 and losses[0] == losses[1]
 
 
@@ -387,8 +391,7 @@ def test_resume_with_momentum_restores_the_buffers(tmp_path):
     assert meta["optimizer"]["momentum"] == 0.9 and "momentum_buffer.fc1.weight" in state
     r = run_train(*common, "--steps", "300", "--init", str(tmp_path / "c.npz"), "--metrics", str(tmp_path / "two.jsonl"))
     assert r.returncode == 0, r.stderr
-    losses = [[line for line in (tmp_path / f"{n}.jsonl").read_text().splitlines() if '"loss"' in line]
-              for n in ("one", "two")]
+    losses = [loss_lines(tmp_path / f"{n}.jsonl") for n in ("one", "two")]
     assert len(losses[0]) == 600 and losses[0] == losses[1]
 
 
