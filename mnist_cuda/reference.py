@@ -134,6 +134,17 @@ def nll_loss(logits, labels):
     return loss, dlogits / n
 
 
+def shift_images(images, offsets):
+    """Data augmentation: image i [.., 1, H, W] moved by offsets[i] = (dx, dy) whole pixels, the pixels moved
+    in from outside being 0: out[r, c] = image[r - dy, c - dx]."""
+    out = np.zeros_like(images)
+    size = images.shape[-1]
+    for i, (dx, dy) in enumerate(np.asarray(offsets).astype(int)):
+        src = images[i, 0, max(0, -dy):size - max(0, dy), max(0, -dx):size - max(0, dx)]
+        out[i, 0, max(0, dy):max(0, dy) + src.shape[0], max(0, dx):max(0, dx) + src.shape[1]] = src
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # Parameters: PyTorch's names, shapes and default initialisation
 

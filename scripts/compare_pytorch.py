@@ -4,6 +4,7 @@
     python scripts/compare_pytorch.py                  # timing at batch 64, 512 and 4096, then the parity run
     python scripts/compare_pytorch.py --show FILE.json # print the tables of a saved result
     python scripts/compare_pytorch.py --show FILE.json --png FILE.png  # and draw its plot again (no GPU)
+    python scripts/compare_pytorch.py --recipe fast    # train's recipe on both sides, seeds 0-4 (also: best)
 
 (From a checkout without installing the package: PYTHONPATH=. python scripts/compare_pytorch.py ...)
 
@@ -45,6 +46,7 @@ tolerances are PARITY_TOL_TF32's.
 from __future__ import annotations
 
 import datetime
+from argparse import ArgumentTypeError
 import json
 import platform
 import re
@@ -60,7 +62,7 @@ from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import PHASES, Step
 from mnist_cuda.cli import (Parser, batch_sizes, int_at_least, learning_rate, non_negative, output_path,
                             require_matplotlib, save_figure, seed, write_json)
-from mnist_cuda.train import DEFAULTS
+from mnist_cuda.train import DEFAULTS, RECIPES
 
 REPO = Path(__file__).resolve().parent.parent  # the default --out lies under its benchmarks/results/
 
@@ -71,7 +73,8 @@ PARITY_TOL = {"first_50": 1e-4, "all": 1e-3}
 # about four times the largest such difference seen (docs/performance.md, section 5).
 PARITY_TOL_TF32 = {"first_50": 3e-3, "all": 3e-3}
 TORCH_MODES = ("eager", "graph", "compiled+graph", "compiled")
-OUR_MODES = ("eager", "graph")  # Step's modes timed as whole-step loops; its "phases" mode is timed per phase
+OUR_MODES = ("eager", "graph")
+RECIPE_TORCH_MODES = ("eager", "compiled")  # the modes that take a host-side learning-rate scheduler  # Step's modes timed as whole-step loops; its "phases" mode is timed per phase
 
 
 class Unavailable(Exception):
@@ -79,6 +82,14 @@ class Unavailable(Exception):
 
 
 # ---- arguments -------------------------------------------------------------------------------------
+
+
+def recipe_modes(text: str) -> tuple:
+    modes = tuple(m.strip() for m in text.split(","))
+    bad = [m for m in modes if m not in RECIPE_TORCH_MODES]
+    if bad or not modes or len(set(modes)) != len(modes):
+        raise ArgumentTypeError(f"want distinct modes of {', '.join(RECIPE_TORCH_MODES)}, got {text!r}")
+    return modes
 
 
 def build_parser():
@@ -107,9 +118,13 @@ def build_parser():
                    help="skip the torch.compile + whole-step CUDA graph mode")
     p.add_argument("--no-epoch", action="store_true", help="skip the whole-epoch wall-clock runs")
     p.add_argument("--parity-only", action="store_true", help="only the parity run (no timing, no files)")
-    p.add_argument("--recipe", choices=["fast"], default=None,
-                   help="instead of the step timings: train's --recipe on both sides, seeds 0-4, the training "
-                        "time to its target accuracy (written to --out)")
+    p.add_argument("--recipe", choices=sorted(RECIPES), default=None,
+                   help="instead of the step timings: train's --recipe on both sides, seeds 0-4: fast, the "
+                        "training time to its target accuracy; best, the accuracy after its epochs and their "
+                        "training time (written to --out)")
+    p.add_argument("--recipe-torch-modes", type=recipe_modes, default=RECIPE_TORCH_MODES, metavar="MODES",
+                   help="with --recipe: PyTorch's modes to run, comma-separated, of "
+                        f"{','.join(RECIPE_TORCH_MODES)} (default: both)")
     p.add_argument("--out", type=Path, default=None,
                    help="result JSON (default benchmarks/results/compare-<gpu>-<time>.json)")
     p.add_argument("--png", type=output_path, default=None,
@@ -301,7 +316,8 @@ class TorchSide:
 
     name = "torch"
 
-    def __init__(self, torch, state, batch, lr, mode, channels, hidden, fused=True, log_losses=False, options=None):
+    def __init__(self, torch, state, batch, lr, mode, channels, hidden, fused=True, log_losses=False, options=None,
+                 augment=0, seed=0):
         from mnist_cuda.torch_model import make_torch_model
         import torch.nn.functional as F
         self.torch, self.F, self.mode, self.batch = torch, F, mode, batch
@@ -343,6 +359,15 @@ class TorchSide:
         self.n_logged = 0
         self.graph = None
         self.i = 0
+        # train's --augment: the offsets drawn as mnist_cuda.step.Step draws them (from seed and step), each
+        # image moved on the GPU by a gather from the zero-padded batch
+        self.augment, self.seed = augment, seed
+        if augment:
+            self.stage_offsets = [torch.empty((batch, 2), dtype=torch.int64, pin_memory=True) for _ in range(2)]
+            self.offsets = torch.zeros((batch, 2), dtype=torch.int64, device=dev)
+            self.grid = torch.arange(data.IMAGE_SIZE, device=dev)
+            if not self._shifts_exactly(dev):
+                raise RuntimeError("torch's shift of the images differs from shift_images_naive's")
 
     def _normalize(self, images):
         """(images/255 - MEAN)/STD in float32: the table of the 256 values, indexed (outside
@@ -357,9 +382,29 @@ class TorchSide:
         got = self._normalize(self.torch.from_numpy(values).to(dev))
         return bool(np.array_equal(got.cpu().numpy(), data.normalize(values)))
 
+    def _shift(self, images, offsets):
+        """Each image moved by its (dx, dy): out[r, c] = images[r - dy, c - dx], 0 where that is outside."""
+        a, size = self.augment, data.IMAGE_SIZE
+        padded = self.F.pad(images, (a, a, a, a))
+        rows = (self.grid[None, :] + a - offsets[:, 1:2])[:, :, None]
+        cols = (self.grid[None, :] + a - offsets[:, 0:1])[:, None, :]
+        batch = self.torch.arange(len(images), device=images.device)[:, None, None]
+        return padded[batch, 0, rows, cols].view(len(images), 1, size, size)
+
+    def _shifts_exactly(self, dev):
+        """The same pixels as the numpy shift that checks our kernel, for every offset in range."""
+        a, size, torch = self.augment, data.IMAGE_SIZE, self.torch
+        offsets = np.array([(dx, dy) for dx in range(-a, a + 1) for dy in range(-a, a + 1)], np.int64)
+        images = np.random.default_rng(0).integers(0, 256, (len(offsets), 1, size, size), dtype=np.uint8)
+        got = self._shift(torch.from_numpy(images).to(dev), torch.from_numpy(offsets).to(dev)).cpu().numpy()
+        return bool(np.array_equal(got, reference.shift_images(images, offsets)))
+
+    def _inputs(self):
+        return self._shift(self.x_bytes, self.offsets) if self.augment else self.x_bytes
+
     def _body(self):
         """normalise, forward + loss, backward, update, zero-grad (grads stay allocated, as in a graph)."""
-        loss = self.F.nll_loss(self.forward_fn(self._normalize(self.x_bytes)), self.y)
+        loss = self.F.nll_loss(self.forward_fn(self._normalize(self._inputs())), self.y)
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=False)
@@ -408,17 +453,22 @@ class TorchSide:
         self.stage_free[slot].synchronize()
         n = data.gather(x, y, idx, self.stage_x[slot].numpy(), self.stage_y[slot].numpy())
         assert n == self.batch
+        if self.augment:
+            rng = np.random.default_rng([self.seed, self.i])
+            self.stage_offsets[slot].numpy()[...] = rng.integers(-self.augment, self.augment + 1, (self.batch, 2))
         rec = (lambda k: phase_events[k].record()) if phase_events else (lambda k: None)
         rec(0)
         self.x_bytes.copy_(self.stage_x[slot], non_blocking=True)
         self.y.copy_(self.stage_y[slot], non_blocking=True)
+        if self.augment:
+            self.offsets.copy_(self.stage_offsets[slot], non_blocking=True)
         self.stage_free[slot].record()
         rec(1)
         if self.graph is not None:
             self.graph.replay()
             loss = self.static_loss
         else:
-            loss = self.F.nll_loss(self.forward_fn(self._normalize(self.x_bytes)), self.y)
+            loss = self.F.nll_loss(self.forward_fn(self._normalize(self._inputs())), self.y)
             rec(2)
             loss.backward()
             rec(3)
@@ -433,10 +483,11 @@ class TorchSide:
             self.n_logged += 1
         self.i += 1
 
-    def restart(self, state, options):
+    def restart(self, state, options, seed=0):
         """The weights of state and a fresh optimizer and scheduler, keeping the compiled model (a recipe's
-        seeds, timed without recompiling)."""
+        seeds, timed without recompiling); seed draws the augmentation's offsets."""
         torch = self.torch
+        self.seed = seed
         self.net.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
         self.opt, self.scheduler = options.torch_optimizer(torch, self.net.parameters())
         self.i = 0
@@ -539,20 +590,23 @@ RECIPE_SEEDS = (0, 1, 2, 3, 4)
 def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
     """train's --recipe on both sides for seeds 0-4: the same initial weights, the same batches (train.plan),
     the same optimizer and schedule; PyTorch in each mode that takes a scheduler (eager, compiled; a CUDA
-    graph would freeze its host-side rate), compiled once before anything is timed. Training time to the
-    end of the first epoch that reaches the recipe's target accuracy; evaluation is not counted."""
+    graph would freeze its host-side rate), compiled once before anything is timed; the images shifted by
+    the same offsets where the recipe augments. Training time to the end of the first epoch that reaches
+    the recipe's target accuracy, or of every epoch for a recipe without a target (best); the test accuracy
+    of each epoch; evaluation is not counted."""
     from mnist_cuda import train
     flags = train.RECIPES[args.recipe]
-    target, batch = flags["target_accuracy"] / 100, flags["batch_size"]
+    target = flags["target_accuracy"] / 100 if "target_accuracy" in flags else None
+    batch, augment = flags["batch_size"], flags.get("augment", 0)
     steps = flags["epochs"] * (len(ds.train_x) // batch)
     options = optim.options_from(flags, flags["lr"], steps)
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = True  # PyTorch's defaults for speed, as in the timed runs
     torch.backends.cuda.matmul.allow_tf32 = False
     sides = {}
-    for mode in ("eager", "compiled"):
+    for mode in args.recipe_torch_modes:
         side = TorchSide(torch, reference.init_state_dict(0, channels, hidden), batch, flags["lr"], mode, channels,
-                         hidden, options=options)
+                         hidden, options=options, augment=augment)
         warm = list(data.batch_indices(np.arange(len(ds.train_x)), batch, drop_last=True))[:30]
         for idx in warm:  # compile (and let cuDNN choose) before anything is timed
             side.step(ds.train_x, ds.train_y64, idx)
@@ -564,17 +618,17 @@ def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
         chunks = train.plan(len(ds.train_x), batch, run_seed, True, train.Position(), steps)
         params = Parameters(channels, hidden)
         params.load_state_dict(state)
-        ours = Step(make_net(params, batch, "fast"), options, augment=flags.get("augment", 0), seed=run_seed)
+        ours = Step(make_net(params, batch, "fast"), options, augment=augment, seed=run_seed)
         row = {"ours": _time_to_target(chunks, target, lambda c: train.run_chunk(ours, ds, c, c.end.step - len(c.batches)),
                                        ours.synchronize, lambda: ours.evaluate(ds.test_x, ds.test_y))}
         for mode, side in sides.items():
-            side.restart(state, options)
+            side.restart(state, options, run_seed)
             run = lambda c, side=side: [side.step(ds.train_x, ds.train_y64, idx) for idx in c.batches]
             row[f"torch {mode}"] = _time_to_target(chunks, target, run, side.synchronize,
                                                    lambda side=side: side.accuracy(ds.test_x, ds.test_y))
         out["seeds"][str(run_seed)] = row
         log(f"recipe {args.recipe}, seed {run_seed}: " + ", ".join(
-            f"{k} {100 * v['accuracy'][-1]:.2f}% in {v['seconds_to_target']}" for k, v in row.items()))
+            f"{k} {100 * v['accuracy'][-1]:.2f}% in {v['seconds_to_target'] or v['seconds']:.3f} s" for k, v in row.items()))
     return out
 
 
@@ -587,22 +641,35 @@ def _time_to_target(chunks, target, run, synchronize, accuracy) -> dict:
         synchronize()
         seconds += time.perf_counter() - t0
         accuracies.append(accuracy())
-        if accuracies[-1] >= target:
+        if target is not None and accuracies[-1] >= target:
             reached = seconds
             break
     return {"accuracy": accuracies, "seconds_to_target": reached, "seconds": seconds}
 
 
 def format_recipe(result: dict) -> str:
+    """Per side, each seed's training seconds and final test accuracy: to the target where the recipe has
+    one, else over all its epochs with the mean accuracy."""
     sides = list(next(iter(result["seeds"].values())))
-    lines = [f"--recipe {result['recipe']}: training seconds to {100 * result['target']:.1f}% test accuracy "
-             f"(evaluation not counted), seeds {', '.join(result['seeds'])}"]
+    seeds = ", ".join(result["seeds"])
+    if result["target"] is not None:
+        lines = [f"--recipe {result['recipe']}: training seconds to {100 * result['target']:.1f}% test accuracy "
+                 f"(evaluation not counted), seeds {seeds}"]
+    else:
+        lines = [f"--recipe {result['recipe']}: test accuracy after {result['flags']['epochs']} epochs and the "
+                 f"training seconds (evaluation not counted), seeds {seeds}"]
     for side in sides:
         runs = [r[side] for r in result["seeds"].values()]
+        accuracy = "accuracy " + " ".join(f"{100 * r['accuracy'][-1]:.2f}" for r in runs)
+        if result["target"] is None:
+            seconds = [r["seconds"] for r in runs]
+            lines.append(f"  {side:16s} {accuracy} (mean {100 * np.mean([r['accuracy'][-1] for r in runs]):.2f}%); "
+                         "seconds " + " ".join(f"{t:.2f}" for t in seconds) + f" (mean {np.mean(seconds):.2f} s)")
+            continue
         times = [r["seconds_to_target"] for r in runs]
         mean = f"mean {np.mean(times):.3f} s" if all(t is not None for t in times) else "not every seed reached it"
         lines.append(f"  {side:16s} " + " ".join(f"{t:.3f}" if t is not None else "-" for t in times) + f"  ({mean}); "
-                     "accuracy " + " ".join(f"{100 * r['accuracy'][-1]:.2f}" for r in runs))
+                     + accuracy)
     return "\n".join(lines)
 
 
