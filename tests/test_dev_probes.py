@@ -1,4 +1,5 @@
-"""dev/grid_barrier.py: its barrier kernels compile for the H200 (CPU) and hold the grid together on a GPU."""
+"""The speed probes in dev/: grid_barrier.py (its barrier kernels compile for the H200 without a GPU and
+hold the grid together on one) and bf16_distance.py (PyTorch's bf16 distance to its fp32 run)."""
 import json
 import os
 import subprocess
@@ -9,10 +10,11 @@ import pytest
 from conftest import REPO
 
 SCRIPT = REPO / "dev" / "grid_barrier.py"
+BF16 = REPO / "dev" / "bf16_distance.py"
 
 
-def run(*args):
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=REPO,
+def run(*args, script=SCRIPT):
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=REPO,
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
 
 
@@ -49,3 +51,24 @@ def test_every_barrier_design_holds_the_grid_together(tmp_path):
     assert {"cooperative", "counter", "flags", "cluster2+counter", "cluster8"} <= designs
     assert all(row["errors"] == 0 and row["us_per_barrier"] > 0 for row in result["barriers"])
     assert result["graph_launch_us_per_kernel"] > 0
+
+
+def test_bf16_distance_rejects_a_bad_flag_in_one_line():
+    r = run("--seeds", "0", script=BF16)
+    assert r.returncode == 2 and "--seeds" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.gpu
+def test_bf16_distance_measures_both_distances(tmp_path):
+    """A short run: fp32 stays far closer to fp64 than bf16 to fp32 (bf16 keeps 8 bits of mantissa)."""
+    pytest.importorskip("torch", reason="torch is not installed (the comparison's extra)")
+    from conftest import MNIST_HINT, find_mnist_dir
+    mnist = find_mnist_dir()
+    if mnist is None:
+        pytest.skip(MNIST_HINT)
+    out = tmp_path / "bf16.json"
+    r = run("--data-dir", str(mnist), "--steps", "60", "--seeds", "1", "--out", str(out), script=BF16)
+    assert r.returncode == 0, r.stdout + r.stderr
+    row = json.loads(out.read_text())["seeds"]["0"]
+    assert 0 < row["fp32_vs_fp64"]["all"] < 1e-4
+    assert row["bf16_vs_fp32"]["all"] > 10 * row["fp32_vs_fp64"]["all"]
