@@ -530,10 +530,10 @@ def bn_eval_stats_fast_case():
     return Case("batchnorm_eval_stats_fast[bn2]", make, ops=("batchnorm",))
 
 
-def bn_relu_pool_fast_case(layer, train=False):
-    """conv1_bn_relu_pool_fast (layer 1) or batchnorm_relu_maxpool_fast: pooled = maxpool(relu(bn(a))) with
-    given statistics; for layer 1 in training (train=True) with the batch's own, from its image moments
-    (the kernel also saves them and updates the running statistics)."""
+def bn_relu_pool_fast_case(layer, train=False, per_block=None):
+    """conv1_bn_relu_pool_fast (layer 1, per_block channels per block) or batchnorm_relu_maxpool_fast:
+    pooled = maxpool(relu(bn(a))) with given statistics; for layer 1 in training (train=True) with the
+    batch's own, from its image moments (the kernel also saves them and updates the running statistics)."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         (x, xd), w = _block_input(rng, d, layer, 1.0, 0.0), _f32(rng, (K, C_in, 3, 3), 1 / 3)
@@ -557,7 +557,7 @@ def bn_relu_pool_fast_case(layer, train=False):
             wd, moments = _dev(w), _dev(image_moments(x), np.float64)
             running = (outs["running_mean"], outs["running_var"]) if train else (stats[0], stats[1])  # (unused in eval)
             run = lambda: conv1.forward(xd, wd, train, moments, EPS, MOMENTUM, stats[0], stats[1], *running,
-                                        stats[2], stats[3], N, K, y, am)
+                                        stats[2], stats[3], N, K, y, am, per_block=per_block)
             work = (2.0 * a.size * 9, _bytes(xd) + pooled.nbytes / 2)
         else:
             run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am)
@@ -565,7 +565,7 @@ def bn_relu_pool_fast_case(layer, train=False):
         return Prepared(run, outs, expected, work, compare={"argmax": argmax_near_ties(windows)})
     mode = "[train]" if train else "[eval]"
     if layer == 1:
-        return Case(f"conv1_bn_relu_pool_fast[block1]{mode}", make, ops=BLOCK1_OPS)
+        return Case(f"conv1_bn_relu_pool_fast<{per_block}>[block1]{mode}", make, ops=BLOCK1_OPS)
     assert not train, "block 2's statistics come from batchnorm_stats_fast"
     return Case("batchnorm_relu_maxpool_fast[block2]", make, ops=BLOCK2_OPS)
 
@@ -746,9 +746,10 @@ def conv2_product_cases(version: str) -> list[Case]:
 def fast_cases() -> list[Case]:
     return ([conv_stage_weights_case(p) for p in conv2.PRECISIONS]
             + [case for p in conv2.PRECISIONS for case in conv2_product_cases(p)]
-            + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case(),
-               bn_relu_pool_fast_case(1, train=True)]
-            + [bn_relu_pool_fast_case(layer) for layer in (1, 2)]
+            + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case()]
+            + [bn_relu_pool_fast_case(1, train, per_block) for train in (True, False)
+               for per_block in conv1.FORWARD_CHANNELS]
+            + [bn_relu_pool_fast_case(2)]
             + [block_backward_fast_case(layer) for layer in (1, 2)]
             + [linear_fast_case("forward"), linear_fast_case("backward_input", narrow=False),
                linear_fast_case("backward_input", narrow=True), linear_fast_case("backward_weight")]

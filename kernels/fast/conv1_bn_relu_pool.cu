@@ -25,7 +25,7 @@
 //
 // Layout: thread t < 196 owns pooled window t, i.e. the 2x2 outputs under it. It copies the 4x4 input
 // patch those four outputs read into registers (eight float2 loads), then computes from registers:
-// the pool kernel the four outputs of each of its CONV1_CHANNELS channels (36 multiply-adds per 8
+// the pool kernel the four outputs of each of its channels (36 multiply-adds per 8
 // shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds).
 // The images come as bytes and are normalised as they are staged (normalize_pixel, common.cuh, by a
 // table of the 256 values in shared memory).
@@ -38,11 +38,11 @@
 #define POOLED1 (S1 / 2)
 #define WINDOWS (POOLED1 * POOLED1)  // 196 pooled windows per image and channel
 #define TAPS 9
-// From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_CHANNELS channels per block of the
-// forward, CONV1_GRAD_CHANNELS per block of conv1_backward_fast (fewer registers: 2 blocks per SM),
+// From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_GRAD_CHANNELS channels per block of
+// conv1_backward_fast, which runs CONV1_GRAD_BLOCKS blocks per SM,
 // CONV1_THREADS threads per block, CONV1_MOMENTS image moments (S_t, then G_tu for t <= u, row by row,
 // in double), CONV1_GRAD_SUMS sums per channel in the backward (sum dz, then E_t).
-#if !defined(CONV1_CHANNELS) || !defined(CONV1_GRAD_CHANNELS) || !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_SUMS)
+#if !defined(CONV1_GRAD_CHANNELS) || !defined(CONV1_GRAD_BLOCKS) || !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_SUMS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 static_assert(CONV1_MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && CONV1_GRAD_SUMS == 1 + TAPS, "moment counts");
@@ -80,11 +80,12 @@ __device__ __forceinline__ void store_padded_image(const unsigned char v[IMAGE_R
     }
 }
 
-// Stage the block's channel weights c0.., 12 floats per channel (9 used) so that a channel's weights
-// are three float4 loads (broadcast: every thread reads the same address).
-__device__ __forceinline__ void load_channel_weights(const float* w, int C, int c0, float4 ws[CONV1_CHANNELS][3]) {
+// Stage the block's CHANNELS channel weights c0.., 12 floats per channel (9 used) so that a channel's
+// weights are three float4 loads (broadcast: every thread reads the same address).
+template <int CHANNELS>
+__device__ __forceinline__ void load_channel_weights(const float* w, int C, int c0, float4 ws[CHANNELS][3]) {
     float* flat = reinterpret_cast<float*>(ws);
-    for (int i = threadIdx.x; i < CONV1_CHANNELS * 12; i += blockDim.x) {
+    for (int i = threadIdx.x; i < CHANNELS * 12; i += blockDim.x) {
         const int cl = i / 12, tap = i % 12;
         flat[i] = (c0 + cl < C && tap < 9) ? w[(c0 + cl) * 9 + tap] : 0.0f;
     }
@@ -290,22 +291,25 @@ __device__ __forceinline__ void channel_stats(const double* moments, const float
 // conv1_image_moments_fast): every block computes those of its channels, and the blocks of image 0
 // save them (mean, invstd: for the backward) and update the running statistics. In evaluation mean and
 // invstd are given (the running statistics', batchnorm_eval_stats) and moments is not read.
-// grid (N, ceil(C/CONV1_CHANNELS)), CONV1_THREADS threads: thread t < 196 is pooled window t of image n.
-extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
+// CHANNELS channels per block: more of them spread each block's staging of its image and its setup over
+// more work, fewer make more blocks (mnist_cuda/ops/conv1_bn_relu_pool.py chooses).
+// grid (N, ceil(C/CHANNELS)), CONV1_THREADS threads: thread t < 196 is pooled window t of image n.
+template <int CHANNELS>
+__global__ void __launch_bounds__(CONV1_THREADS)
 conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
                         float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
                         const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float4 ws[CONV1_CHANNELS][3];
-    __shared__ float bn_mean[CONV1_CHANNELS], bn_invstd[CONV1_CHANNELS];
+    __shared__ float4 ws[CHANNELS][3];
+    __shared__ float bn_mean[CHANNELS], bn_invstd[CHANNELS];
     __shared__ double mom[CONV1_MOMENTS];
-    const int c0 = blockIdx.y * CONV1_CHANNELS;
-    load_channel_weights(w, C, c0, ws);
+    const int c0 = blockIdx.y * CHANNELS;
+    load_channel_weights<CHANNELS>(w, C, c0, ws);
     const auto statistics = [&] {  // while the image is on its way
         const int cl = threadIdx.x, c = c0 + cl;
         if (train && threadIdx.x < CONV1_MOMENTS) mom[threadIdx.x] = moments[threadIdx.x];
         __syncthreads();  // (every thread calls setup)
-        if (cl >= CONV1_CHANNELS || c >= C) return;
+        if (cl >= CHANNELS || c >= C) return;
         if (!train) {
             bn_mean[cl] = mean[c];
             bn_invstd[cl] = invstd[c];
@@ -322,7 +326,7 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
     for_each_image(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float (&p)[4][4]) {
         const int t = threadIdx.x;
 #pragma unroll
-        for (int cl = 0; cl < CONV1_CHANNELS; cl++) {
+        for (int cl = 0; cl < CHANNELS; cl++) {
             const int c = c0 + cl;
             if (c >= C) break;
             float a[4];
@@ -347,7 +351,7 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
 // computed in double by the last block of each group of CONV1_GRAD_CHANNELS channels, after merging the parts.
 // grid (parts, ceil(C/CONV1_GRAD_CHANNELS)), CONV1_THREADS threads; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per
 // group; moments from conv1_image_moments_fast.
-extern "C" __global__ void __launch_bounds__(CONV1_THREADS, 2)
+extern "C" __global__ void __launch_bounds__(CONV1_THREADS, CONV1_GRAD_BLOCKS)
 conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
                     const float* gamma, const double* moments, const float* d_pooled, const float* pooled,
                     const unsigned char* argmax, int N, int C, int imgs_per_block, float* partial,

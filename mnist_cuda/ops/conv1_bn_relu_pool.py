@@ -5,16 +5,18 @@ from __future__ import annotations
 from ..cuda import ceil_div, sm_count
 from .common import F32, I32, MAX_PARTS, parts_of, source
 
-CONV1_CHANNELS = 8  # channels per block of the forward
-CONV1_GRAD_CHANNELS = 4  # channels per block of the backward (fewer registers: two blocks per SM)
+FORWARD_CHANNELS = (8, 32)  # the forward's choices of channels per block (forward_channels_per_block)
+CONV1_GRAD_CHANNELS = 4  # channels per block of the backward
+CONV1_GRAD_BLOCKS = 2  # blocks of the backward per SM (its register cap: __launch_bounds__)
 CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output
 CONV1_MOMENTS = 54  # the image moments: 9 sums S_t and 45 products G_tu (t <= u), in double
 CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for the 9 taps
 
-_src = source("fast/conv1_bn_relu_pool.cu", CONV1_CHANNELS=CONV1_CHANNELS, CONV1_GRAD_CHANNELS=CONV1_GRAD_CHANNELS,
-              CONV1_THREADS=CONV1_THREADS, CONV1_MOMENTS=CONV1_MOMENTS, CONV1_GRAD_SUMS=CONV1_GRAD_SUMS)
+_src = source("fast/conv1_bn_relu_pool.cu", CONV1_GRAD_CHANNELS=CONV1_GRAD_CHANNELS,
+              CONV1_THREADS=CONV1_THREADS, CONV1_MOMENTS=CONV1_MOMENTS, CONV1_GRAD_SUMS=CONV1_GRAD_SUMS,
+              CONV1_GRAD_BLOCKS=CONV1_GRAD_BLOCKS)
 _moments = _src.kernel("conv1_image_moments_fast")
-_forward = _src.kernel("conv1_bn_relu_pool_fast")
+_forward = {c: _src.kernel(f"conv1_bn_relu_pool_fast<{c}>") for c in FORWARD_CHANNELS}
 _backward = _src.kernel("conv1_backward_fast")
 
 
@@ -42,21 +44,34 @@ def image_moments(x, n: int, moment_partial, counter, moments):
     _moments.launch(parts, CONV1_THREADS, x, I32(n), I32(per_part), moment_partial, counter, moments)
 
 
+def forward_channels_per_block(n: int, channels: int) -> int:
+    """The most channels per block of the forward that still give every SM two blocks, else the fewest:
+    a block stages its image and computes its statistics once for all its channels, which pays where
+    there are blocks enough; at small batches fewer blocks would leave SMs idle (docs/performance.md).
+    Every output is computed the same way whatever the choice."""
+    for per_block in sorted(FORWARD_CHANNELS, reverse=True):
+        if n * ceil_div(channels, per_block) >= 2 * sm_count():
+            return per_block
+    return min(FORWARD_CHANNELS)
+
+
 def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invstd, running_mean, running_var,
-            gamma, beta, n: int, channels: int, pooled, argmax):
+            gamma, beta, n: int, channels: int, pooled, argmax, per_block: int | None = None):
     """pooled, argmax [n, channels, 14, 14] = maxpool(relu(bn(conv1(normalize(x))))). In training BatchNorm's
     statistics come from `moments` (saved in mean, invstd; the running ones updated); in evaluation mean and
-    invstd must hold the running statistics' (bn_relu_pool.eval_stats)."""
-    _forward.launch((n, ceil_div(channels, CONV1_CHANNELS)), CONV1_THREADS, x, w, I32(train), moments, F32(eps),
+    invstd must hold the running statistics' (bn_relu_pool.eval_stats). per_block: channels per block, one
+    of FORWARD_CHANNELS (None: forward_channels_per_block's choice)."""
+    per_block = per_block or forward_channels_per_block(n, channels)
+    _forward[per_block].launch((n, ceil_div(channels, per_block)), CONV1_THREADS, x, w, I32(train), moments, F32(eps),
                     F32(momentum), mean, invstd, running_mean, running_var, gamma, beta, I32(n), I32(channels),
                     pooled, argmax)
 
 
 def backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
-    """Grid of backward and its images per part: one wave at two blocks per SM (each block loads an
-    image's gradients while it works on the image before, so a longer part costs little)."""
+    """Grid of backward and its images per part: one wave at CONV1_GRAD_BLOCKS blocks per SM (each block
+    loads an image's gradients while it works on the image before, so a longer part costs little)."""
     groups = ceil_div(channels, CONV1_GRAD_CHANNELS)
-    parts, per_part = parts_of(n, 2 * sm_count() // groups)
+    parts, per_part = parts_of(n, CONV1_GRAD_BLOCKS * sm_count() // groups)
     return (parts, groups), per_part
 
 
