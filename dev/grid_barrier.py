@@ -16,8 +16,10 @@ Timed here, per barrier or per launch (median of --repeats, CUDA events):
   cluster          the thread-block cluster's hardware barrier only (a local sync, not the grid's);
   cluster+counter  hierarchical: cluster barrier, one block per cluster at the counter, cluster barrier.
 
-Every barrier is also checked: before it each block writes the round number, after it each block reads
-another block's word, which must hold that round or a later one (a broken barrier counts an error).
+Every grid-wide barrier is also checked: before it each block writes the round number, after it each
+block reads another block's word, which must hold that round or a later one (a broken barrier counts an
+error). The cluster-only row times the cluster's own barrier and is not checked: it waits for no block
+outside its cluster.
 
     PYTHONPATH=. python dev/grid_barrier.py --out barriers.json
 """
@@ -131,13 +133,17 @@ def build_parser():
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int_at_least(10), default=2000, help="barriers per timed kernel")
     p.add_argument("--repeats", type=int_at_least(1), default=15, help="timed kernels per design; the median counts")
-    p.add_argument("--threads", type=int_at_least(32), default=256, help="threads per block")
+    p.add_argument("--threads", type=int_at_least(32), default=256,
+                   help="threads per block: a multiple of 32, at most 1024 (two blocks per SM must fit at once)")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.threads % 32 or args.threads > 1024:
+        parser.fail("--threads", f"want a multiple of 32 up to 1024, got {args.threads}")
     gpu_or_exit(PROG)
     import cupy as cp
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]

@@ -73,8 +73,8 @@ PARITY_TOL = {"first_50": 1e-4, "all": 1e-3}
 # about four times the largest such difference seen (docs/performance.md, section 5).
 PARITY_TOL_TF32 = {"first_50": 3e-3, "all": 3e-3}
 TORCH_MODES = ("eager", "graph", "compiled+graph", "compiled")
-OUR_MODES = ("eager", "graph")
-RECIPE_TORCH_MODES = ("eager", "compiled")  # the modes that take a host-side learning-rate scheduler  # Step's modes timed as whole-step loops; its "phases" mode is timed per phase
+OUR_MODES = ("eager", "graph")  # Step's modes timed as whole-step loops; its "phases" mode is timed per phase
+RECIPE_TORCH_MODES = ("eager", "compiled")  # the modes that take a host-side learning-rate scheduler
 
 
 class Unavailable(Exception):
@@ -627,9 +627,22 @@ def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
             row[f"torch {mode}"] = _time_to_target(chunks, target, run, side.synchronize,
                                                    lambda side=side: side.accuracy(ds.test_x, ds.test_y))
         out["seeds"][str(run_seed)] = row
-        log(f"recipe {args.recipe}, seed {run_seed}: " + ", ".join(
-            f"{k} {100 * v['accuracy'][-1]:.2f}% in {v['seconds_to_target'] or v['seconds']:.3f} s" for k, v in row.items()))
+        log(f"recipe {args.recipe}, seed {run_seed}: {recipe_seed_line(row, target)}")
     return out
+
+
+def recipe_seed_line(row: dict, target) -> str:
+    """One seed's sides in a line: the final accuracy and the training seconds, to the target where there
+    is one (saying so where a side missed it)."""
+    def side(name, v):
+        if target is None:
+            seconds = f"in {v['seconds']:.3f} s"
+        elif v["seconds_to_target"] is None:
+            seconds = f"did not reach {100 * target:.1f}% in {v['seconds']:.3f} s"
+        else:
+            seconds = f"reached {100 * target:.1f}% in {v['seconds_to_target']:.3f} s"
+        return f"{name} {100 * v['accuracy'][-1]:.2f}% {seconds}"
+    return ", ".join(side(name, v) for name, v in row.items())
 
 
 def _time_to_target(chunks, target, run, synchronize, accuracy) -> dict:
@@ -977,6 +990,8 @@ def main(argv=None) -> int:
         parser.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
     if args.parity_only and not args.parity_steps:
         parser.error("argument --parity-only: needs --parity-steps > 0")
+    if args.recipe_torch_modes != RECIPE_TORCH_MODES and not args.recipe:
+        parser.error("argument --recipe-torch-modes: needs --recipe (the timed runs take every mode)")
     try:
         options = parity_options(args)
     except ValueError as e:

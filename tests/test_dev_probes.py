@@ -18,9 +18,10 @@ def run(*args, script=SCRIPT):
                           env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=600)
 
 
-def test_too_few_rounds_is_a_usage_error():
-    r = run("--rounds", "3")
-    assert r.returncode == 2 and "--rounds" in r.stderr and "Traceback" not in r.stderr
+@pytest.mark.parametrize("flag,value", [("--rounds", "3"), ("--threads", "2048"), ("--threads", "100")])
+def test_bad_flags_are_usage_errors(flag, value):
+    r = run(flag, value)
+    assert r.returncode == 2 and flag in r.stderr and "Traceback" not in r.stderr
 
 
 @pytest.mark.parametrize("cluster", [1, 2, 4, 8])
@@ -41,15 +42,17 @@ def test_barrier_kernels_compile_for_sm_90(cluster):
 
 @pytest.mark.gpu
 def test_every_barrier_design_holds_the_grid_together(tmp_path):
-    """Each block reads another's round number after every barrier: a barrier that lets a block through
-    early counts an error and the script exits 1."""
+    """Each block reads another's round number after every grid-wide barrier: a barrier that lets a block
+    through early counts an error and the script exits 1. (The cluster-only rows are timed, not checked.)"""
     out = tmp_path / "barriers.json"
     r = run("--rounds", "200", "--repeats", "3", "--out", str(out))
     assert r.returncode == 0, r.stdout + r.stderr
     result = json.loads(out.read_text())
     designs = {row["design"] for row in result["barriers"]}
     assert {"cooperative", "counter", "flags", "cluster2+counter", "cluster8"} <= designs
-    assert all(row["errors"] == 0 and row["us_per_barrier"] > 0 for row in result["barriers"])
+    assert all(row["us_per_barrier"] > 0 for row in result["barriers"])
+    assert all(row["errors"] == 0 for row in result["barriers"] if not row["design"].startswith("cluster")
+               or "+" in row["design"])
     assert result["graph_launch_us_per_kernel"] > 0
 
 
