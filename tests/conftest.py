@@ -42,3 +42,11 @@ def find_mnist_dir():
         if candidate and (Path(candidate) / "train-images-idx3-ubyte.gz").is_file():
             return Path(candidate)
     return None
+
+
+def mnist_or_skip():
+    """find_mnist_dir's folder, or skip the test saying where MNIST is looked for."""
+    folder = find_mnist_dir()
+    if folder is None:
+        pytest.skip(MNIST_HINT)
+    return folder

@@ -7,7 +7,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import MNIST_HINT, REPO, find_mnist_dir
+from conftest import REPO, mnist_or_skip
 from mnist_cuda import checkpoint, reference
 
 
@@ -270,13 +270,6 @@ def test_no_cupy_is_one_clear_line():
 
 
 # ---- real runs on the GPU ------------------------------------------------------------------------
-
-
-def mnist_or_skip():
-    folder = find_mnist_dir()
-    if folder is None:
-        pytest.skip(MNIST_HINT)
-    return folder
 
 
 @pytest.mark.gpu

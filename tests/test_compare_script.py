@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import MNIST_HINT, REPO, find_mnist_dir
+from conftest import REPO, mnist_or_skip
 
 SCRIPT = REPO / "scripts" / "compare_pytorch.py"
 
@@ -219,9 +219,7 @@ def test_missing_torch_is_one_clear_line():
 @pytest.mark.gpu
 def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
     pytest.importorskip("torch", reason="torch is not installed")
-    folder = find_mnist_dir()
-    if folder is None:
-        pytest.skip(MNIST_HINT)
+    folder = mnist_or_skip()
     out = tmp_path / "r.json"
     r = run_script("--data-dir", str(folder), "--batch-sizes", "64", "--steps", "30", "--warmup", "5",
                    "--parity-steps", "60", "--no-compiled-graph", "--out", str(out))
@@ -238,9 +236,7 @@ def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
 def test_tf32_parity_run_passes(cmp):
     """--tf32: our conv2 products in TF32 against PyTorch with TF32 convolutions, within PARITY_TOL_TF32."""
     pytest.importorskip("torch", reason="torch is not installed")
-    folder = find_mnist_dir()
-    if folder is None:
-        pytest.skip(MNIST_HINT)
+    folder = mnist_or_skip()
     r = run_script("--data-dir", str(folder), "--tf32", "--parity-only")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "TF32 convolutions on both sides" in r.stdout and "-> PASS" in r.stdout
@@ -264,9 +260,7 @@ OPTIMIZER_OPTIONS = {
 @pytest.fixture(scope="module")
 def parity_data():
     torch = pytest.importorskip("torch", reason="torch is not installed")
-    folder = find_mnist_dir()
-    if folder is None:
-        pytest.skip(MNIST_HINT)
+    folder = mnist_or_skip()
     from mnist_cuda import cuda, data, reference
     ds = data.load("mnist", folder, empty=cuda.pinned_empty, progress=False)
     ds.train_y64 = ds.train_y.astype("int64")

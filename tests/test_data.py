@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import MNIST_HINT, find_mnist_dir
+from conftest import mnist_or_skip
 from mnist_cuda import data
 from mnist_cuda.data import DataDirError, DataError, DatasetSpec, FileSpec
 
@@ -247,9 +247,7 @@ def test_unreachable_mirror(tmp_path, server):
 
 
 def test_real_mnist_loads_and_verifies(tmp_path):
-    folder = find_mnist_dir()
-    if folder is None:
-        pytest.skip(MNIST_HINT)
+    folder = mnist_or_skip()
     host = data.load("mnist", data_dir=folder, cache_dir=tmp_path / "cache", progress=False)
     assert host.train_x.shape == (60000, 1, 28, 28) and host.test_x.shape == (10000, 1, 28, 28)
     assert host.train_y[:5].tolist() == [5, 0, 4, 1, 9]  # the well-known first training labels

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, mnist_or_skip
 
 SCRIPT = REPO / "dev" / "grid_barrier.py"
 BF16 = REPO / "dev" / "bf16_distance.py"
@@ -65,10 +65,7 @@ def test_bf16_distance_rejects_a_bad_flag_in_one_line():
 def test_bf16_distance_measures_both_distances(tmp_path):
     """A short run: fp32 stays far closer to fp64 than bf16 to fp32 (bf16 keeps 8 bits of mantissa)."""
     pytest.importorskip("torch", reason="torch is not installed (the comparison's extra)")
-    from conftest import MNIST_HINT, find_mnist_dir
-    mnist = find_mnist_dir()
-    if mnist is None:
-        pytest.skip(MNIST_HINT)
+    mnist = mnist_or_skip()
     out = tmp_path / "bf16.json"
     r = run("--data-dir", str(mnist), "--steps", "60", "--seeds", "1", "--out", str(out), script=BF16)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import MNIST_HINT, REPO, find_mnist_dir
+from conftest import REPO, mnist_or_skip
 from mnist_cuda import checkpoint, evaluate, reference
 from test_cli import one_line_usage_error, run_train
 
@@ -88,13 +88,6 @@ def test_report_counts_and_orders_mistakes():
 
 
 # ---- on the GPU ----------------------------------------------------------------------------------
-
-
-def mnist_or_skip():
-    folder = find_mnist_dir()
-    if folder is None:
-        pytest.skip(MNIST_HINT)
-    return folder
 
 
 @pytest.fixture(scope="module")

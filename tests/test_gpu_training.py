@@ -3,7 +3,7 @@ training (GPU)."""
 import numpy as np
 import pytest
 
-from conftest import MNIST_HINT, find_mnist_dir
+from conftest import mnist_or_skip
 from kernel_cases import rel_err
 from mnist_cuda import data, reference
 
@@ -155,9 +155,7 @@ def test_phase_graphs_equal_eager():
 def test_one_epoch_on_mnist_reaches_98_percent(version):
     """One epoch as train.py runs it: graph steps that load the next batch, every PHASE_SAMPLE_EVERY-th
     step eager with events between its phases."""
-    folder = find_mnist_dir()
-    if folder is None:
-        pytest.skip(MNIST_HINT)
+    folder = mnist_or_skip()
     from mnist_cuda import cuda, train
     from mnist_cuda.step import PHASES, Step, phase_times_ms
     ds = data.load("mnist", data_dir=folder, empty=cuda.pinned_empty, progress=False)
