@@ -59,8 +59,9 @@ class Prepared:
 
 
 # Largest relative error (rel_err) a kernel may have against the float64 reference: fp32 kernels land near
-# 1e-6 to 1e-5; plain TF32 ones (conv2's <tf32> products, 10-bit mantissas) near 3e-4 (docs/design.md).
-FP32_TOL, TF32_TOL = 1e-4, 1e-3
+# 1e-6 to 1e-5; plain TF32 ones (conv2's <tf32> products, 10-bit mantissas) near 3e-4; bf16 ones (conv2's
+# and fc1's <bf16> products, 7-bit stored mantissas) near 3e-3 (docs/design.md).
+FP32_TOL, TF32_TOL, BF16_TOL = 1e-4, 1e-3, 1e-2
 
 
 @dataclasses.dataclass
@@ -80,6 +81,12 @@ def rel_err(got, want) -> float:
 
 def _exact(got, want) -> float:
     return 0.0 if np.array_equal(got, want) else float("inf")
+
+
+def _same_bits(got, want) -> float:
+    """Exact, bit for bit (bf16 pairs read as float32 can be NaN patterns)."""
+    got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
+    return 0.0 if got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)) else float("inf")
 
 
 def _dev(a, dtype=np.float32):
@@ -117,7 +124,7 @@ def _bytes(*arrays) -> float:
 
 
 def _tol(version: str) -> float:
-    return TF32_TOL if version == "tf32" else FP32_TOL
+    return {"tf32": TF32_TOL, "bf16": BF16_TOL}.get(version, FP32_TOL)
 
 
 def _check_precision(precision: str):
@@ -152,22 +159,31 @@ def round_tf32(v: np.ndarray) -> np.ndarray:
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
 
 
-def weight_quads(w: np.ndarray, flipped: bool, tf32: bool = False) -> np.ndarray:
+def round_bf16_bits(v: np.ndarray) -> np.ndarray:
+    """The bf16 bits (uint16) of float32 v rounded to the nearest, ties to even (PTX cvt.rn.bf16x2.f32;
+    finite v)."""
+    bits = np.asarray(v, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32") -> np.ndarray:
     """What conv2_stage_weights_fast<Precision::Fp32> writes for one product, from w [K, C, 3, 3]
     (fast/conv2_implicit_gemm.cu): float4s [tile][chunk][tap][quad][row] holding channels
     chunk*8 + quad*4 + 0..3 of output channel tile*32 + row % 32, their big TF32 parts in rows 0-31 and
     small parts in rows 32-63. With tf32 (Precision::Tf32): output channel tile*64 + row, rounded to the
-    nearest TF32."""
-    precision = "tf32" if tf32 else "fp32"
+    nearest TF32. With bf16: quads of 8 bf16 values (channels chunk*16 + quad*8 + 0..7, as float32 bit
+    patterns, 4 per quad) of output channel tile*64 + row."""
     wt = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1] if flipped else w  # [out, in, 3, 3], taps flipped
     c_out, c_in = wt.shape[:2]
-    tile = conv2.tile_channels(precision)
-    tiles, chunks = ceil_div(c_out, tile), ceil_div(c_in, conv2.CONV_CHUNK)
-    padded = np.zeros((tiles * tile, chunks * conv2.CONV_CHUNK, 9), np.float32)
+    tile, chunk = conv2.tile_channels(precision), conv2.chunk_channels(precision)
+    tiles, chunks = ceil_div(c_out, tile), ceil_div(c_in, chunk)
+    padded = np.zeros((tiles * tile, chunks * chunk, 9), np.float32)
     padded[:c_out, :c_in] = wt.reshape(c_out, c_in, 9)
     # [tile, row, chunk, quad, i, tap] -> [tile, chunk, tap, quad, row, i]
-    v = padded.reshape(tiles, tile, chunks, 2, 4, 9).transpose(0, 2, 5, 3, 1, 4)
-    if tf32:
+    v = padded.reshape(tiles, tile, chunks, 2, chunk // 2, 9).transpose(0, 2, 5, 3, 1, 4)
+    if precision == "bf16":
+        return np.ascontiguousarray(round_bf16_bits(v)).view(np.float32).reshape(-1, 4)
+    if precision == "tf32":
         return round_tf32(v).reshape(-1, 4)
     big, small = split_tf32(v)
     return np.concatenate([big, small], axis=4).reshape(-1, 4)
@@ -183,10 +199,10 @@ def conv_stage_weights_case(precision="fp32"):
         gq = _poison((conv2.weight_quads(K, C, precision), 4))
         wd = _dev(w)
         run = lambda: conv2.stage_weights(wd, C, K, fq, gq, precision)
-        tf32 = precision == "tf32"
         return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
-                        {"forward_quads": weight_quads(w, False, tf32), "input_grad_quads": weight_quads(w, True, tf32)},
-                        (0.0, _bytes(w, fq, gq)), compare={"forward_quads": _exact, "input_grad_quads": _exact})
+                        {"forward_quads": weight_quads(w, False, precision),
+                         "input_grad_quads": weight_quads(w, True, precision)},
+                        (0.0, _bytes(w, fq, gq)), compare={"forward_quads": _same_bits, "input_grad_quads": _same_bits})
     return Case(f"conv2_stage_weights_fast<{precision}>[conv2]", make, ops=("conv2d",))
 
 
@@ -615,9 +631,10 @@ def block_backward_fast_case(layer):
     return Case("batchnorm_backward_reduce_fast+batchnorm_backward_apply_fast[block2]", make, ops=BLOCK2_OPS)
 
 
-def linear_fast_case(part, narrow=False):
+def linear_fast_case(part, narrow=False, precision="fp32"):
     """fc1's products on the tiled core: forward (+ bias + ReLU in splitk_reduce_fast), input gradient (in
-    64-wide tiles, or 32-wide with narrow) and weight gradient (split-K where the batch is long enough)."""
+    64-wide tiles, or 32-wide with narrow) and weight gradient (split-K where the batch is long enough), at
+    precision "fp32" (3xTF32) or "bf16"."""
     def make(rng, d):
         N, I, O = _linear_geometry(d, "fc1")
         x, w, b, dy = _f32(rng, (N, I)), _f32(rng, (O, I), 1 / np.sqrt(I)), _f32(rng, O), _f32(rng, (N, O))
@@ -626,24 +643,26 @@ def linear_fast_case(part, narrow=False):
         if part == "forward":
             y = _poison((N, O))
             partial = _poison(linear_splitk.forward_partial_size(N, I, O))
-            run = lambda: linear_splitk.forward(xd, wd, bd, partial, y, N, I, O)
+            run = lambda: linear_splitk.forward(xd, wd, bd, partial, y, N, I, O, precision)
             return Prepared(run, {"y": y}, {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
                             (2.0 * N * I * O, _bytes(x, w, y)))
         dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
         if part == "backward_input":
             dx = _poison((N, I))
-            run = lambda: linear_splitk.backward_input(dyd, wd, dx, N, I, O, narrow=narrow)
+            run = lambda: linear_splitk.backward_input(dyd, wd, dx, N, I, O, narrow=narrow, precision=precision)
             return Prepared(run, {"dx": dx}, {"dx": dx_want}, (2.0 * N * I * O, _bytes(dy, w, dx)))
         dw = _poison((O, I))
         partial = _poison(linear_splitk.weight_partial_size(N, I, O))
-        run = lambda: linear_splitk.backward_weight(xd, dyd, dw, partial, N, I, O)
+        run = lambda: linear_splitk.backward_weight(xd, dyd, dw, partial, N, I, O, precision)
         return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
     assert part in ("forward", "backward_input", "backward_weight") and (not narrow or part == "backward_input")
+    assert precision in ("fp32", "bf16"), "fc1 runs in 3xTF32 or in bf16 (linear_splitk.PRECISIONS)"
     ops = ("linear", "relu") if part == "forward" else ("linear",)  # the forward's ReLU is in splitk_reduce
-    name = {"forward": "linear_forward_fast+splitk_reduce_fast",
-            "backward_input": "linear_backward_input_narrow_fast" if narrow else "linear_backward_input_fast",
-            "backward_weight": "linear_backward_weight_fast"}[part]
-    return Case(f"{name}[fc1]", make, ops=ops)
+    p = f"<{precision}>"
+    name = {"forward": f"linear_forward_fast{p}+splitk_reduce_fast",
+            "backward_input": f"linear_backward_input_narrow_fast{p}" if narrow else f"linear_backward_input_fast{p}",
+            "backward_weight": f"linear_backward_weight_fast{p}"}[part]
+    return Case(f"{name}[fc1]", make, _tol(precision), ops=ops)
 
 
 def head_fast_case():
@@ -738,8 +757,8 @@ def shift_case():
 
 
 def conv2_product_cases(version: str) -> list[Case]:
-    """conv2's three products at precision `version` (conv2_implicit_gemm.PRECISIONS): "fp32" (3xTF32) or
-    "tf32" (plain TF32, train --tf32)."""
+    """conv2's three products at precision `version` (conv2_implicit_gemm.PRECISIONS): "fp32" (3xTF32),
+    "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
     return [conv_forward_case(2, version), conv_backward_input_case(version), conv_backward_weight_case(2, version)]
 
 
@@ -751,8 +770,10 @@ def fast_cases() -> list[Case]:
                for per_block in conv1.FORWARD_CHANNELS]
             + [bn_relu_pool_fast_case(2)]
             + [block_backward_fast_case(layer) for layer in (1, 2)]
-            + [linear_fast_case("forward"), linear_fast_case("backward_input", narrow=False),
-               linear_fast_case("backward_input", narrow=True), linear_fast_case("backward_weight")]
+            + [case for p in ("fp32", "bf16") for case in (
+                linear_fast_case("forward", precision=p), linear_fast_case("backward_input", narrow=False, precision=p),
+                linear_fast_case("backward_input", narrow=True, precision=p),
+                linear_fast_case("backward_weight", precision=p))]
             + [head_fast_case(), sgd_fast_case()]
             + [sgd_momentum_case("fast", started) for started in (False, True)])
 

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 VERSIONS = {"naive": ["--kernels", "naive"], "fast": ["--kernels", "fast"],
-            "tf32": ["--kernels", "fast", "--tf32"]}
+            "tf32": ["--kernels", "fast", "--tf32"], "bf16": ["--kernels", "fast", "--precision", "bf16"]}
 
 
 def cases() -> dict[str, list[str]]:

@@ -17,7 +17,7 @@ import numpy as np
 from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
-from mnist_cuda.cli import Parser, int_at_least
+from mnist_cuda.cli import Parser, add_precision_arguments, int_at_least
 from mnist_cuda.train import DEFAULTS
 
 PROG = "profile_step.py"
@@ -28,16 +28,16 @@ def build_parser() -> Parser:
     p.add_argument("--batch-size", type=int_at_least(1), default=64, help="samples per step")
     p.add_argument("--steps", type=int_at_least(1), default=10, help="training steps to run")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="kernel version")
-    p.add_argument("--tf32", action="store_true",
-                   help="conv2's products in plain TF32 (train --tf32; fast kernels only)")
+    add_precision_arguments(p, "default: fp32")
     return p
 
 
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if args.tf32 and args.kernels != "fast":
-        p.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
+    args.precision = args.precision or "fp32"
+    if args.precision != "fp32" and args.kernels != "fast":
+        p.error(f"argument --precision: {args.precision} needs --kernels fast (the naive kernels compute in plain fp32)")
     try:
         cuda.require_gpu()
     except cuda.GPUUnavailable as e:
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     params = Parameters()
     params.load_state_dict(reference.init_state_dict(0, params.channels, params.hidden))
     try:
-        net = make_net(params, args.batch_size, args.kernels, args.tf32)
+        net = make_net(params, args.batch_size, args.kernels, args.precision)
     except ValueError as e:
         p.error(f"argument --batch-size: {e}")
     step = Step(net, DEFAULTS["lr"], mode="eager")
@@ -57,8 +57,7 @@ def main(argv=None) -> int:
     for i in range(args.steps):
         step.run(x, y, np.arange(B) + (i % 2) * B)
     step.synchronize()
-    tf32 = ", conv2 in TF32" if args.tf32 else ""
-    print(f"{args.steps} steps at batch {args.batch_size} ({args.kernels} kernels{tf32})")
+    print(f"{args.steps} steps at batch {args.batch_size} ({args.kernels} kernels, {args.precision})")
     return 0
 
 

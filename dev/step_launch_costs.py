@@ -24,7 +24,7 @@ from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import Parameters, make_net
 from mnist_cuda.step import SLOTS, Step
 
-from mnist_cuda.cli import Parser, batch_sizes, int_at_least, output_path, write_json
+from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_at_least, output_path, write_json
 
 PROG = "step_launch_costs.py"
 COPY = "load (host-to-device copy)"
@@ -109,11 +109,11 @@ def gpu_or_exit(prog: str):
         sys.exit(2)
 
 
-def fast_nets(parser, params: Parameters, sizes: list[int], tf32: bool) -> list:
+def fast_nets(parser, params: Parameters, sizes: list[int], precision: str) -> list:
     """The fast net at each batch size, all built before anything is measured (a usage error for a size
     the nets cannot take)."""
     try:
-        return [make_net(params, batch, "fast", tf32) for batch in sizes]
+        return [make_net(params, batch, "fast", precision) for batch in sizes]
     except ValueError as e:
         parser.error(f"argument --batch-sizes: {e}")
 
@@ -143,7 +143,7 @@ def build_parser() -> Parser:
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
     p.add_argument("--reps", type=int_at_least(10), default=200, help="graph replays per timing round")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
-    p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32 (train --tf32)")
+    add_precision_arguments(p, "default: fp32")
     return p
 
 
@@ -152,8 +152,8 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cp = gpu_or_exit(PROG)
     doubler = LaunchDoubler()
-    nets = fast_nets(p, default_params(), args.batch_sizes, args.tf32)
-    result = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "tf32": args.tf32,
+    nets = fast_nets(p, default_params(), args.batch_sizes, args.precision or "fp32")
+    result = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "precision": args.precision or "fp32",
               "batch_sizes": {}}
     for batch, net in zip(args.batch_sizes, nets):
         step = RecordingStep(net, doubler)

@@ -10,7 +10,7 @@ its first block started, when its last block started, and when its last block's 
 after the previous step's last kernel (the update) ended. The gaps between a kernel's end and the next
 one's start are the launch latencies that removal probes cannot separate from the work.
 
-    PYTHONPATH=. python dev/step_timeline.py --batch-sizes 64,512 --tf32 --out timeline.json
+    PYTHONPATH=. python dev/step_timeline.py --batch-sizes 64,512 --precision tf32 --out timeline.json
 
 Random images and labels, the default model and the fast kernels, lr 0. The stamps make the step a few
 us longer at batch 64 than unstamped.
@@ -24,7 +24,7 @@ import numpy as np
 
 from mnist_cuda import cuda
 from mnist_cuda.step import SLOTS, Step
-from mnist_cuda.cli import Parser, batch_sizes, int_at_least, output_path, write_json
+from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_at_least, output_path, write_json
 # (dev/step_launch_costs.py: this file's folder is first on sys.path when run as a script)
 from step_launch_costs import default_params, fast_nets, gpu_or_exit, random_batches
 
@@ -119,7 +119,7 @@ def all_kernels() -> list[str]:
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
-    p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32 (train --tf32)")
+    add_precision_arguments(p, "default: fp32")
     p.add_argument("--rounds", type=int_at_least(1), default=20, help="bursts of steps; the figures are medians")
     p.add_argument("--steps", type=int_at_least(4), default=12, help="step graphs replayed back to back per round")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
@@ -130,7 +130,7 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     cp = gpu_or_exit(PROG)
-    nets = fast_nets(p, default_params(), args.batch_sizes, args.tf32)  # (allocates; compiles nothing yet)
+    nets = fast_nets(p, default_params(), args.batch_sizes, args.precision or "fp32")  # (allocates; compiles nothing yet)
 
     # (the most blocks of a launch: batchnorm_relu_maxpool_fast's 12.25 per image at conv2's 64 channels)
     ring, max_blocks = args.steps + 4, max(1024, 13 * max(args.batch_sizes))
@@ -145,7 +145,7 @@ def main(argv=None) -> int:
         launches.append((kernel.name, int(np.prod(grid)), cp.cuda.get_current_stream().ptr))
         launch()
 
-    result = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "tf32": args.tf32, "batch_sizes": {}}
+    result = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "precision": args.precision or "fp32", "batch_sizes": {}}
     for batch, net in zip(args.batch_sizes, nets):
         step = Step(net, 0.0)
         stream = step.stream
@@ -199,7 +199,7 @@ def main(argv=None) -> int:
                           "last_start_us": last, "end_us": end, "rounds": len(got)})
         period = float(np.median(periods))
         result["batch_sizes"][batch] = {"step_us": period, "launches": table}
-        print(f"batch {batch}{' --tf32' if args.tf32 else ''}: step {period:.1f} us (update to update, median of "
+        print(f"batch {batch}{' --precision ' + args.precision if args.precision else ''}: step {period:.1f} us (update to update, median of "
               f"{len(periods)} rounds); times in us after the step before ended")
         print(f"  {'launch':44s} {'stream':8s} {'blocks':>6s} {'first':>7s} {'last':>7s} {'end':>7s}")
         for r in table:

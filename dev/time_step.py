@@ -3,7 +3,7 @@
 synchronisation inside, at least --warmup-seconds of untimed steps first, then --steps steps with a CUDA
 event every 10 steps; each window's mean step is one sample; prints the median per batch size.
 
-    PYTHONPATH=. python dev/time_step.py --data-dir data/mnist [--batch-sizes 64,512] [--tf32] [--json F]
+    PYTHONPATH=. python dev/time_step.py --data-dir data/mnist [--batch-sizes 64,512] [--precision tf32|bf16] [--json F]
 
 For checking that a change did not slow the step: run it several times on each tree, in one session.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mnist_cuda.cli import Parser, batch_sizes, output_path, write_json
+from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, output_path, write_json
 
 WINDOW = 10
 
@@ -27,7 +27,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=500, help="timed steps per batch size (a multiple of 10)")
     p.add_argument("--warmup-seconds", type=float, default=1.0, help="untimed steps for at least this long first")
     p.add_argument("--kernels", choices=("naive", "fast"), default="fast", help="kernel version")
-    p.add_argument("--tf32", action="store_true", help="conv2's products in plain TF32")
+    add_precision_arguments(p, "default: fp32")
     p.add_argument("--json", type=output_path, default=None, help="also write the medians here")
     args = p.parse_args(argv)
     from mnist_cuda import cuda, data, reference
@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     for batch in args.batch_sizes:
         params = Parameters()
         params.load_state_dict(reference.init_state_dict(0))
-        step = Step(make_net(params, batch, args.kernels, args.tf32), 0.05)
+        step = Step(make_net(params, batch, args.kernels, args.precision or "fp32"), 0.05)
         idxs = list(data.batch_indices(data.epoch_order(len(ds.train_x), 0, 0), batch, drop_last=True))
         idxs = (idxs * (1 + (args.steps + 100) // len(idxs)))
         i, t0 = 0, time.perf_counter()

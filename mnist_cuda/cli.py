@@ -39,6 +39,26 @@ class Parser(argparse.ArgumentParser):
         self.error(f"argument {flag}: {message}")
 
 
+def add_precision_arguments(p: Parser, default: str):
+    """--precision and its shorthand --tf32 (one or the other); `default` ends the help text."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default=None,
+                       help="the tensor-core products' precision (fast kernels only for tf32 and bf16): fp32 keeps "
+                            "float32's accuracy (3xTF32, ~1e-6 relative error); tf32 runs conv2 in plain TF32, as "
+                            "PyTorch's cuDNN convolutions by default (~3e-4); bf16 runs conv2 and fc1 on bf16 "
+                            "operands, as torch.autocast(dtype=torch.bfloat16) (~3e-3); every product accumulates "
+                            f"in float32 ({default})")
+    group.add_argument("--tf32", dest="precision", action="store_const", const="tf32",
+                       help="the same as --precision tf32")
+
+
+def precision_of(record: dict, default: str = "fp32") -> str:
+    """The precision a checkpoint's record of the run names; one from before --precision says tf32 or not."""
+    if "precision" in record:
+        return record["precision"]
+    return "tf32" if record.get("tf32") is True else default
+
+
 def int_at_least(minimum: int):
     """An argparse type: a whole number >= minimum (argparse names the flag in the error)."""
     def parse(text):

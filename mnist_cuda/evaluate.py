@@ -17,7 +17,7 @@ import sys
 import numpy as np
 
 from . import checkpoint, cli, cuda, data
-from .nets import KERNEL_VERSIONS
+from .nets import KERNEL_VERSIONS, PRECISIONS
 
 WORST = 16  # misclassified test images in the --png grid
 
@@ -25,12 +25,12 @@ WORST = 16  # misclassified test images in the --png grid
 class Inference:
     """A checkpoint's network on the GPU in evaluation mode, for evaluate and predict."""
 
-    def __init__(self, state, channels, hidden, batch_size: int, kernels: str, tf32: bool):
+    def __init__(self, state, channels, hidden, batch_size: int, kernels: str, precision: str):
         from .nets import Parameters, make_net
         from .step import Step
         params = Parameters(channels, hidden)
         params.load_state_dict(state)
-        self.step = Step(make_net(params, batch_size, kernels, tf32), 0.0)  # a rate of 0: no training step runs
+        self.step = Step(make_net(params, batch_size, kernels, precision), 0.0)  # a rate of 0: no training step runs
 
     def accuracy(self, x, y) -> float:
         return self.step.evaluate(x, y)
@@ -127,8 +127,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--batch-size", type=cli.int_at_least(1), default=None,
                    help=f"samples per evaluation batch {from_ckpt}")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None, help=f"kernel version {from_ckpt}")
-    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
-                   help=f"conv2's products in plain TF32 (fast kernels only) {from_ckpt}")
+    cli.add_precision_arguments(p, from_ckpt.strip("()"))
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead")
     p.add_argument("--png", type=cli.output_path, default=None, metavar="PATH",
                    help="draw the confusion matrix and the worst misclassified images here (needs matplotlib)")
@@ -140,14 +139,18 @@ def resolve(args, parser, meta: dict) -> dict:
     """The dataset, batch size, kernels and precision: the flags, else what the checkpoint recorded."""
     pick = lambda flag, key, default: flag if flag is not None else meta.get(key, default)
     out = {"dataset": pick(args.dataset, "dataset", "mnist"), "batch_size": pick(args.batch_size, "batch_size", 64),
-           "kernels": pick(args.kernels, "kernels", "fast"), "tf32": bool(pick(args.tf32, "tf32", False))}
+           "kernels": pick(args.kernels, "kernels", "fast"), "precision": pick(args.precision, "precision", None)}
+    if out["precision"] is None:
+        out["precision"] = cli.precision_of(meta)
     if out["dataset"] not in data.DATASETS:
         parser.fail("CHECKPOINT", f"it names an unknown dataset {out['dataset']!r}; give --dataset")
     if out["kernels"] not in KERNEL_VERSIONS or not isinstance(out["batch_size"], int) or out["batch_size"] < 1:
         parser.fail("CHECKPOINT", "its metadata names no valid kernel version and batch size; give --kernels "
                                   "and --batch-size")
-    if out["tf32"] and out["kernels"] != "fast":
-        parser.fail("--tf32", "needs --kernels fast (the naive kernels compute in plain fp32)")
+    if out["precision"] not in PRECISIONS:
+        parser.fail("CHECKPOINT", f"its metadata names an unknown precision {out['precision']!r}; give --precision")
+    if out["precision"] != "fp32" and out["kernels"] != "fast":
+        parser.fail("--precision", f"{out['precision']} needs --kernels fast (the naive kernels compute in plain fp32)")
     return out
 
 
@@ -172,7 +175,7 @@ def evaluate(args, parser) -> int:
     arrays = cli.load_data_or_exit(parser.prog, run["dataset"], args.data_dir, args.quiet or args.json, test_only=True)
     test_x, test_y = arrays[2], arrays[3].astype(np.int32)
     host = data.host_data(run["dataset"], arrays, empty=cuda.pinned_empty)
-    model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["tf32"])
+    model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["precision"])
     accuracy = model.accuracy(host.test_x, host.test_y)
     r = report(model.logits(host.test_x, host.test_y), test_y, data.CLASS_NAMES[run["dataset"]])
     if r["correct"] != round(accuracy * len(test_y)):  # the same logits must give the same count
@@ -183,7 +186,7 @@ def evaluate(args, parser) -> int:
          "trained_on": meta.get("dataset"), "test_accuracy_at_save": meta.get("test_accuracy"), **r}
     header = (f"{args.checkpoint}: step {meta.get('step', '?')} of a {channels[0]},{channels[1]} / {hidden} model "
               f"trained on {meta.get('dataset', '?')}; evaluated on the {run['dataset']} test set with the "
-              f"{run['kernels']} kernels{' (TF32)' if run['tf32'] else ''} at batch {run['batch_size']}")
+              f"{run['kernels']} kernels{'' if run['precision'] == 'fp32' else ' (' + run['precision'] + ')'} at batch {run['batch_size']}")
     if args.json:
         print(json.dumps(r, indent=1))
     else:

@@ -25,6 +25,11 @@ S3 = S2 // 2  # the pooled features fc1 reads
 CLASSES = data.NUM_CLASSES
 EPS, MOMENTUM = reference.BN_EPS, reference.BN_MOMENTUM
 KERNEL_VERSIONS = ("naive", "fast")
+# the precision of the fast kernels' tensor-core products (conv2's and fc1's): fp32 keeps float32's accuracy
+# (3xTF32); tf32 runs conv2 in plain TF32, as PyTorch's cuDNN convolutions by default; bf16 runs conv2 and
+# fc1 on bf16 operands, as torch.autocast(dtype=torch.bfloat16). Accumulation, BatchNorm, the loss and the
+# update stay float32 in all three. The naive kernels compute in plain fp32.
+PRECISIONS = ("fp32", "tf32", "bf16")
 LOSS_CAPACITY = 1 << 16  # losses logged on the GPU between two reads
 SLOTS = 2  # device input buffers a step alternates between (FastNet keeps the image moments of each)
 
@@ -242,8 +247,8 @@ class FastNet(_Net):
 
     def __init__(self, params: Parameters, batch_size: int, precision: str = "fp32"):
         super().__init__(params, batch_size)
-        if precision not in conv2_implicit_gemm.PRECISIONS:
-            raise ValueError(f"unknown precision {precision!r}; choose from {tuple(conv2_implicit_gemm.PRECISIONS)}")
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose from {PRECISIONS}")
         cp, B, c1, c2, H, F = self.cp, batch_size, self.c1, self.c2, self.hidden, self.features
         self.precision = precision
         self.side, self.conv_side = cuda.SideStream(cp), cuda.SideStream(cp)
@@ -303,7 +308,8 @@ class FastNet(_Net):
             bn_relu_pool.eval_stats(r["bn2.running_mean"], r["bn2.running_var"], EPS, c2, self.mean2, self.invstd2)
         bn_relu_pool.forward(self.a2, self.mean2, self.invstd2, p["bn2.weight"], p["bn2.bias"], n, c2, S2,
                              self.out2, self.argmax2)
-        linear_splitk.forward(self.out2, p["fc1.weight"], p["fc1.bias"], self.fc1_partial, self.fc1_out, n, F, H)
+        linear_splitk.forward(self.out2, p["fc1.weight"], p["fc1.bias"], self.fc1_partial, self.fc1_out, n, F, H,
+                              self.precision)
         head.forward_backward(self.fc1_out, p["fc2.weight"], p["fc2.bias"], labels, n, H, train, self.logits,
                               self.d_pre, self.head_partial)
 
@@ -314,7 +320,7 @@ class FastNet(_Net):
 
     def _fc1_weight_grad(self, n):
         linear_splitk.backward_weight(self.out2, self.d_pre, self.g["fc1.weight"], self.fc1_w_partial, n,
-                                      self.features, self.hidden)
+                                      self.features, self.hidden, self.precision)
 
     def _conv2_weight_grad(self, n):
         parts = conv2_implicit_gemm.backward_weight(self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2,
@@ -325,7 +331,8 @@ class FastNet(_Net):
         p, g, c1, c2 = self.p, self.g, self.c1, self.c2
         self.side.run(lambda: self._head_sums(n))
         self.side.run(lambda: self._fc1_weight_grad(n))
-        linear_splitk.backward_input(self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden)
+        linear_splitk.backward_input(self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden,
+                                     precision=self.precision)
         bn_relu_pool.backward_reduce(self.a2, self.mean2, self.invstd2, self.d_features, self.out2, self.argmax2, n,
                                      c2, S2, self.partial2, self.counters2[1], g["bn2.weight"], g["bn2.bias"])
         bn_relu_pool.backward_apply(self.a2, self.mean2, self.invstd2, p["bn2.weight"], g["bn2.weight"],
@@ -359,12 +366,14 @@ class FastNet(_Net):
                 "fc1": self.fc1_out[:n].get() > 0}
 
 
-def make_net(params: Parameters, batch_size: int, kernels: str = "fast", tf32: bool = False):
-    """The net of a kernel version ("naive" or "fast"); tf32: conv2's products in plain TF32 (fast only)."""
+def make_net(params: Parameters, batch_size: int, kernels: str = "fast", precision: str = "fp32"):
+    """The net of a kernel version ("naive" or "fast") at a precision of PRECISIONS (tf32 and bf16: fast only)."""
     if kernels not in KERNEL_VERSIONS:
         raise ValueError(f"unknown kernel version {kernels!r}; choose from {KERNEL_VERSIONS}")
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; choose from {PRECISIONS}")
     if kernels == "naive":
-        if tf32:
-            raise ValueError("tf32 needs the fast kernels (the naive ones compute in plain fp32)")
+        if precision != "fp32":
+            raise ValueError(f"{precision} needs the fast kernels (the naive ones compute in plain fp32)")
         return NaiveNet(params, batch_size)
-    return FastNet(params, batch_size, "tf32" if tf32 else "fp32")
+    return FastNet(params, batch_size, precision)

@@ -30,8 +30,7 @@ def build_parser() -> cli.Parser:
                    help=f"whose class names to print {from_ckpt}")
     p.add_argument("--batch-size", type=cli.int_at_least(1), default=None, help=f"images per batch {from_ckpt}")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None, help=f"kernel version {from_ckpt}")
-    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
-                   help=f"conv2's products in plain TF32 (fast kernels only) {from_ckpt}")
+    cli.add_precision_arguments(p, from_ckpt.strip("()"))
     p.add_argument("--json", action="store_true", help="print one JSON object: every image's class and probabilities")
     return p
 
@@ -68,7 +67,7 @@ def predict(args, parser) -> int:
     from . import cuda
     pinned = cuda.pinned_empty(x.shape, np.uint8)
     pinned[...] = x
-    model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["tf32"])
+    model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["precision"])
     logits = model.logits(pinned)
     probabilities = np.exp(log_softmax(logits))
     names = data.CLASS_NAMES[run["dataset"]]

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from . import checkpoint, cli, cuda, data, optim, reference
+from . import nets
 from .nets import KERNEL_VERSIONS
 
 PHASE_SAMPLE_EVERY = 50
@@ -28,7 +29,7 @@ LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar 
 
 # batch size and learning rate as scripts/sweep_hparams.py chose them (README, Results)
 DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels=(32, 64), hidden=128,
-                kernels="fast", tf32=False, shuffle=True, augment=0)
+                kernels="fast", precision="fp32", shuffle=True, augment=0)
 # named sets of flags, chosen by scripts/sweep_recipes.py on the H200 (benchmarks/results/recipes-h200.json):
 # fast, the fewest seconds of training to 99.0% test accuracy on every seed; best, the highest mean accuracy
 RECIPES = {
@@ -38,7 +39,11 @@ RECIPES = {
                  schedule="onecycle", augment=2),
 }
 # what a checkpoint records and --init takes as this run's default (the model's shape comes from its arrays)
-RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "tf32", "shuffle", "augment")
+RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "precision", "shuffle", "augment")
+
+
+# how the summary line names a precision other than the default
+PRECISION_WORDS = {"fp32": "", "tf32": ", conv2 in TF32", "bf16": ", conv2 and fc1 in bf16"}
 
 
 class TrainingDiverged(Exception):
@@ -188,10 +193,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None,
                    help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones "
                         f"(default: {d['kernels']}{from_init})")
-    p.add_argument("--tf32", action=argparse.BooleanOptionalAction, default=None,
-                   help="conv2's products in plain TF32, as PyTorch's cuDNN convolutions by default (faster; "
-                        "~3e-4 relative error instead of fp32's ~1e-6; fast kernels only; default: off, or the "
-                        "--init checkpoint's)")
+    cli.add_precision_arguments(p, f"default: {d['precision']}{from_init}")
     p.add_argument("--eager", action="store_true",
                    help="launch the kernels one by one instead of replaying a CUDA graph of the step")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
@@ -207,7 +209,7 @@ class Setup:
     lr: float
     seed: int
     kernels: str
-    tf32: bool
+    precision: str
     shuffle: bool
     augment: int
     channels: tuple
@@ -241,6 +243,8 @@ def check(args, parser: cli.Parser) -> Setup:
         args.channels, args.hidden = channels, hidden
         resumed = {k: meta[k] for k in RESUMED if k in meta}
         problem = _bad_record(resumed, meta)
+        if problem is None and "tf32" in meta:  # a checkpoint from before --precision
+            resumed["precision"] = cli.precision_of(meta)
         if problem:
             parser.fail("--init", f"{args.init}'s record of the run is damaged ({problem}); start from a checkpoint "
                                   f"that --save wrote, or without --init")
@@ -248,7 +252,7 @@ def check(args, parser: cli.Parser) -> Setup:
         start = _position(meta, resumed.get("batch_size", DEFAULTS["batch_size"]),
                           data.TRAIN_SAMPLES[resumed.get("dataset", DEFAULTS["dataset"])])
     explicit = {"dataset": args.dataset, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                "kernels": args.kernels, "tf32": args.tf32, "shuffle": args.shuffle,
+                "kernels": args.kernels, "precision": args.precision, "shuffle": args.shuffle,
                 "augment": args.augment}
     value = {k: explicit[k] if explicit[k] is not None else resumed.get(k, DEFAULTS[k]) for k in RESUMED}
     if start.sample:  # inside an epoch: its order must stay the one the checkpoint was trained on
@@ -264,8 +268,8 @@ def check(args, parser: cli.Parser) -> Setup:
     if value["augment"] >= data.IMAGE_SIZE:
         parser.fail("--augment", f"{value['augment']} pixels would move every image out of its {data.IMAGE_SIZE}x"
                                  f"{data.IMAGE_SIZE} field; a few (1-3) is the usual")
-    if value["tf32"] and value["kernels"] != "fast":
-        parser.fail("--tf32", "needs --kernels fast (the naive kernels compute in plain fp32)")
+    if value["precision"] != "fp32" and value["kernels"] != "fast":
+        parser.fail("--precision", f"{value['precision']} needs --kernels fast (the naive kernels compute in plain fp32)")
     if args.steps == 0 and args.save is None:
         parser.fail("--steps", "0 only writes the initial checkpoint, so it needs --save")
     files = [(flag, path) for flag, path in (("--init", args.init), ("--save", args.save), ("--metrics", args.metrics),
@@ -312,11 +316,13 @@ def _bad_record(resumed: dict, meta: dict) -> str | None:
     kinds = {"dataset": lambda v: v in data.DATASETS, "kernels": lambda v: v in KERNEL_VERSIONS,
              "batch_size": lambda v: type(v) is int and v >= 1, "seed": lambda v: type(v) is int and 0 <= v <= cli.SEED_MAX,
              "lr": lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0,
-             "tf32": lambda v: type(v) is bool, "shuffle": lambda v: type(v) is bool,
+             "precision": lambda v: v in nets.PRECISIONS, "shuffle": lambda v: type(v) is bool,
              "augment": lambda v: type(v) is int and 0 <= v < data.IMAGE_SIZE}
     for key, ok in kinds.items():
         if key in resumed and not ok(resumed[key]):
             return f"{key} {resumed[key]!r}"
+    if "tf32" in meta and type(meta["tf32"]) is not bool:  # a checkpoint from before --precision
+        return f"tf32 {meta['tf32']!r}"
     for key in ("step", "epoch", "epoch_index", "epoch_sample"):
         if key in meta and not (type(meta[key]) is int and meta[key] >= 0):
             return f"{key} {meta[key]!r}"
@@ -349,7 +355,7 @@ def _position(meta: dict, batch_size: int, train_samples: int) -> Position:
 
 def checkpoint_meta(s: Setup, at: Position, **extra) -> dict:
     return {"dataset": s.dataset, "channels": list(s.channels), "hidden": s.hidden, "seed": s.seed, "lr": s.lr,
-            "batch_size": s.batch_size, "kernels": s.kernels, "tf32": s.tf32, "shuffle": s.shuffle, "augment": s.augment,
+            "batch_size": s.batch_size, "kernels": s.kernels, "precision": s.precision, "shuffle": s.shuffle, "augment": s.augment,
             "step": at.step, "epoch_index": at.epoch, "epoch_sample": at.sample,
             "optimizer": optim.describe(s.optimizer), **extra}
 
@@ -372,7 +378,7 @@ def train(args, parser) -> int:
     params = Parameters(s.channels, s.hidden)
     params.load_state_dict(s.state)
     optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
-    step = Step(make_net(params, s.batch_size, s.kernels, s.tf32), optimizer, mode="eager" if args.eager else "graph",
+    step = Step(make_net(params, s.batch_size, s.kernels, s.precision), optimizer, mode="eager" if args.eager else "graph",
                 augment=s.augment, seed=s.seed, first_step=s.start.step)
     chunks = plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps)
     if args.metrics and args.init:
@@ -438,7 +444,7 @@ def train(args, parser) -> int:
     print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps{f' (step {at.step} in all)' if s.start.step else ''} "
           f"({s.dataset}, batch {s.batch_size}, lr {s.lr}{_optimizer_words(s.optimizer)}, seed {s.seed}"
           f"{f', images shifted by up to {s.augment} px' if s.augment else ''}"
-          f"{', conv2 in TF32' if s.tf32 else ''})")
+          f"{PRECISION_WORDS[s.precision]})")
     print(f"training wall time {train_seconds:.2f} s, {done * s.batch_size / train_seconds:,.0f} img/s "
           f"({'eager launches' if args.eager else 'CUDA graph per step'}); evaluation {eval_seconds:.2f} s")
     if phases:

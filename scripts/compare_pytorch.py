@@ -39,9 +39,10 @@ process, cause unknown: "again" shows by how much in each run. PyTorch runs with
 one. The headline speed-up is against the fastest PyTorch mode. docs/performance.md (section 5) has the
 lessons behind this method.
 
---tf32: our conv2 products in plain TF32 too (make_net(..., tf32=True)), the precision PyTorch's timed
-modes allow their convolutions. The parity run then allows TF32 convolutions on both sides, and its
-tolerances are PARITY_TOL_TF32's.
+--precision tf32 (or --tf32): our conv2 products in plain TF32 too, the precision PyTorch's timed modes
+allow their convolutions. The parity run then allows TF32 convolutions on both sides, and its tolerances
+are PARITY_TOL_TF32's. --precision bf16: our conv2 and fc1 products on bf16 operands, and PyTorch's every
+mode under torch.autocast(dtype=torch.bfloat16), the parity run included (tolerances PARITY_TOL_BF16).
 """
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ import numpy as np
 from mnist_cuda import cuda, data, optim, reference
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import PHASES, Step
-from mnist_cuda.cli import (Parser, batch_sizes, int_at_least, learning_rate, non_negative, output_path,
-                            require_matplotlib, save_figure, seed, write_json)
+from mnist_cuda.cli import (Parser, add_precision_arguments, batch_sizes, int_at_least, learning_rate, non_negative,
+                            output_path, precision_of, require_matplotlib, save_figure, seed, write_json)
 from mnist_cuda.train import DEFAULTS, RECIPES
 
 REPO = Path(__file__).resolve().parent.parent  # the default --out lies under its benchmarks/results/
@@ -72,6 +73,11 @@ PARITY_TOL = {"first_50": 1e-4, "all": 1e-3}
 # PyTorch's own TF32 against its fp32 as much as for ours against either: noise, not a trend. PASS allows
 # about four times the largest such difference seen (docs/performance.md, section 5).
 PARITY_TOL_TF32 = {"first_50": 3e-3, "all": 3e-3}
+# With bf16 products (8-bit mantissas) the same rule from PyTorch's own autocast(bfloat16) run against its
+# fp32 run on the same batches (dev/bf16_distance.py): up to 2.2e-3 over the first 50 steps and 3.1e-3
+# over 200, so PASS allows about four times those (docs/performance.md, section 5).
+PARITY_TOL_BF16 = {"first_50": 1e-2, "all": 1.25e-2}
+PARITY_TOLERANCES = {"fp32": PARITY_TOL, "tf32": PARITY_TOL_TF32, "bf16": PARITY_TOL_BF16}
 TORCH_MODES = ("eager", "graph", "compiled+graph", "compiled")
 OUR_MODES = ("eager", "graph")  # Step's modes timed as whole-step loops; its "phases" mode is timed per phase
 RECIPE_TORCH_MODES = ("eager", "compiled")  # the modes that take a host-side learning-rate scheduler
@@ -111,8 +117,8 @@ def build_parser():
     p.add_argument("--data-dir", type=Path, default=None,
                    help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="our kernel version")
-    p.add_argument("--tf32", action="store_true",
-                   help="our conv2 products in plain TF32, as PyTorch's convolutions (fast kernels only; see above)")
+    add_precision_arguments(p, "default: fp32; tf32 as PyTorch's convolutions by default, bf16 against PyTorch "
+                               "under autocast(bfloat16); see above")
     p.add_argument("--compile", action="store_true", help="also time torch.compile without a CUDA graph")
     p.add_argument("--no-compiled-graph", action="store_true",
                    help="skip the torch.compile + whole-step CUDA graph mode")
@@ -158,7 +164,7 @@ def format_tables(result: dict) -> str:
     env = result["env"]
     lines = [f"{env.get('device', '?')} | driver {env.get('driver', '?')} | CUDA {env.get('cuda_runtime', '?')} | "
              f"CuPy {env.get('cupy', '?')} | torch {env.get('torch', '?')} | kernels {result['config'].get('kernels')}"
-             + (" (conv2 in TF32)" if result["config"].get("tf32") else "")]
+             + OUR_PRECISION_WORDS[precision_of(result["config"])]]
     for bs, r in result["batch_sizes"].items():
         lines += ["", f"batch {bs}: per phase, median us (events between phases, one sync per step)",
                   "| phase | torch eager | ours eager | speed-up | ours graphs per phase |",
@@ -191,15 +197,19 @@ def format_tables(result: dict) -> str:
     par = result.get("parity")
     if par:
         tol = par.get("tolerances", PARITY_TOL)
-        lines += ["", f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par.get('lr')}, {_tf32_words(par)}): "
+        lines += ["", f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par.get('lr')}, {_parity_words(par)}): "
                   f"max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e} (tol {tol['first_50']:.0e}), "
                   f"all {par['max_loss_diff']:.2e} (tol {tol['all']:.0e}); "
                   f"max relative param/stat diff {par['max_state_rel_diff']:.2e} -> {'PASS' if par['pass'] else 'FAIL'}"]
     return "\n".join(lines)
 
 
-def _tf32_words(par: dict) -> str:
-    return "TF32 convolutions on both sides" if par.get("tf32") else "TF32 off"
+OUR_PRECISION_WORDS = {"fp32": "", "tf32": " (conv2 in TF32)", "bf16": " (conv2 and fc1 in bf16)"}
+
+
+def _parity_words(par: dict) -> str:
+    return {"fp32": "TF32 off", "tf32": "TF32 convolutions on both sides",
+            "bf16": "bf16 products on both sides (PyTorch under autocast)"}[precision_of(par)]
 
 
 def validate_result(result: dict):
@@ -277,12 +287,12 @@ class OurSide:
 
     name = "ours"
 
-    def __init__(self, state, batch, optimizer, version, channels, hidden, tf32=False):
+    def __init__(self, state, batch, optimizer, version, channels, hidden, precision="fp32"):
         """optimizer: a learning rate (plain SGD) or optim.SGDOptions."""
         self.params = Parameters(channels, hidden)
         self.params.load_state_dict(state)
         self.cp = self.params.cp
-        self.runner = Step(make_net(self.params, batch, version, tf32), optimizer)
+        self.runner = Step(make_net(self.params, batch, version, precision), optimizer)
         self.batch = batch
 
     def new_event(self):
@@ -317,10 +327,11 @@ class TorchSide:
     name = "torch"
 
     def __init__(self, torch, state, batch, lr, mode, channels, hidden, fused=True, log_losses=False, options=None,
-                 augment=0, seed=0):
+                 augment=0, seed=0, bf16=False):
         from mnist_cuda.torch_model import make_torch_model
         import torch.nn.functional as F
         self.torch, self.F, self.mode, self.batch = torch, F, mode, batch
+        self.bf16 = bf16  # the forward and the loss under torch.autocast(dtype=torch.bfloat16)
         dev = torch.device("cuda")
         self.net = make_torch_model(channels, hidden).to(dev)
         self.net.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
@@ -402,9 +413,15 @@ class TorchSide:
     def _inputs(self):
         return self._shift(self.x_bytes, self.offsets) if self.augment else self.x_bytes
 
+    def _loss(self):
+        """normalise, forward + loss; with bf16 under autocast, its cache off (cast weights kept between
+        steps would be stale inside a CUDA graph: PyTorch's advice for graphs)."""
+        with self.torch.autocast("cuda", dtype=self.torch.bfloat16, enabled=self.bf16, cache_enabled=False):
+            return self.F.nll_loss(self.forward_fn(self._normalize(self._inputs())), self.y)
+
     def _body(self):
         """normalise, forward + loss, backward, update, zero-grad (grads stay allocated, as in a graph)."""
-        loss = self.F.nll_loss(self.forward_fn(self._normalize(self._inputs())), self.y)
+        loss = self._loss()
         loss.backward()
         self.opt.step()
         self.opt.zero_grad(set_to_none=False)
@@ -468,7 +485,7 @@ class TorchSide:
             self.graph.replay()
             loss = self.static_loss
         else:
-            loss = self.F.nll_loss(self.forward_fn(self._normalize(self._inputs())), self.y)
+            loss = self._loss()
             rec(2)
             loss.backward()
             rec(3)
@@ -696,17 +713,18 @@ def parity_options(args) -> optim.SGDOptions:
 
 
 def run_parity(torch, ds, state, args, channels, hidden) -> dict:
-    """Train both sides from identical weights on identical batches: fp32 on both, or with --tf32 TF32
-    convolutions on both (the precision each side's timed runs use)."""
+    """Train both sides from identical weights on identical batches: fp32 on both, with --precision tf32 TF32
+    convolutions on both, with bf16 our bf16 products against PyTorch under autocast (the precision each
+    side's timed runs use)."""
     torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = args.tf32
+    torch.backends.cudnn.allow_tf32 = args.precision == "tf32"
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     batch = args.batch_sizes[0]
     options = parity_options(args)
-    ours = OurSide(state, batch, options, args.kernels, channels, hidden, args.tf32)
+    ours = OurSide(state, batch, options, args.kernels, channels, hidden, args.precision)
     theirs = TorchSide(torch, state, batch, args.parity_lr, "eager", channels, hidden, log_losses=True,
-                       options=options)
+                       options=options, bf16=args.precision == "bf16")
     order = data.epoch_order(len(ds.train_x), args.seed, 0)
     idxs = batches(order, batch, args.parity_steps)
     ours.losses()
@@ -720,8 +738,8 @@ def run_parity(torch, ds, state, args, channels, hidden) -> dict:
     rel = {k: float(np.linalg.norm(so[k].astype(np.float64) - st[k]) / max(np.linalg.norm(st[k].astype(np.float64)), 1e-30))
            for k in so if not k.endswith("num_batches_tracked")}
     first = float(diff[:50].max())
-    tol = PARITY_TOL_TF32 if args.tf32 else PARITY_TOL
-    result = {"steps": args.parity_steps, "batch_size": batch, "lr": options.lr, "tf32": args.tf32,
+    tol = PARITY_TOLERANCES[args.precision]
+    result = {"steps": args.parity_steps, "batch_size": batch, "lr": options.lr, "precision": args.precision,
               "optimizer": optim.describe(options),
               "max_loss_diff_first_50": first, "max_loss_diff": float(diff.max()),
               "max_state_rel_diff": max(rel.values()), "state_rel_diff": rel,
@@ -744,7 +762,7 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
     # work earlier in the process (eager steps on another net of ours, per-phase runs) can make our step
     # graph slower for the rest of the process (docs/performance.md, section 5). Each side's fastest mode
     # is measured once more at the end ("again"), after all of its runs.
-    ours = OurSide(state, batch, args.lr, args.kernels, channels, hidden, args.tf32)
+    ours = OurSide(state, batch, args.lr, args.kernels, channels, hidden, args.precision)
     o = {"modes": {}}
     for mode in ("graph", "eager"):
         log(f"batch {batch}: ours, whole step, {mode}")
@@ -760,16 +778,18 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log) -> dict:
     o["phase_graphs"] = measure_phases(ours, ds.train_x, ds.train_y, order, args.warmup, args.steps, "phases")
     out["ours"] = o
 
-    eager = TorchSide(torch, state, batch, args.lr, "eager", channels, hidden)
+    bf16 = args.precision == "bf16"
+    eager = TorchSide(torch, state, batch, args.lr, "eager", channels, hidden, bf16=bf16)
     t = {"modes": {}, "optimizer": "SGD(fused=True)" if eager.fused else "SGD(foreach)",
-         "tf32": {"cudnn": True, "matmul": False}, "cudnn_benchmark": True}
+         "tf32": {"cudnn": True, "matmul": False}, "cudnn_benchmark": True, "autocast": "bfloat16" if bf16 else None}
     modes = ["graph"] + ([] if args.no_compiled_graph else ["compiled+graph"]) + (
         ["compiled"] if args.compile else []) + ["eager"]
     torch_sides = {}
     for mode in modes:
         log(f"batch {batch}: torch, whole step, {mode}")
         try:
-            side = eager if mode == "eager" else TorchSide(torch, state, batch, args.lr, mode, channels, hidden)
+            side = eager if mode == "eager" else TorchSide(torch, state, batch, args.lr, mode, channels, hidden,
+                                                           bf16=bf16)
             side.prepare(ds.train_x, ds.train_y64, order)
             m = measure_loop(side, ds.train_x, ds.train_y64, order, args.warmup, args.steps, mode, args.timing_window,
                              args.warmup_seconds)
@@ -808,7 +828,8 @@ SIDE_NAMES = {"ours": "ours", "torch": "PyTorch"}
 
 
 def _precision_words(result: dict) -> str:
-    return "ours with TF32 convolutions" if result["config"].get("tf32") else "ours in fp32"
+    return {"fp32": "ours in fp32", "tf32": "ours with TF32 convolutions",
+            "bf16": "ours with bf16 products"}[precision_of(result["config"])]
 
 
 def _plain_log_axis(ax, label_of):
@@ -897,8 +918,10 @@ def plot(result, path: Path):
     step_ax.set_ylim(top=max(tallest) * 6)
     step_ax.set_ylabel("median us per step (log)")
     torch_tf32 = any(r["torch"].get("tf32", {}).get("cudnn") for r in result["batch_sizes"].values())
+    torch_bf16 = any(r["torch"].get("autocast") for r in result["batch_sizes"].values())
     step_ax.set_title("whole training step, every mode" +
-                      (" (PyTorch's convolutions in TF32, its default)" if torch_tf32 else ""))
+                      (" (PyTorch under autocast(bfloat16))" if torch_bf16 else
+                       " (PyTorch's convolutions in TF32, its default)" if torch_tf32 else ""))
 
     # one epoch's wall clock: permutation, gather, load and every step
     dataset = result["config"].get("dataset")
@@ -947,7 +970,7 @@ def plot(result, path: Path):
         ax.set_title(f"parity: loss per step, {verdict}", fontsize=10,
                      color="black" if par["pass"] else MODE_COLOURS["ours", "graph"], fontweight="bold")
         lr = f", lr {par['lr']}" if par.get("lr") is not None else ""
-        ax.text(0.97, 0.97, f"batch {par['batch_size']}{lr}, {_tf32_words(par)}\n"
+        ax.text(0.97, 0.97, f"batch {par['batch_size']}{lr}, {_parity_words(par)}\n"
                 f"max |diff| {par['max_loss_diff']:.1e} (tol {tol['all']:.0e})",
                 transform=ax.transAxes, ha="right", va="top", fontsize=7.5)
         ax.set_xlabel("step", fontsize=9)
@@ -977,7 +1000,7 @@ def check_batch_sizes(parser, args, train_samples, channels, hidden):
         if batch > train_samples:
             parser.error(f"argument --batch-sizes: {batch} is larger than the training set ({train_samples} samples)")
         try:
-            make_net(params, batch, args.kernels, args.tf32)
+            make_net(params, batch, args.kernels, args.precision)
         except ValueError as e:
             parser.error(f"argument --batch-sizes: {e}")
 
@@ -986,8 +1009,10 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = "compare_pytorch.py"
-    if args.tf32 and args.kernels != "fast":
-        parser.error("argument --tf32: needs --kernels fast (the naive kernels compute in plain fp32)")
+    args.precision = args.precision or "fp32"
+    if args.precision != "fp32" and args.kernels != "fast":
+        parser.error(f"argument --precision: {args.precision} needs --kernels fast (the naive kernels compute in "
+                     f"plain fp32)")
     if args.parity_only and not args.parity_steps:
         parser.error("argument --parity-only: needs --parity-steps > 0")
     if args.recipe_torch_modes != RECIPE_TORCH_MODES and not args.recipe:
@@ -1043,7 +1068,7 @@ def main(argv=None) -> int:
               "env": env,
               "config": {"lr": args.lr, "seed": args.seed, "dataset": args.dataset, "steps": args.steps,
                          "timing_window": args.timing_window, "warmup": args.warmup,
-                         "warmup_seconds": args.warmup_seconds, "kernels": args.kernels, "tf32": args.tf32,
+                         "warmup_seconds": args.warmup_seconds, "kernels": args.kernels, "precision": args.precision,
                          "channels": list(channels),
                          "hidden": hidden, "batch_sizes": args.batch_sizes},
               "batch_sizes": {}, "parity": None}
@@ -1060,7 +1085,7 @@ def main(argv=None) -> int:
         extra = "".join(f", {k} {o[k]}" for k in ("momentum", "dampening", "weight_decay") if o[k]) + (
             ", nesterov" if o["nesterov"] else "") + (f", {o['schedule']} schedule" if o["schedule"] != "constant" else "")
         print(f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par['lr']}{extra}, kernels {args.kernels}, "
-              f"{_tf32_words(par)}): max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e}, all {par['max_loss_diff']:.2e}"
+              f"{_parity_words(par)}): max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e}, all {par['max_loss_diff']:.2e}"
               f" -> {'PASS' if par['pass'] else 'FAIL'}")
         return 0 if par["pass"] else 1
     for batch in args.batch_sizes:

@@ -18,6 +18,11 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+from mnist_cuda.cli import precision_of  # noqa: E402 (the checkout's package, without installing it)
+
+# the table's rows per batch size, in this order
+PRECISION_LABELS = {"fp32": "fp32", "tf32": "TF32 convolutions", "bf16": "bf16 (PyTorch: autocast)"}
 TORCH_MODES = (("eager", "eager"), ("graph", "CUDA graph"), ("compiled+graph", "compiled + graph"),
                ("compiled", "compiled"))
 BEGIN = re.compile(r"^<!-- results-table: (.+) -->$")
@@ -60,14 +65,14 @@ def table(results: list[dict]) -> str:
              "|---:|---|" + "---:|" * (len(TORCH_MODES) + 3)]
     rows = []
     for r in results:
-        precision = "TF32 convolutions" if r["config"].get("tf32") else "fp32"
+        precision = PRECISION_LABELS[precision_of(r["config"])]
         for batch, b in r["batch_sizes"].items():
             torch_modes, ours = b["torch"]["modes"], b["ours"]["modes"]
             head = b["headline"]
             cells = [batch, precision] + [_us(torch_modes.get(mode)) for mode, _ in TORCH_MODES]
             cells += [f"**{_us(ours.get(head['ours_mode']))}**", f"{head['speedup']:.2f}x",
                       f"{_epoch(torch_modes.get(head['torch_mode']))} / {_epoch(ours.get(head['ours_mode']))}"]
-            rows.append((int(batch), precision != "fp32", "| " + " | ".join(cells) + " |"))
+            rows.append((int(batch), list(PRECISION_LABELS.values()).index(precision), "| " + " | ".join(cells) + " |"))
     lines += [row for *_, row in sorted(rows)]
     return "\n".join(lines)
 

@@ -47,7 +47,10 @@ def one_line_usage_error(r, *words):
     (["--seed", "-1"], ["--seed", "at least 0"]),
     (["--seed", str(2 ** 32)], ["--seed", "at most 4294967295"]),
     (["--seed", "1.5"], ["--seed", "whole number"]),
-    (["--tf32", "--kernels", "naive"], ["--tf32", "--kernels fast"]),
+    (["--tf32", "--kernels", "naive"], ["--precision", "tf32 needs --kernels fast"]),
+    (["--precision", "bf16", "--kernels", "naive"], ["--precision", "bf16 needs --kernels fast"]),
+    (["--precision", "fp16"], ["--precision", "invalid choice"]),
+    (["--tf32", "--precision", "bf16"], ["--precision", "not allowed with argument --tf32"]),
     (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
     (["--save", "/no/such/folder/m.npz"], ["--save", "folder /no/such/folder does not exist"]),
     (["--metrics", "/no/such/folder/m.jsonl"], ["--metrics", "does not exist"]),
@@ -65,7 +68,7 @@ def test_damaged_records_and_clashes_with_init(tmp_path):
     state = reference.init_state_dict(0)
     for meta, word in (({"step": "abc"}, "step 'abc'"), ({"batch_size": "64"}, "batch_size '64'"),
                        ({"batch_size": 0}, "batch_size 0"), ({"kernels": "turbo"}, "kernels 'turbo'"),
-                       ({"tf32": "yes"}, "tf32 'yes'")):
+                       ({"tf32": "yes"}, "tf32 'yes'"), ({"precision": "fp8"}, "precision 'fp8'")):
         path = checkpoint.save_checkpoint(tmp_path / "bad.npz", state, meta)
         one_line_usage_error(run_train("--init", str(path)), "--init", "damaged", word)
     ck = str(checkpoint.save_checkpoint(tmp_path / "ck.npz", state, {"step": 0}))

@@ -67,3 +67,15 @@ def test_parser_errors_are_one_line(capsys):
         p.parse_args(["--n", "0"])
     err = capsys.readouterr().err
     assert e.value.code == 2 and err.count("\n") == 1 and "argument --n: must be at least 1" in err
+
+
+def test_precision_flags_and_the_record_of_older_checkpoints():
+    """--tf32 is --precision tf32; a checkpoint from before --precision records tf32 as a bool."""
+    p = cli.Parser(prog="t")
+    cli.add_precision_arguments(p, "default: fp32")
+    assert p.parse_args([]).precision is None
+    assert p.parse_args(["--tf32"]).precision == "tf32"
+    assert p.parse_args(["--precision", "bf16"]).precision == "bf16"
+    assert cli.precision_of({}) == "fp32" and cli.precision_of({"tf32": False}) == "fp32"
+    assert cli.precision_of({"tf32": True}) == "tf32"
+    assert cli.precision_of({"precision": "bf16", "tf32": True}) == "bf16"

@@ -125,7 +125,8 @@ def assert_one_line_usage_error(r, flag):
 
 
 @pytest.mark.parametrize("args,flag", [(["--batch-sizes", "0"], "--batch-sizes"),
-                                       (["--tf32", "--kernels", "naive"], "--tf32"),
+                                       (["--tf32", "--kernels", "naive"], "--precision"),
+                                       (["--precision", "bf16", "--kernels", "naive"], "--precision"),
                                        (["--png", "no-such-folder/x.png"], "--png")])
 def test_bad_arguments_exit_2_with_one_line(args, flag):
     r = run_script(*args)
@@ -240,6 +241,17 @@ def test_tf32_parity_run_passes(cmp):
     r = run_script("--data-dir", str(folder), "--tf32", "--parity-only")
     assert r.returncode == 0, r.stderr[-3000:]
     assert "TF32 convolutions on both sides" in r.stdout and "-> PASS" in r.stdout
+
+
+@pytest.mark.gpu
+def test_bf16_parity_run_passes(cmp):
+    """--precision bf16: our conv2 and fc1 products on bf16 operands against PyTorch under
+    autocast(bfloat16), within PARITY_TOL_BF16."""
+    pytest.importorskip("torch", reason="torch is not installed")
+    folder = mnist_or_skip()
+    r = run_script("--data-dir", str(folder), "--precision", "bf16", "--parity-only")
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "bf16 products on both sides" in r.stdout and "-> PASS" in r.stdout
 
 
 # ---- torch.optim.SGD's options and schedules (GPU) ---------------------------------------------------------

@@ -41,7 +41,9 @@ def test_evaluate_bad_flags(small_checkpoint, tmp_path):
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--png", str(tmp_path / "no" / "c.png")), "--png",
                          "does not exist")
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--png", str(tmp_path)), "--png", "is a folder")
-    one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--tf32"), "--tf32", "--kernels fast")
+    one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--tf32"), "--precision", "tf32 needs --kernels fast")
+    one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--precision", "bf16"), "--precision",
+                         "bf16 needs --kernels fast")
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--batch-size", "0"), "--batch-size")
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--dataset", "cifar"), "--dataset")
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--data-dir", str(tmp_path / "nope")), "--data-dir")

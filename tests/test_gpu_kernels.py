@@ -53,7 +53,7 @@ def test_the_cases_launch_every_declared_kernel():
 
 
 def _conv2_product_cases():
-    return kc.conv2_product_cases("fp32") + kc.conv2_product_cases("tf32")
+    return [case for p in ("fp32", "tf32", "bf16") for case in kc.conv2_product_cases(p)]
 
 
 @pytest.fixture

@@ -10,23 +10,27 @@ from mnist_cuda import data, reference
 pytestmark = pytest.mark.gpu
 STEP_TOL = 1e-4
 DECISION_TOL = 1e-4  # how far from a tie (or from zero) a choice the kernels took may be, in float64
-# "tf32": the fast kernels with conv2's products in plain TF32 (make_net(tf32=True), --tf32): ~3e-4 per product
-TF32_STEP_TOL = 3e-3
-VERSIONS = ("naive", "fast", "tf32")
+# "tf32": the fast kernels with conv2's products in plain TF32 (--precision tf32): ~3e-4 per product;
+# "bf16": conv2's and fc1's products on bf16 operands (--precision bf16): ~3e-3 per product. Each allows
+# about ten times its rounding, as STEP_TOL does float32's accumulated rounding.
+TF32_STEP_TOL, BF16_STEP_TOL = 3e-3, 3e-2
+VERSIONS = ("naive", "fast", "tf32", "bf16")
 
 
 def step_tol(version):
-    return TF32_STEP_TOL if version == "tf32" else STEP_TOL
+    return {"tf32": TF32_STEP_TOL, "bf16": BF16_STEP_TOL}.get(version, STEP_TOL)
 
 
 def make_net(channels, hidden, seed, version, batch):
-    """A net of `version` ("naive", "fast" or "tf32": the fast kernels with conv2 in TF32) at batch size
-    `batch`, initialised from reference.init_state_dict(seed)."""
+    """A net of `version` ("naive", "fast", or the fast kernels at precision "tf32" or "bf16") at batch
+    size `batch`, initialised from reference.init_state_dict(seed)."""
     from mnist_cuda import nets
     params = nets.Parameters(channels, hidden)
     params.load_state_dict(reference.init_state_dict(seed, channels, hidden))
     params.cp.cuda.runtime.deviceSynchronize()  # the steps run on a non-blocking stream
-    return nets.make_net(params, batch, "fast" if version == "tf32" else version, tf32=version == "tf32")
+    if version in ("tf32", "bf16"):
+        return nets.make_net(params, batch, "fast", precision=version)
+    return nets.make_net(params, batch, version)
 
 
 def random_batch(rng, n):

@@ -37,14 +37,14 @@
 // start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4].
 // Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py (NVRTC -D options): CONV2_SIZE (14, conv2's
 // images), CONV_THREADS (one warpgroup: 4 warps x 16 rows), CONV_TILE_CHANNELS output channels per block
-// in Precision::Fp32 (rows 0-31 big parts, 32-63 small parts) and CONV_TILE_CHANNELS_TF32 in
+// in Precision::Fp32 (rows 0-31 big parts, 32-63 small parts) and CONV_TILE_CHANNELS_ONE_PART in
 // Precision::Tf32 (a row per output channel), CONV_CHUNK input channels per step (x 9 taps = 72 k = 9
 // k-steps), CONV_CHUNK_QUADS weight float4s per chunk (9 taps x 2 channel quads x 64 rows), CONV_ROWS grid
 // rows per block (half the image, so 112 columns; a block per whole image was slower at batch 64 and 512
 // alike), CONV_STAGED_PIXELS (the block's rows and a border row above and below, and 2 pixels that the
 // last column's last tap reads). The block's dynamic shared memory, two buffers of the staged image and of
 // the chunk's weights (the accumulators at the end), is sized there too.
-#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) || !defined(CONV_TILE_CHANNELS_TF32) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
+#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) || !defined(CONV_TILE_CHANNELS_ONE_PART) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 #define CONV_PADDED 16  // the staged grid is 16 wide: the image with its zero border
@@ -59,12 +59,20 @@ __device__ __forceinline__ void split4(const float v[4], float4* big, float4* sm
     *small = make_float4(__uint_as_float(s[0]), __uint_as_float(s[1]), __uint_as_float(s[2]), __uint_as_float(s[3]));
 }
 
-// Four values as the products read them (staged activations, staged weights). 3xTF32 (TF32 false): their
-// big and small parts. Plain TF32 (the _tf32 entry points): rounded to the nearest TF32 (unbiased, unlike
-// the big part's truncation: a weight gradient sums 12,544 products per value at batch 64), no small part.
-template <bool TF32>
-__device__ __forceinline__ void stage4(const float v[4], float4* big, float4* small) {
-    if (TF32) {
+// Values per 16 staged bytes: 4 in float32's layouts (Fp32, Tf32), 8 in bf16.
+template <Precision PR>
+constexpr int staged_values = PR == Precision::Bf16 ? 8 : 4;
+
+// staged_values<PR> values as the products read them (staged activations, staged weights), 16 bytes.
+// 3xTF32 (Fp32): their big and small parts. Plain TF32: rounded to the nearest TF32 (unbiased, unlike the
+// big part's truncation: a weight gradient sums 12,544 products per value at batch 64), no small part.
+// Bf16: eight values rounded to the nearest bf16, no small part.
+template <Precision PR>
+__device__ __forceinline__ void stage16(const float* v, float4* big, float4* small) {
+    if constexpr (PR == Precision::Bf16) {
+        *reinterpret_cast<uint4*>(big) = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
+                                                    pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
+    } else if constexpr (PR == Precision::Tf32) {
         unsigned r[4];
 #pragma unroll
         for (int i = 0; i < 4; i++) asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r[i]) : "f"(v[i]));
@@ -74,28 +82,36 @@ __device__ __forceinline__ void stage4(const float v[4], float4* big, float4* sm
     }
 }
 
-// Weight float4 q of a product with Cin input and Cout output channels: [tile][chunk][tap][quad][row],
+// Output channels per block, and input channels per chunk (two 16-byte quads of staged values per pixel).
+template <Precision PR>
+constexpr int tile_channels = PR == Precision::Fp32 ? CONV_TILE_CHANNELS : CONV_TILE_CHANNELS_ONE_PART;
+template <Precision PR>
+constexpr int chunk_channels = 2 * staged_values<PR>;
+static_assert(CONV_CHUNK == chunk_channels<Precision::Fp32>, "8 channels per chunk in float32's layouts");
+
+// Weight quad q (16 bytes) of a product with Cin input and Cout output channels: [tile][chunk][tap][quad][row],
 // holding channels chunk * 8 + quad * 4 + 0..3 of output channel tile * 32 + row % 32, big parts for
 // rows < 32 and small parts for the others. Channels past Cin and past Cout are zeros. In plain TF32:
-// output channel tile * 64 + row, rounded to the nearest TF32.
-template <bool FLIPPED, bool TF32>
+// output channel tile * 64 + row, rounded to the nearest TF32. In bf16: channels chunk * 16 + quad * 8 +
+// 0..7 of output channel tile * 64 + row, rounded to the nearest bf16.
+template <bool FLIPPED, Precision PR>
 __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int Cout, float4* quads, int q) {
-    constexpr int TILE = TF32 ? CONV_TILE_CHANNELS_TF32 : CONV_TILE_CHANNELS;
-    const int chunks = CEIL_DIV(Cin, CONV_CHUNK), row = q % 64, quad = q / 64 % 2, tap = q / 128 % 9;
+    constexpr int TILE = tile_channels<PR>, VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
+    const int chunks = CEIL_DIV(Cin, CHUNK), row = q % 64, quad = q / 64 % 2, tap = q / 128 % 9;
     const int chunk = q / CONV_CHUNK_QUADS % chunks, n = q / (CONV_CHUNK_QUADS * chunks) * TILE + row % TILE;
-    float v[4];
+    float v[VALUES];
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int c = chunk * CONV_CHUNK + quad * 4 + i;
+    for (int i = 0; i < VALUES; i++) {
+        const int c = chunk * CHUNK + quad * VALUES + i;
         // forward: w[n, c, tap]; input gradient: w[c, n, 8 - tap]
         v[i] = c < Cin && n < Cout ? (FLIPPED ? w[(c * Cout + n) * 9 + 8 - tap] : w[(n * Cin + c) * 9 + tap]) : 0.0f;
     }
     float4 big, small;
-    stage4<TF32>(v, &big, &small);
+    stage16<PR>(v, &big, &small);
     quads[q] = row < TILE ? big : small;
 }
 
-template <bool TF32>
+template <Precision PR>
 __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin,
                                                    int Cout) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = ROWS * P;  // N: columns
@@ -105,26 +121,27 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     extern __shared__ float4 conv_shared[];
     float* in_s = reinterpret_cast<float*>(conv_shared);  // [buffer][part][quad][pixel][4]
     float4* w_s = conv_shared + 2 * 4 * PLANE / 4;        // [buffer][CONV_CHUNK_QUADS]
-    constexpr int TILE = TF32 ? CONV_TILE_CHANNELS_TF32 : CONV_TILE_CHANNELS;  // output channels per block
+    constexpr int TILE = tile_channels<PR>, VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
+    constexpr bool SPLIT = PR == Precision::Fp32;  // two parts (3xTF32)
     const int img = blockIdx.x, n0 = blockIdx.y * TILE, r0 = blockIdx.z * ROWS;
-    const int chunks = CEIL_DIV(Cin, CONV_CHUNK), tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+    const int chunks = CEIL_DIV(Cin, CHUNK), tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
     const float* x = in + (size_t)img * Cin * SS;
     const float4* block_quads = quads + (size_t)blockIdx.y * chunks * CONV_CHUNK_QUADS;
 
     for (int i = tid; i < 2 * PLANE; i += CONV_THREADS)  // both buffers; the border stays zero
         conv_shared[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-    // in_next[r]: channels 4 * quad .. + 3 of the chunk at pixel p of the block's input rows (image rows
+    // in_next[r]: channels VALUES * quad .. + VALUES - 1 of the chunk at pixel p of the block's input rows (image rows
     // r0 - 1 .. r0 + ROWS), task e = quad * IN_PIXELS + p; rows outside the image stay zero.
-    float in_next[IN_PER_THREAD][4];
+    float in_next[IN_PER_THREAD][VALUES];
     auto fetch = [&](int chunk) {  // the image's chunk into registers (zeros past Cin), its weights by cp.async
 #pragma unroll
         for (int r = 0; r < IN_PER_THREAD; r++) {
             const int e = tid + r * CONV_THREADS, p = e % IN_PIXELS, row = r0 - 1 + p / S;
             const bool inside = e < IN_TASKS && row >= 0 && row < S;
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                const int c = chunk * CONV_CHUNK + 4 * (e / IN_PIXELS) + i;
+            for (int i = 0; i < VALUES; i++) {
+                const int c = chunk * CHUNK + VALUES * (e / IN_PIXELS) + i;
                 in_next[r][i] = inside && c < Cin ? x[c * SS + row * S + p % S] : 0.0f;
             }
         }
@@ -140,7 +157,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
             const int e = tid + r * CONV_THREADS, p = e % IN_PIXELS, quad = e / IN_PIXELS;
             if (e < IN_TASKS) {
                 const int pixel = (p / S) * P + p % S + 1;
-                stage4<TF32>(in_next[r], reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
+                stage16<PR>(in_next[r], reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
                              reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
             }
         }
@@ -163,8 +180,13 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         for (int s = 0; s < 9; s++) {  // tap s: A's 64 rows at a_chunk[s * 128], B from staged pixel shift(s)
             const int shift = (s / 3) * P + s % 3;
             const unsigned long long a = wgmma_descriptor(a_chunk + s * 128, 64 * 16, 128);
-            wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + shift * 4, PLANE * 4, 128));  // B big
-            if (!TF32) wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + 2 * PLANE + shift * 4, PLANE * 4, 128));
+            const unsigned long long b = wgmma_descriptor(b_planes + shift * 4, PLANE * 4, 128);  // B (big)
+            if constexpr (PR == Precision::Bf16) {
+                wgmma_bf16<N>(acc, a, b);
+            } else {
+                wgmma_tf32<N>(acc, a, b);
+                if (SPLIT) wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + 2 * PLANE + shift * 4, PLANE * 4, 128));
+            }
         }
         wgmma_commit();
         if (chunk + 1 < chunks) {  // staged while the tensor cores work
@@ -182,7 +204,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
             ldmatrix_x4(a, reinterpret_cast<const float*>(a_chunk + s * 128) +
                                ((lane / 16) * 64 + 16 * warp + 8 * (lane / 8 % 2) + lane % 8) * 4);
 #pragma unroll
-            for (int part = 0; part < (TF32 ? 1 : 2); part++)
+            for (int part = 0; part < (SPLIT ? 2 : 1); part++)
 #pragma unroll
                 for (int j = 0; j < N / 8; j += 2) {
                     // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
@@ -190,8 +212,13 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
                     unsigned b[4];
                     ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
                                        (8 * (j + lane / 16) + lane % 8 + shift) * 4);
-                    mma_tf32(acc + 4 * j, a, b);
-                    mma_tf32(acc + 4 * j + 4, a, b + 2);
+                    if constexpr (PR == Precision::Bf16) {  // the same tiles: 16-byte rows of 8 k
+                        mma_bf16(acc + 4 * j, a, b);
+                        mma_bf16(acc + 4 * j + 4, a, b + 2);
+                    } else {
+                        mma_tf32(acc + 4 * j, a, b);
+                        mma_tf32(acc + 4 * j + 4, a, b + 2);
+                    }
                 }
         }
         if (chunk + 1 < chunks) {
@@ -201,7 +228,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #endif
     }
 
-    // Rows c and c + 32 (big and small parts of the weights; in plain TF32 row c alone) added through
+    // Rows c and c + 32 (big and small parts of the weights; in one part, row c alone) added through
     // shared memory, then written out coalesced: acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
     __syncthreads();  // every product is done: the staging slots are free
     float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
@@ -217,8 +244,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     for (int e = tid; e < TILE * ROWS * S; e += CONV_THREADS) {
         const int c = e / (ROWS * S), p = e % (ROWS * S), column = (p / S) * P + p % S;
         if (n0 + c < Cout)
-            y[(n0 + c) * SS + p] = TF32 ? acc_s[c * ACC_STRIDE + column]
-                                        : acc_s[c * ACC_STRIDE + column] + acc_s[(c + 32) * ACC_STRIDE + column];
+            y[(n0 + c) * SS + p] = SPLIT ? acc_s[c * ACC_STRIDE + column] + acc_s[(c + 32) * ACC_STRIDE + column]
+                                         : acc_s[c * ACC_STRIDE + column];
     }
 }
 
@@ -251,10 +278,15 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || !defined(WGRAD_X_SLOTS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
+// Images per 16 staged bytes of k: WGRAD_IMAGES float32 values, twice as many in bf16.
+template <Precision PR>
+constexpr int wgrad_images = PR == Precision::Bf16 ? 2 * WGRAD_IMAGES : WGRAD_IMAGES;
 
-template <bool TF32>
+template <Precision PR>
 __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N,
                                                          int C, int K, int items_per_part) {
+    constexpr bool SPLIT = PR == Precision::Fp32;  // two parts (3xTF32)
+    constexpr int IMAGES = wgrad_images<PR>;
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, PAIRS = S / 2;
     constexpr int X_PIXEL = 2 * WGRAD_CHANNELS * 4, DY_PIXEL = 2 * WGRAD_OUT * 4;  // floats: [octet][part][8][4]
     constexpr int X_ROW = P * X_PIXEL, DY_ROW = S * DY_PIXEL;
@@ -263,7 +295,7 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     extern __shared__ float4 conv_shared[];
     float* smem = reinterpret_cast<float*>(conv_shared);  // x: [slot][pixel][part][channel][4]; dy: [slot][pixel]...
     float* dy_slots = smem + WGRAD_X_SLOTS * X_ROW;
-    const int o0 = blockIdx.y * WGRAD_OUT, c0 = blockIdx.z * WGRAD_CHANNELS, items = CEIL_DIV(N, WGRAD_IMAGES) * S;
+    const int o0 = blockIdx.y * WGRAD_OUT, c0 = blockIdx.z * WGRAD_CHANNELS, items = CEIL_DIV(N, IMAGES) * S;
     const int first = blockIdx.x * items_per_part, last = min(items, first + items_per_part);
     const int tid = threadIdx.x, tap_row = tid / 128, warp = tid / 32 % 4, g = tid % 32 / 4, t = tid % 4;
     // Grid row p (image row p - 1) of image quad q lives in x slot (16 q + p) % 6: an item (q, r) reads rows
@@ -276,40 +308,42 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     }
 
     // Staging task f of a row: 2 adjacent pixels (pair f / 8 % 8; pair 7 is past the row) of channel
-    // f / 64 * 8 + f % 8, in 4 images. 8 lanes take 8 adjacent channels of a pixel pair, so their 16-byte
+    // f / 64 * 8 + f % 8, in IMAGES images. 8 lanes take 8 adjacent channels of a pixel pair, so their 16-byte
     // stores fill all 32 banks once, and 4 lane groups read 8 adjacent pixels of a channel. Pixels outside
     // the image and channels or images past the end are zeros.
     auto load = [&](const float* row, int f, int channels_left, int image_stride, bool row_inside, int img0,
-                    float2 v[WGRAD_IMAGES]) {
+                    float2 v[IMAGES]) {
         const int channel = f / 64 * 8 + f % 8, pair = f / 8 % 8;
         const bool inside = row_inside && pair < PAIRS && channel < channels_left;
         const float* src = row + channel * SS + 2 * pair;
 #pragma unroll
-        for (int i = 0; i < WGRAD_IMAGES; i++)
+        for (int i = 0; i < IMAGES; i++)
             v[i] = inside && img0 + i < N ? *reinterpret_cast<const float2*>(src + i * image_stride)
                                           : make_float2(0.0f, 0.0f);
     };
-    auto store = [&](float* row, int f, int pixel, const float2 v[WGRAD_IMAGES]) {  // split, [pixel][octet][part][8][4]
+    auto store = [&](float* row, int f, int pixel, const float2 v[IMAGES]) {  // staged, [pixel][octet][part][8][16 B]
         const int pair = f / 8 % 8;
         if (pair >= PAIRS) return;
         float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;  // octet f / 64's big parts, then its small
-        const float first[4] = {v[0].x, v[1].x, v[2].x, v[3].x}, second[4] = {v[0].y, v[1].y, v[2].y, v[3].y};
-        stage4<TF32>(first, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
-        stage4<TF32>(second, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
+        float first[IMAGES], second[IMAGES];
+#pragma unroll
+        for (int i = 0; i < IMAGES; i++) first[i] = v[i].x, second[i] = v[i].y;
+        stage16<PR>(first, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
+        stage16<PR>(second, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
     };
     // Where the rows of item i and channel offset start: image quad i / 14, and x's row
     // (grid row p, image row p - 1) or dy's row i % 14.
-    auto x_row = [&](int item, int p) { return x + ((size_t)(item / S * WGRAD_IMAGES) * C + c0) * SS + (p - 1) * S; };
-    auto dy_row = [&](int item) { return dy + ((size_t)(item / S * WGRAD_IMAGES) * K + o0) * SS + item % S * S; };
+    auto x_row = [&](int item, int p) { return x + ((size_t)(item / S * IMAGES) * C + c0) * SS + (p - 1) * S; };
+    auto dy_row = [&](int item) { return dy + ((size_t)(item / S * IMAGES) * K + o0) * SS + item % S * S; };
 
     // Per item: its dy row and the last of its three x rows (grid row r + 2), two tasks per thread (a
     // dy task, then a dy task in warpgroup 0 or an x task in the others), fetched into registers two
     // items ahead: while the tensor cores work on item i, item i + 1's registers (fetched during item
     // i - 1) are stashed and item i + 2's loads are issued, so their latency passes behind a whole item.
-    float2 next[2][WGRAD_IMAGES];
+    float2 next[2][IMAGES];
     const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
     auto fetch = [&](int item) {
-        const int img0 = item / S * WGRAD_IMAGES, r = item % S;
+        const int img0 = item / S * IMAGES, r = item % S;
         load(dy_row(item), f_dy, K - o0, K * SS, true, img0, next[0]);
         if (tid < 128) load(dy_row(item), f_second, K - o0, K * SS, true, img0, next[1]);
         else load(x_row(item, r + 2), f_second, C - c0, C * SS, r + 1 < S, img0, next[1]);
@@ -323,10 +357,10 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     // An item that starts a run or an image quad also needs its first two x rows (grid rows r, r + 1).
     auto stage_first_rows = [&](int item) {
         if (item != first && item % S != 0) return;
-        const int img0 = item / S * WGRAD_IMAGES, r = item % S;
+        const int img0 = item / S * IMAGES, r = item % S;
         for (int e = tid; e < 2 * X_ROW_TASKS; e += WGRAD_THREADS) {
             const int p = r + e / X_ROW_TASKS;
-            float2 v[WGRAD_IMAGES];
+            float2 v[IMAGES];
             load(x_row(item, p), e % X_ROW_TASKS, C - c0, C * SS, p >= 1, img0, v);
             store(x_slot(item, p) + X_PIXEL, e % X_ROW_TASKS, X_PIXEL, v);
         }
@@ -356,10 +390,14 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
 #pragma unroll
         for (int j = 0; j < PAIRS; j++) {  // k-step j: pixels 2j and 2j + 1 of the 4 images
             const unsigned long long dy_big = dy_desc + 2 * j * DY_PIXEL / 4, x_big = x_desc + 2 * j * X_PIXEL / 4;
-            wgmma_tf32<96>(acc[0], dy_big, x_big);
-            if (!TF32) {
-                wgmma_tf32<96>(acc[1], dy_big, x_big + 8);
-                wgmma_tf32<96>(acc[1], dy_big + 8, x_big);
+            if constexpr (PR == Precision::Bf16) {
+                wgmma_bf16<96>(acc[0], dy_big, x_big);
+            } else {
+                wgmma_tf32<96>(acc[0], dy_big, x_big);
+                if (SPLIT) {
+                    wgmma_tf32<96>(acc[1], dy_big, x_big + 8);
+                    wgmma_tf32<96>(acc[1], dy_big + 8, x_big);
+                }
             }
         }
         wgmma_commit();
@@ -375,29 +413,42 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         for (int j = 0; j < PAIRS; j++) {
             // A: ldmatrix tiles (rows 0-7, pixel 2j), (rows 8-15, 2j), (rows 0-7, 2j + 1), (rows 8-15, 2j + 1)
             // of the warp's 16 rows (octets 2 warp and 2 warp + 1) are mma's a[0..3]; a 16-byte row of a
-            // tile is a pixel of 4 images.
+            // tile is a pixel of IMAGES images (k8 of TF32, or k16 of bf16, over the two pixels).
             unsigned a[2][4];
 #pragma unroll
-            for (int part = 0; part < (TF32 ? 1 : 2); part++)
+            for (int part = 0; part < (SPLIT ? 2 : 1); part++)
                 ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + (2 * warp + lane / 8 % 2) * 64 + part * 32 +
                                          lane % 8 * 4);
 #pragma unroll
-            for (int tc = 0; tc < 3; tc++)
+            for (int tc = 0; tc < 3; tc++) {
+                if constexpr (PR == Precision::Bf16) {
 #pragma unroll
-                for (int i = 0; i < 8; i += 2) {
-                    // B: tiles (pixel 2j + tc, columns 8i..), (2j + 1 + tc, 8i..), (2j + tc, 8i + 8..),
-                    // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. (octet i / 2's big parts) and b[2..3]
-                    // of 8i + 8.. (its small parts)
-                    unsigned b[4];
-                    ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
-                    float* big = acc[0] + 16 * tc + 2 * i;
-                    float* small = acc[1] + 16 * tc + 2 * i;
-                    mma_tf32(big, a[0], b);
-                    if (!TF32) {
-                        mma_tf32(small, a[0], b + 2);
-                        mma_tf32(small, a[1], b);  // dy small x x big
+                    for (int o = 0; o < 4; o += 2) {
+                        // B: tiles (pixel 2j + tc, octet o), (2j + 1 + tc, o), (2j + tc, o + 1), (2j + 1 + tc,
+                        // o + 1), big parts only: b[0..1] of octet o's 8 columns, b[2..3] of octet o + 1's
+                        unsigned b[4];
+                        ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (16 * (o + lane / 16) + lane % 8) * 4);
+                        mma_bf16(acc[0] + 16 * tc + 4 * o, a[0], b);
+                        mma_bf16(acc[0] + 16 * tc + 4 * o + 4, a[0], b + 2);
+                    }
+                } else {
+#pragma unroll
+                    for (int i = 0; i < 8; i += 2) {
+                        // B: tiles (pixel 2j + tc, columns 8i..), (2j + 1 + tc, 8i..), (2j + tc, 8i + 8..),
+                        // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. (octet i / 2's big parts) and
+                        // b[2..3] of 8i + 8.. (its small parts)
+                        unsigned b[4];
+                        ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
+                        float* big = acc[0] + 16 * tc + 2 * i;
+                        float* small = acc[1] + 16 * tc + 2 * i;
+                        mma_tf32(big, a[0], b);
+                        if (SPLIT) {
+                            mma_tf32(small, a[0], b + 2);
+                            mma_tf32(small, a[1], b);  // dy small x x big
+                        }
                     }
                 }
+            }
         }
         if (item + 1 < last) {
             stage_first_rows(item + 1);
@@ -431,42 +482,44 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
 
 // The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
 // first, then input_grad_quads (K in, C out; flipped).
-template <bool TF32>
+template <Precision PR>
 __device__ __forceinline__ void stage_weights(const float* w, int C, int K, float4* forward_quads,
                                               float4* input_grad_quads) {
-    constexpr int TILE = TF32 ? CONV_TILE_CHANNELS_TF32 : CONV_TILE_CHANNELS;
+    constexpr int TILE = tile_channels<PR>, CHUNK = chunk_channels<PR>;
     const int q = blockIdx.x * blockDim.x + threadIdx.x;
-    const int forward = CEIL_DIV(K, TILE) * CEIL_DIV(C, CONV_CHUNK) * CONV_CHUNK_QUADS;
-    const int input_grad = CEIL_DIV(C, TILE) * CEIL_DIV(K, CONV_CHUNK) * CONV_CHUNK_QUADS;
-    if (q < forward) stage_weight_quad<false, TF32>(w, C, K, forward_quads, q);
-    else if (q < forward + input_grad) stage_weight_quad<true, TF32>(w, K, C, input_grad_quads, q - forward);
+    const int forward = CEIL_DIV(K, TILE) * CEIL_DIV(C, CHUNK) * CONV_CHUNK_QUADS;
+    const int input_grad = CEIL_DIV(C, TILE) * CEIL_DIV(K, CHUNK) * CONV_CHUNK_QUADS;
+    if (q < forward) stage_weight_quad<false, PR>(w, C, K, forward_quads, q);
+    else if (q < forward + input_grad) stage_weight_quad<true, PR>(w, K, C, input_grad_quads, q - forward);
 }
 
-// Entry points: the precision is a template parameter. Precision::Fp32 keeps float32's accuracy with the
-// three products of 3xTF32; Precision::Tf32 (train and compare --tf32) rounds both operands to the nearest
-// TF32 and multiplies once, as cuDNN's TF32 convolutions do: about 3e-4 relative error instead of 1e-6.
-// The image tiles' A then holds 64 output channels (CONV_TILE_CHANNELS_TF32) instead of the two parts of
-// 32: half the blocks and half the tensor work; the weight gradient does a third of its tensor work.
-enum class Precision { Fp32, Tf32 };
+// Entry points: the precision (tensor_core.cuh) is a template parameter. Precision::Fp32 keeps float32's
+// accuracy with the three products of 3xTF32; Precision::Tf32 rounds both operands to the nearest TF32 and
+// multiplies once, as cuDNN's TF32 convolutions do: about 3e-4 relative error instead of 1e-6. The image
+// tiles' A then holds 64 output channels (CONV_TILE_CHANNELS_ONE_PART) instead of the two parts of 32: half
+// the blocks and half the tensor work; the weight gradient does a third of its tensor work.
+// Precision::Bf16 rounds both operands to bf16 (about 3e-3 relative error) and multiplies once, 16 k per
+// instruction: the TF32 form's layouts with 8 values in each 16 bytes, so a chunk is 16 channels and a
+// weight-gradient item 8 images, and each product needs half the instructions of plain TF32.
 
 template <Precision P>
 __global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
                                          float4* input_grad_quads) {
-    stage_weights<P == Precision::Tf32>(w, C, K, forward_quads, input_grad_quads);
+    stage_weights<P>(w, C, K, forward_quads, input_grad_quads);
 }
 
 // grid (N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
-    conv3x3_image_tile<P == Precision::Tf32>(x, forward_quads, y, C, K);
+    conv3x3_image_tile<P>(x, forward_quads, y, C, K);
 }
 
 // grid (N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
-    conv3x3_image_tile<P == Precision::Tf32>(dy, input_grad_quads, dx, K, C);
+    conv3x3_image_tile<P>(dy, input_grad_quads, dx, K, C);
 }
 
 // grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
@@ -475,5 +528,5 @@ template <Precision P>
 __global__ void __launch_bounds__(WGRAD_THREADS, 1)
 conv2_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K,
                            int items_per_part) {
-    conv3x3_weight_grad_rows<P == Precision::Tf32>(x, dy, partial, N, C, K, items_per_part);
+    conv3x3_weight_grad_rows<P>(x, dy, partial, N, C, K, items_per_part);
 }

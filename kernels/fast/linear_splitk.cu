@@ -1,5 +1,6 @@
-// linear_splitk.cu: fc1's three products on the tiled tensor-core core (gemm_tile.cuh, 3xTF32): the fast
-// form of naive/linear.cu and relu.cu for fc1. N is the batch. Products whose reduction is long and whose
+// linear_splitk.cu: fc1's three products on the tiled tensor-core core (gemm_tile.cuh; 3xTF32, or bf16
+// with --precision bf16): the fast form of naive/linear.cu and relu.cu for fc1. N is the batch. The
+// precision is a template parameter of each entry point. Products whose reduction is long and whose
 // output is small (the forward's k = 3136; the weight gradient's k = the batch) are cut along k into
 // splits, each block writing a partial result that splitk_reduce.cu sums in order.
 #include "common.cuh"
@@ -8,13 +9,14 @@
 // y = x W^T as C[n][o] = sum_i x[n,i] W[o,i]; the long i range is cut into gridDim.z splits whose
 // partial results splitk_reduce_fast sums (adding the bias and the ReLU).
 // grid (ceil(O/64), ceil(N/64), splits); partial [splits, N, O]
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+template <Precision P>
+__global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_forward_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, I, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, true, false>(Dense{x, N, I, I, 1}, Dense{w, O, I, I, 1}, m0, n0, k_begin, k_end, acc);
+    gemm_tile<P, TILE_M, TILE_N, true, false>(Dense{x, N, I, I, 1}, Dense{w, O, I, I, 1}, m0, n0, k_begin, k_end, acc);
     float* out = partial + (size_t)blockIdx.z * N * O;
     gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int n, int o, float v) {
         if (n < N && o < O) out[n * O + o] = v;
@@ -22,36 +24,39 @@ linear_forward_fast(const float* x, const float* w, float* partial, int N, int I
 }
 
 // dx = dy W as C[n][i] = sum_o dy[n,o] W[o,i], in tiles TN columns wide.  grid (ceil(I/TN), ceil(N/64))
-template <int TN>
+template <Precision P, int TN>
 __device__ __forceinline__ void linear_backward_input(const float* dy, const float* w, float* dx, int N, int I, int O) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TN;
     float acc[4][4];
-    gemm_tile<TILE_M, TN, true, true>(Dense{dy, N, O, O, 1}, Dense{w, I, O, 1, I}, m0, n0, 0, O, acc);
+    gemm_tile<P, TILE_M, TN, true, true>(Dense{dy, N, O, O, 1}, Dense{w, I, O, 1, I}, m0, n0, 0, O, acc);
     gemm_store<TILE_M, TN>(acc, m0, n0, [&](int n, int i, float v) {
         if (n < N && i < I) dx[n * I + i] = v;
     });
 }
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+template <Precision P>
+__global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
-    linear_backward_input<TILE_N>(dy, w, dx, N, I, O);
+    linear_backward_input<P, TILE_N>(dy, w, dx, N, I, O);
 }
 // The same in tiles half as wide, for when the 64-wide ones would leave SMs idle (fc1 at batch 64: 49
 // blocks): each warp's chain of steps then does half the products. Where there are blocks enough, the
 // wide tiles' fewer loads win (docs/performance.md).
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+template <Precision P>
+__global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
-    linear_backward_input<TILE_N / 2>(dy, w, dx, N, I, O);
+    linear_backward_input<P, TILE_N / 2>(dy, w, dx, N, I, O);
 }
 
 // dW = dy^T x as C[o][i] = sum_n dy[n,o] x[n,i], the batch cut into gridDim.z splits.
 // grid (ceil(I/64), ceil(O/64), splits); out [splits, O, I] (with one split: dW itself)
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
+template <Precision P>
+__global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, int I, int O, int k_per_split) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, N, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, I, N, 1, I}, m0, n0, k_begin, k_end,
+    gemm_tile<P, TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, I, N, 1, I}, m0, n0, k_begin, k_end,
                                            acc);
     float* dst = out + (size_t)blockIdx.z * O * I;
     gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int o, int i, float v) {

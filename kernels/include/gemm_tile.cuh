@@ -1,5 +1,5 @@
 // gemm_tile.cuh: the tiled matrix-product core of fc1's kernels (fast/linear_splitk.cu), on the tensor
-// cores in 3xTF32 (tensor_core.cuh):
+// cores in 3xTF32 (Precision::Fp32) or in bf16 (Precision::Bf16; tensor_core.cuh):
 //
 //   C[m][n] = sum_k A(m, k) * B(k, n)
 //
@@ -54,8 +54,10 @@ struct WarpTiles {
 // Accumulate the block's TM x TN tile (rows m0.., columns n0..) over k in [k_begin, k_end).
 // The operands pass through shared memory TILE_K steps of k at a time; the next step's elements are
 // fetched into registers before the current step's products, so global-memory latency overlaps the
-// tensor-core work (one shared-memory buffer, two barriers per step).
-template <int TM, int TN, bool A_K_CONTIGUOUS, bool B_N_CONTIGUOUS, class LoadA, class LoadB>
+// tensor-core work (one shared-memory buffer, two barriers per step). Shared memory holds float32 in
+// every precision: a warp rounds the values of its fragments as it reads them (split into TF32 parts, or
+// packed as bf16 pairs).
+template <Precision PR, int TM, int TN, bool A_K_CONTIGUOUS, bool B_N_CONTIGUOUS, class LoadA, class LoadB>
 __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0, int n0, int k_begin,
                                           int k_end, float acc[4][4]) {
     using W = WarpTiles<TM, TN>;
@@ -127,25 +129,52 @@ __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0
         }
         __syncthreads();
         if (k0 + TILE_K < k_end) fetch(k0 + TILE_K);  // in flight during the products below
+        if constexpr (PR == Precision::Bf16) {
+            static_assert(TILE_K % 16 == 0, "whole k16 steps");
 #pragma unroll
-        for (int kk = 0; kk < TILE_K; kk += 8) {
-            unsigned a_big[W::MI][4], a_small[W::MI][4], b_big[W::NI][2], b_small[W::NI][2];
+            for (int kk = 0; kk < TILE_K; kk += 16) {
+                unsigned a[W::MI][4], b[W::NI][2];
 #pragma unroll
-            for (int mi = 0; mi < W::MI; mi++)
+                for (int mi = 0; mi < W::MI; mi++)
 #pragma unroll
-                for (int r = 0; r < 4; r++)
-                    split_tf32(As[kk + t + 4 * (r / 2)][wm + mi * 16 + g + 8 * (r % 2)], &a_big[mi][r],
-                               &a_small[mi][r]);
-#pragma unroll
-            for (int ni = 0; ni < W::NI; ni++)
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    split_tf32(Bs[kk + t + 4 * r][wn + ni * 8 + g], &b_big[ni][r], &b_small[ni][r]);
-#pragma unroll
-            for (int mi = 0; mi < W::MI; mi++)
+                    for (int r = 0; r < 4; r++) {
+                        const int k = kk + 2 * t + 8 * (r / 2), m = wm + mi * 16 + g + 8 * (r % 2);
+                        a[mi][r] = pack_bf16(As[k][m], As[k + 1][m]);
+                    }
 #pragma unroll
                 for (int ni = 0; ni < W::NI; ni++)
-                    mma_3xtf32(acc[mi * W::NI + ni], a_big[mi], a_small[mi], b_big[ni], b_small[ni]);
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        const int k = kk + 2 * t + 8 * r, n = wn + ni * 8 + g;
+                        b[ni][r] = pack_bf16(Bs[k][n], Bs[k + 1][n]);
+                    }
+#pragma unroll
+                for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < W::NI; ni++) mma_bf16(acc[mi * W::NI + ni], a[mi], b[ni]);
+            }
+        } else {
+            static_assert(PR == Precision::Fp32, "fc1 runs in 3xTF32 or in bf16");
+#pragma unroll
+            for (int kk = 0; kk < TILE_K; kk += 8) {
+                unsigned a_big[W::MI][4], a_small[W::MI][4], b_big[W::NI][2], b_small[W::NI][2];
+#pragma unroll
+                for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+                    for (int r = 0; r < 4; r++)
+                        split_tf32(As[kk + t + 4 * (r / 2)][wm + mi * 16 + g + 8 * (r % 2)], &a_big[mi][r],
+                                   &a_small[mi][r]);
+#pragma unroll
+                for (int ni = 0; ni < W::NI; ni++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+                        split_tf32(Bs[kk + t + 4 * r][wn + ni * 8 + g], &b_big[ni][r], &b_small[ni][r]);
+#pragma unroll
+                for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+                    for (int ni = 0; ni < W::NI; ni++)
+                        mma_3xtf32(acc[mi * W::NI + ni], a_big[mi], a_small[mi], b_big[ni], b_small[ni]);
+            }
         }
     }
 }

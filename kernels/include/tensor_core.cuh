@@ -1,6 +1,6 @@
 // tensor_core.cuh: the tensor-core building blocks of the fast products: TF32 splitting for 3xTF32,
-// mma.sync (any GPU since Ampere), Hopper's warpgroup MMA (wgmma, compiled for sm_90a only), ldmatrix,
-// and cp.async copies from global to shared memory.
+// bf16 packing, the products' Precision, mma.sync (any GPU since Ampere), Hopper's warpgroup MMA (wgmma,
+// compiled for sm_90a only), ldmatrix, and cp.async copies from global to shared memory.
 #pragma once
 
 // Tensor cores. mma.sync m16n8k8 multiplies a 16x8 tile of A by an 8x8 tile of B into a 16x8 tile of
@@ -32,6 +32,29 @@ __device__ __forceinline__ void mma_3xtf32(float c[4], const unsigned a_big[4], 
     mma_tf32(c, a_big, b_small);
     mma_tf32(c, a_big, b_big);
 }
+
+// bf16 products: a 16-bit float with float32's exponent and 8 bits of mantissa (2^-9 relative rounding),
+// as torch.autocast(dtype=torch.bfloat16) multiplies. m16n8k16 takes pairs of bf16 along k in one
+// register, the lower k in the lower half: a[r] = A(g + 8*(r%2), 2t + 8*(r/2) + {0, 1});
+// b[r] = B(2t + 8*r + {0, 1}, g); c as in m16n8k8.
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {  // rounded to nearest, ties to even
+    unsigned r;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ void mma_bf16(float c[4], const unsigned a[4], const unsigned b[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// The precision of a product, a template parameter of the fast products' entry points. Fp32 keeps
+// float32's accuracy (3xTF32); Tf32 rounds both operands to the nearest TF32 and multiplies once (train
+// --precision tf32, as cuDNN's TF32 convolutions); Bf16 rounds them to bf16 and multiplies once
+// (--precision bf16, as torch.autocast with bfloat16). Every precision accumulates in float32.
+enum class Precision { Fp32, Tf32, Bf16 };
 
 // Copies from global to shared memory that bypass registers (cp.async; wait_all waits for this
 // thread's, then a barrier makes everyone's visible).
@@ -76,6 +99,24 @@ __device__ __forceinline__ void wgmma_tf32<96>(float* d, unsigned long long a, u
 template <>
 __device__ __forceinline__ void wgmma_tf32<112>(float* d, unsigned long long a, unsigned long long b) {
     asm volatile("wgmma.mma_async.sync.aligned.m64n112k8.f32.tf32.tf32 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, %56, %57, 1, 1, 1;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
+                 : "l"(a), "l"(b));
+}
+
+// d (64 x N) += A (64 x 16, descriptor a) * B (16 x N, descriptor b), bf16 operands, float32 accumulators:
+// the same layouts as wgmma_tf32 with 16-byte rows of 8 bf16 values (a core matrix is 8 x 8 here), both
+// operands K-major (no transpose).
+template <int N>
+__device__ __forceinline__ void wgmma_bf16(float* d, unsigned long long a, unsigned long long b);
+template <>
+__device__ __forceinline__ void wgmma_bf16<96>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47}, %48, %49, 1, 1, 1, 0, 0;"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+                 : "l"(a), "l"(b));
+}
+template <>
+__device__ __forceinline__ void wgmma_bf16<112>(float* d, unsigned long long a, unsigned long long b) {
+    asm volatile("wgmma.mma_async.sync.aligned.m64n112k16.f32.bf16.bf16 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55}, %56, %57, 1, 1, 1, 0, 0;"
                  : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55])
                  : "l"(a), "l"(b));
 }

@@ -17,6 +17,19 @@ def source(path: str, **defines) -> cuda.Source:
     return cuda.Source(path, {**COMMON_DEFINES, **defines})
 
 
+def precision_kernels(src: cuda.Source, op: str, names, precisions: dict):
+    """The instantiations `{op}_{name}_fast<{precisions[p]}>` of src's kernel templates, for every name and
+    precision p; returns kernel(name, p), which names the precisions for an unknown one."""
+    kernels = {(name, p): src.kernel(f"{op}_{name}_fast<{expr}>") for name in names for p, expr in precisions.items()}
+
+    def kernel(name: str, precision: str) -> cuda.Kernel:
+        try:
+            return kernels[name, precision]
+        except KeyError:
+            raise ValueError(f"unknown precision {precision!r}; choose from {tuple(precisions)}") from None
+    return kernel
+
+
 def parts_of(n: int, max_parts: int = MAX_PARTS) -> tuple[int, int]:
     """(parts, images per part) for reductions over a batch of n images, at most max_parts parts."""
     per_part = cuda.ceil_div(n, max(1, min(max_parts, MAX_PARTS)))

@@ -2,50 +2,59 @@
 products (forward, input gradient, weight gradient) on the tensor cores, for 14x14 images.
 
 precision: "fp32" keeps float32's accuracy (3xTF32: each operand split into two TF32 parts, three tensor-core
-products); "tf32" rounds both operands to TF32 and multiplies once (train and compare --tf32), as cuDNN's
-TF32 convolutions do."""
+products); "tf32" rounds both operands to TF32 and multiplies once (--precision tf32), as cuDNN's TF32
+convolutions do; "bf16" rounds them to bf16 and multiplies once, 16 k per instruction (--precision bf16),
+as torch.autocast with bfloat16 does. Every precision accumulates in float32."""
 from __future__ import annotations
 
 from ..cuda import ceil_div, sm_count
-from .common import I32, source
+from .common import I32, precision_kernels, source
 
-PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32"}
+PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
 CONV2_SIZE = 14
 # forward and input gradient: a block computes CONV_TILE_CHANNELS (fp32: big and small parts stacked) or
-# CONV_TILE_CHANNELS_TF32 output channels of CONV_ROWS image rows, one warpgroup of CONV_THREADS threads; the
-# input passes through shared memory CONV_CHUNK channels at a time (CONV_STAGED_PIXELS pixels of each),
-# with CONV_CHUNK_QUADS weight float4s per chunk
-CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_TF32 = 128, 32, 64
+# CONV_TILE_CHANNELS_ONE_PART (tf32, bf16) output channels of CONV_ROWS image rows, one warpgroup of
+# CONV_THREADS threads; the input passes through shared memory CONV_CHUNK channels at a time (twice as many
+# in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS pixels of each), with CONV_CHUNK_QUADS weight quads of
+# 16 bytes per chunk
+CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_ONE_PART = 128, 32, 64
 CONV_CHUNK, CONV_CHUNK_QUADS, CONV_ROWS, CONV_STAGED_PIXELS = 8, 1152, 7, 146
 # weight gradient: WGRAD_THREADS threads (three warpgroups) per block of WGRAD_OUT output and WGRAD_CHANNELS
-# input channels; k runs over pixels x WGRAD_IMAGES images; WGRAD_X_SLOTS staged rows of x
+# input channels; k runs over pixels x WGRAD_IMAGES images (twice as many in bf16); WGRAD_X_SLOTS staged
+# rows of x
 WGRAD_THREADS, WGRAD_OUT, WGRAD_CHANNELS, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 64, 32, 4, 6
 
 _src = source("fast/conv2_implicit_gemm.cu", CONV2_SIZE=CONV2_SIZE, CONV_THREADS=CONV_THREADS,
-              CONV_TILE_CHANNELS=CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_TF32=CONV_TILE_CHANNELS_TF32,
+              CONV_TILE_CHANNELS=CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_ONE_PART=CONV_TILE_CHANNELS_ONE_PART,
               CONV_CHUNK=CONV_CHUNK, CONV_CHUNK_QUADS=CONV_CHUNK_QUADS, CONV_ROWS=CONV_ROWS,
               CONV_STAGED_PIXELS=CONV_STAGED_PIXELS, WGRAD_THREADS=WGRAD_THREADS, WGRAD_OUT=WGRAD_OUT,
               WGRAD_CHANNELS=WGRAD_CHANNELS, WGRAD_IMAGES=WGRAD_IMAGES, WGRAD_X_SLOTS=WGRAD_X_SLOTS)
-_kernels = {(name, p): _src.kernel(f"conv2_{name}_fast<{expr}>")
-            for name in ("stage_weights", "forward", "backward_input", "backward_weight")
-            for p, expr in PRECISIONS.items()}
-
-
-def _kernel(name: str, precision: str):
-    try:
-        return _kernels[name, precision]
-    except KeyError:
-        raise ValueError(f"unknown precision {precision!r}; choose from {tuple(PRECISIONS)}") from None
+_kernel = precision_kernels(_src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"),
+                            PRECISIONS)
 
 
 def tile_channels(precision: str) -> int:
     """Output channels per block of the forward and the input gradient."""
-    return CONV_TILE_CHANNELS_TF32 if precision == "tf32" else CONV_TILE_CHANNELS
+    _kernel("forward", precision)
+    return CONV_TILE_CHANNELS if precision == "fp32" else CONV_TILE_CHANNELS_ONE_PART
+
+
+def chunk_channels(precision: str) -> int:
+    """Input channels per staged chunk of the forward and the input gradient."""
+    _kernel("forward", precision)
+    return 2 * CONV_CHUNK if precision == "bf16" else CONV_CHUNK
+
+
+def weight_grad_images(precision: str) -> int:
+    """Images per 16 staged bytes of the weight gradient's k."""
+    _kernel("backward_weight", precision)
+    return 2 * WGRAD_IMAGES if precision == "bf16" else WGRAD_IMAGES
 
 
 def weight_quads(c_in: int, c_out: int, precision: str) -> int:
-    """Weight float4s of one product as stage_weights writes them (c_in input, c_out output channels)."""
-    return ceil_div(c_out, tile_channels(precision)) * ceil_div(c_in, CONV_CHUNK) * CONV_CHUNK_QUADS
+    """Weight quads (16 bytes: float4s) of one product as stage_weights writes them (c_in input, c_out output
+    channels)."""
+    return ceil_div(c_out, tile_channels(precision)) * ceil_div(c_in, chunk_channels(precision)) * CONV_CHUNK_QUADS
 
 
 def image_tile_shared_bytes() -> int:
@@ -87,13 +96,13 @@ def weight_grad_partial_size(c_in: int, c_out: int) -> int:
     return sm_count() * c_out * c_in * 9
 
 
-def weight_grad_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int], int]:
-    """Grid of backward_weight and its items per part. An item is an output row of WGRAD_IMAGES images; each
+def weight_grad_grid(n: int, c_in: int, c_out: int, precision: str) -> tuple[tuple[int, int, int], int]:
+    """Grid of backward_weight and its items per part. An item is an output row of weight_grad_images images; each
     block sums a run of consecutive items into its own partial result. A block fills an SM, and the kernel
     runs beside conv2's input gradient and conv1's backward (on a side branch of the step), so it gets about
     half of the SMs (docs/performance.md)."""
     rows, cols = ceil_div(c_out, WGRAD_OUT), ceil_div(c_in, WGRAD_CHANNELS)
-    items = ceil_div(n, WGRAD_IMAGES) * CONV2_SIZE
+    items = ceil_div(n, weight_grad_images(precision)) * CONV2_SIZE
     per_part = ceil_div(items * rows * cols, max(1, sm_count() // 2))
     return (ceil_div(items, per_part), rows, cols), per_part
 
@@ -101,7 +110,7 @@ def weight_grad_grid(n: int, c_in: int, c_out: int) -> tuple[tuple[int, int, int
 def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: str) -> int:
     """The weight gradient's partial results [parts, c_out, c_in, 3, 3] into partial; returns parts (for
     splitk_reduce)."""
-    grid, per_part = weight_grad_grid(n, c_in, c_out)
+    grid, per_part = weight_grad_grid(n, c_in, c_out, precision)
     _kernel("backward_weight", precision).launch(grid, WGRAD_THREADS, x, dy, partial, I32(n), I32(c_in), I32(c_out),
                                                  I32(per_part), shared_mem=weight_grad_shared_bytes())
     return grid[0]

@@ -1,9 +1,13 @@
 """The launch contracts of kernels/fast/linear_splitk.cu: fc1's three products on the tiled tensor-core
-core (kernels/include/gemm_tile.cuh), the long reductions cut into splits that splitk_reduce sums."""
+core (kernels/include/gemm_tile.cuh), the long reductions cut into splits that splitk_reduce sums.
+
+precision: the step's precision (conv2_implicit_gemm.PRECISIONS). fc1 runs in 3xTF32 (float32's accuracy)
+at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 by default while its
+convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast."""
 from __future__ import annotations
 
 from ..cuda import ceil_div, sm_count
-from .common import I32, source
+from .common import I32, precision_kernels, source
 from .splitk_reduce import splitk_reduce
 
 TILE, TILE_K = 64, 16  # a block's output tile is TILE x TILE (narrow: half as wide); k steps of TILE_K
@@ -12,10 +16,9 @@ MAX_SPLITS = 64
 
 _src = source("fast/linear_splitk.cu", TILE_M=TILE, TILE_N=TILE, TILE_K=TILE_K, GEMM_THREADS=GEMM_THREADS,
               GEMM_MIN_BLOCKS=GEMM_MIN_BLOCKS)
-_forward = _src.kernel("linear_forward_fast")
-_input = _src.kernel("linear_backward_input_fast")
-_input_narrow = _src.kernel("linear_backward_input_narrow_fast")
-_weight = _src.kernel("linear_backward_weight_fast")
+PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
+_kernel = precision_kernels(_src, "linear", ("forward", "backward_input", "backward_input_narrow", "backward_weight"),
+                            PRECISIONS)
 
 
 def split_k(k_total: int, tiles: int) -> tuple[int, int]:
@@ -41,29 +44,31 @@ def weight_partial_size(batch: int, n_in: int, n_out: int) -> int:
     return max_splits(batch) * n_out * n_in
 
 
-def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int):
+def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int, precision: str = "fp32"):
     """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size]."""
     splits, k_per_split = split_k(n_in, ceil_div(n_out, TILE) * ceil_div(n, TILE))
-    _forward.launch((ceil_div(n_out, TILE), ceil_div(n, TILE), splits), GEMM_THREADS, x, w, partial, I32(n),
-                    I32(n_in), I32(n_out), I32(k_per_split))
+    _kernel("forward", precision).launch((ceil_div(n_out, TILE), ceil_div(n, TILE), splits), GEMM_THREADS, x, w,
+                                         partial, I32(n), I32(n_in), I32(n_out), I32(k_per_split))
     splitk_reduce(partial, splits, out, bias=b, relu=True, count=n * n_out)
 
 
-def backward_input(dy, w, dx, n: int, n_in: int, n_out: int, narrow: bool | None = None):
+def backward_input(dy, w, dx, n: int, n_in: int, n_out: int, narrow: bool | None = None, precision: str = "fp32"):
     """dx [n, n_in] = dy [n, n_out] w, in 64-wide tiles, or in 32-wide ones (narrow) where the wide would be
     fewer blocks than the GPU has SMs (narrow=None: chosen so; True or False forces a form)."""
     rows = ceil_div(n, TILE)
     if narrow is None:
         narrow = ceil_div(n_in, TILE) * rows < sm_count()
-    kernel, width = (_input_narrow, TILE // 2) if narrow else (_input, TILE)
+    kernel, width = ((_kernel("backward_input_narrow", precision), TILE // 2) if narrow
+                     else (_kernel("backward_input", precision), TILE))
     kernel.launch((ceil_div(n_in, width), rows), GEMM_THREADS, dy, w, dx, I32(n), I32(n_in), I32(n_out))
 
 
-def backward_weight(x, dy, dw, partial, n: int, n_in: int, n_out: int):
+def backward_weight(x, dy, dw, partial, n: int, n_in: int, n_out: int, precision: str = "fp32"):
     """dw [n_out, n_in] = dy^T x, the batch cut into splits through partial [weight_partial_size] (with one
     split, straight into dw)."""
     splits, k_per_split = split_k(n, ceil_div(n_in, TILE) * ceil_div(n_out, TILE))
-    _weight.launch((ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits), GEMM_THREADS, x, dy,
-                   dw if splits == 1 else partial, I32(n), I32(n_in), I32(n_out), I32(k_per_split))
+    _kernel("backward_weight", precision).launch((ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits), GEMM_THREADS,
+                                                 x, dy, dw if splits == 1 else partial, I32(n), I32(n_in), I32(n_out),
+                                                 I32(k_per_split))
     if splits > 1:
         splitk_reduce(partial, splits, dw)
