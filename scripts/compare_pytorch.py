@@ -119,6 +119,7 @@ def build_parser():
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="our kernel version")
     add_precision_arguments(p, "default: fp32; tf32 as PyTorch's convolutions by default, bf16 against PyTorch "
                                "under autocast(bfloat16); see above")
+    p.set_defaults(precision="fp32")
     p.add_argument("--compile", action="store_true", help="also time torch.compile without a CUDA graph")
     p.add_argument("--no-compiled-graph", action="store_true",
                    help="skip the torch.compile + whole-step CUDA graph mode")
@@ -1009,12 +1010,13 @@ def main(argv=None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     prog = "compare_pytorch.py"
-    args.precision = args.precision or "fp32"
     if args.precision != "fp32" and args.kernels != "fast":
         parser.error(f"argument --precision: {args.precision} needs --kernels fast (the naive kernels compute in "
                      f"plain fp32)")
     if args.parity_only and not args.parity_steps:
         parser.error("argument --parity-only: needs --parity-steps > 0")
+    if args.recipe and args.precision != "fp32":
+        parser.error("argument --precision: the recipes run in fp32 on both sides (train's --recipe); leave it out")
     if args.recipe_torch_modes != RECIPE_TORCH_MODES and not args.recipe:
         parser.error("argument --recipe-torch-modes: needs --recipe (the timed runs take every mode)")
     try:

@@ -127,6 +127,7 @@ def assert_one_line_usage_error(r, flag):
 @pytest.mark.parametrize("args,flag", [(["--batch-sizes", "0"], "--batch-sizes"),
                                        (["--tf32", "--kernels", "naive"], "--precision"),
                                        (["--precision", "bf16", "--kernels", "naive"], "--precision"),
+                                       (["--recipe", "fast", "--precision", "bf16"], "--precision"),
                                        (["--png", "no-such-folder/x.png"], "--png")])
 def test_bad_arguments_exit_2_with_one_line(args, flag):
     r = run_script(*args)
