@@ -41,8 +41,9 @@ class Parser(argparse.ArgumentParser):
 
 def add_precision_arguments(p: Parser, default: str):
     """--precision and its shorthand --tf32 (one or the other); `default` ends the help text."""
+    from .nets import PRECISIONS
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--precision", choices=("fp32", "tf32", "bf16"), default=None,
+    group.add_argument("--precision", choices=PRECISIONS, default=None,
                        help="the tensor-core products' precision (fast kernels only for tf32 and bf16): fp32 keeps "
                             "float32's accuracy (3xTF32, ~1e-6 relative error); tf32 runs conv2 in plain TF32, as "
                             "PyTorch's cuDNN convolutions by default (~3e-4); bf16 runs conv2 and fc1 on bf16 "

@@ -139,9 +139,7 @@ def resolve(args, parser, meta: dict) -> dict:
     """The dataset, batch size, kernels and precision: the flags, else what the checkpoint recorded."""
     pick = lambda flag, key, default: flag if flag is not None else meta.get(key, default)
     out = {"dataset": pick(args.dataset, "dataset", "mnist"), "batch_size": pick(args.batch_size, "batch_size", 64),
-           "kernels": pick(args.kernels, "kernels", "fast"), "precision": pick(args.precision, "precision", None)}
-    if out["precision"] is None:
-        out["precision"] = cli.precision_of(meta)
+           "kernels": pick(args.kernels, "kernels", "fast"), "precision": args.precision or cli.precision_of(meta)}
     if out["dataset"] not in data.DATASETS:
         parser.fail("CHECKPOINT", f"it names an unknown dataset {out['dataset']!r}; give --dataset")
     if out["kernels"] not in KERNEL_VERSIONS or not isinstance(out["batch_size"], int) or out["batch_size"] < 1:
