@@ -70,6 +70,14 @@ class Case:
     make: Callable[[np.random.Generator, Dims], Prepared]
     tol: float = FP32_TOL
     ops: tuple[str, ...] = ()  # the op families (FAMILIES) this case covers
+    sm90a: bool = False  # its kernels exist only compiled for sm_90a (a Hopper GPU): see runnable()
+
+
+def runnable(case: Case) -> bool:
+    """Whether the case's kernels can run here (GPU present): an sm_90a-only case needs a Hopper GPU with
+    the kernels compiled for it (mnist_cuda.cuda.arch_specific)."""
+    from mnist_cuda import cuda
+    return not case.sm90a or cuda.arch_specific()
 
 
 def rel_err(got, want) -> float:
@@ -631,10 +639,11 @@ def block_backward_fast_case(layer):
     return Case("batchnorm_backward_reduce_fast+batchnorm_backward_apply_fast[block2]", make, ops=BLOCK2_OPS)
 
 
-def linear_fast_case(part, narrow=False, precision="fp32"):
-    """fc1's products on the tiled core: forward (+ bias + ReLU in splitk_reduce_fast), input gradient (in
-    64-wide tiles, or 32-wide with narrow) and weight gradient (split-K where the batch is long enough), at
-    precision "fp32" (3xTF32) or "bf16"."""
+def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
+    """fc1's products: forward (+ bias + ReLU in splitk_reduce_fast), input gradient and weight gradient, at
+    precision "fp32" (3xTF32) or "bf16", in the tiled form (the input gradient in 64-wide tiles, or 32-wide
+    with narrow; the weight gradient split-K where the batch is long enough) or, for the forward and the
+    input gradient, the wgmma form (sm_90a; the forward 128 or, narrow, 64 outputs wide)."""
     def make(rng, d):
         N, I, O = _linear_geometry(d, "fc1")
         x, w, b, dy = _f32(rng, (N, I)), _f32(rng, (O, I), 1 / np.sqrt(I)), _f32(rng, O), _f32(rng, (N, O))
@@ -643,26 +652,41 @@ def linear_fast_case(part, narrow=False, precision="fp32"):
         if part == "forward":
             y = _poison((N, O))
             partial = _poison(linear_splitk.forward_partial_size(N, I, O))
-            run = lambda: linear_splitk.forward(xd, wd, bd, partial, y, N, I, O, precision)
+            run = lambda: linear_splitk.forward(xd, wd, bd, partial, y, N, I, O, precision, form=form,
+                                                narrow=narrow if form == "wgmma" else None)
             return Prepared(run, {"y": y}, {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
                             (2.0 * N * I * O, _bytes(x, w, y)))
         dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
         if part == "backward_input":
             dx = _poison((N, I))
-            run = lambda: linear_splitk.backward_input(dyd, wd, dx, N, I, O, narrow=narrow, precision=precision)
+            run = lambda: linear_splitk.backward_input(dyd, wd, dx, N, I, O, narrow=narrow, precision=precision,
+                                                       form=form)
             return Prepared(run, {"dx": dx}, {"dx": dx_want}, (2.0 * N * I * O, _bytes(dy, w, dx)))
         dw = _poison((O, I))
         partial = _poison(linear_splitk.weight_partial_size(N, I, O))
         run = lambda: linear_splitk.backward_weight(xd, dyd, dw, partial, N, I, O, precision)
         return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
-    assert part in ("forward", "backward_input", "backward_weight") and (not narrow or part == "backward_input")
+    assert part in ("forward", "backward_input", "backward_weight") and form in linear_splitk.FORMS
+    assert not narrow or (part, form) in (("backward_input", "tiled"), ("forward", "wgmma"))
+    assert form == "tiled" or part != "backward_weight"
     assert precision in ("fp32", "bf16"), "fc1 runs in 3xTF32 or in bf16 (linear_splitk.PRECISIONS)"
     ops = ("linear", "relu") if part == "forward" else ("linear",)  # the forward's ReLU is in splitk_reduce
-    p = f"<{precision}>"
-    name = {"forward": f"linear_forward_fast{p}+splitk_reduce_fast",
-            "backward_input": f"linear_backward_input_narrow_fast{p}" if narrow else f"linear_backward_input_fast{p}",
+    p, wg = f"<{precision}>", "_wgmma" if form == "wgmma" else ""
+    name = {"forward": f"linear_forward{wg}{'_narrow' if narrow else ''}_fast{p}+splitk_reduce_fast",
+            "backward_input": f"linear_backward_input_narrow_fast{p}" if narrow else f"linear_backward_input{wg}_fast{p}",
             "backward_weight": f"linear_backward_weight_fast{p}"}[part]
-    return Case(f"{name}[fc1]", make, _tol(precision), ops=ops)
+    return Case(f"{name}[fc1]", make, _tol(precision), ops=ops, sm90a=form == "wgmma")
+
+
+def linear_fast_cases(precision: str) -> list[Case]:
+    """Every form of fc1's three products at `precision`."""
+    return [linear_fast_case("forward", precision=precision),
+            linear_fast_case("forward", narrow=False, precision=precision, form="wgmma"),
+            linear_fast_case("forward", narrow=True, precision=precision, form="wgmma"),
+            linear_fast_case("backward_input", narrow=False, precision=precision),
+            linear_fast_case("backward_input", narrow=True, precision=precision),
+            linear_fast_case("backward_input", precision=precision, form="wgmma"),
+            linear_fast_case("backward_weight", precision=precision)]
 
 
 def head_fast_case():
@@ -770,10 +794,7 @@ def fast_cases() -> list[Case]:
                for per_block in conv1.FORWARD_CHANNELS]
             + [bn_relu_pool_fast_case(2)]
             + [block_backward_fast_case(layer) for layer in (1, 2)]
-            + [case for p in ("fp32", "bf16") for case in (
-                linear_fast_case("forward", precision=p), linear_fast_case("backward_input", narrow=False, precision=p),
-                linear_fast_case("backward_input", narrow=True, precision=p),
-                linear_fast_case("backward_weight", precision=p))]
+            + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
             + [head_fast_case(), sgd_fast_case()]
             + [sgd_momentum_case("fast", started) for started in (False, True)])
 

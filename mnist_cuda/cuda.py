@@ -110,7 +110,7 @@ def _define(name: str, value) -> str:
     return f"-D{name}={value}"
 
 
-_arch_specific = True  # on Hopper, compile for sm_90a (wgmma, in fast/conv2_implicit_gemm.cu)
+_arch_specific = True  # on Hopper, compile for sm_90a (wgmma: conv2's products, fc1's forward and input gradient)
 _sources: dict[str, "Source"] = {}
 
 
@@ -175,10 +175,16 @@ def _arch_options(cupy) -> tuple[str, ...]:
     return ("-arch=sm_90a",) if _arch_specific and cupy.cuda.Device().compute_capability == "90" else ()
 
 
+def arch_specific() -> bool:
+    """Whether kernels are compiled for sm_90a now (a Hopper GPU, and use_arch_specific not turned off):
+    the kernels that exist only in a wgmma form may be launched."""
+    return bool(_arch_options(require_gpu()))
+
+
 def use_arch_specific(on: bool):
-    """Whether the kernels are compiled for sm_90a on a Hopper GPU (conv2's products then use its
-    warpgroup MMA, wgmma) or for plain sm_XY as on any other GPU (their mma.sync form). The tests run both
-    forms on a Hopper GPU; kernels are compiled anew on their next use."""
+    """Whether the kernels are compiled for sm_90a on a Hopper GPU (conv2's products and fc1's forward and
+    input gradient then use its warpgroup MMA, wgmma) or for plain sm_XY as on any other GPU (their
+    mma.sync form). The tests run both forms on a Hopper GPU; kernels are compiled anew on their next use."""
     global _arch_specific
     _arch_specific = bool(on)
     for s in _sources.values():

@@ -19,6 +19,8 @@ def test_kernel_matches_reference(case, dims):
 
 def _check_against_reference(case, dims):
     import numpy as np
+    if not kc.runnable(case):
+        pytest.skip("its kernels need a Hopper GPU (sm_90a)")
     prepared = case.make(np.random.default_rng(), dims)  # fresh inputs every run
     errors = kc.check(prepared)
     bad = {k: v for k, v in errors.items() if not v < case.tol}
@@ -39,7 +41,7 @@ def test_the_cases_launch_every_declared_kernel():
         seen.add(kernel.name)
         launch()
 
-    for case in kc.all_cases():
+    for case in filter(kc.runnable, kc.all_cases()):
         prepared = case.make(rng, DIMS[1])  # (conv2's product cases stage its weights here, unrecorded)
         seen.clear()
         with cuda.launch_hook(record):
@@ -49,7 +51,10 @@ def test_the_cases_launch_every_declared_kernel():
             listed = listed.replace(short, full)
         assert seen == set(listed.split("+")), (case.name, seen)
         launched |= seen
-    assert launched == {name for s in cuda.sources() for name in s.kernels}
+    declared = {name for s in cuda.sources() for name in s.kernels}
+    if not cuda.arch_specific():  # the wgmma forms, compiled here as empty kernels, are never launched
+        declared = {name for name in declared if "wgmma" not in name}
+    assert launched == declared
 
 
 def _conv2_product_cases():

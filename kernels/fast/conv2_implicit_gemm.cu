@@ -50,38 +50,6 @@
 #define CONV_PADDED 16  // the staged grid is 16 wide: the image with its zero border
 
 
-// v's TF32 big parts into big, the remainders into small.
-__device__ __forceinline__ void split4(const float v[4], float4* big, float4* small) {
-    unsigned b[4], s[4];
-#pragma unroll
-    for (int i = 0; i < 4; i++) split_tf32(v[i], &b[i], &s[i]);
-    *big = make_float4(__uint_as_float(b[0]), __uint_as_float(b[1]), __uint_as_float(b[2]), __uint_as_float(b[3]));
-    *small = make_float4(__uint_as_float(s[0]), __uint_as_float(s[1]), __uint_as_float(s[2]), __uint_as_float(s[3]));
-}
-
-// Values per 16 staged bytes: 4 in float32's layouts (Fp32, Tf32), 8 in bf16.
-template <Precision PR>
-constexpr int staged_values = PR == Precision::Bf16 ? 8 : 4;
-
-// staged_values<PR> values as the products read them (staged activations, staged weights), 16 bytes.
-// 3xTF32 (Fp32): their big and small parts. Plain TF32: rounded to the nearest TF32 (unbiased, unlike the
-// big part's truncation: a weight gradient sums 12,544 products per value at batch 64), no small part.
-// Bf16: eight values rounded to the nearest bf16, no small part.
-template <Precision PR>
-__device__ __forceinline__ void stage16(const float* v, float4* big, float4* small) {
-    if constexpr (PR == Precision::Bf16) {
-        *reinterpret_cast<uint4*>(big) = make_uint4(pack_bf16(v[0], v[1]), pack_bf16(v[2], v[3]),
-                                                    pack_bf16(v[4], v[5]), pack_bf16(v[6], v[7]));
-    } else if constexpr (PR == Precision::Tf32) {
-        unsigned r[4];
-#pragma unroll
-        for (int i = 0; i < 4; i++) asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r[i]) : "f"(v[i]));
-        *big = make_float4(__uint_as_float(r[0]), __uint_as_float(r[1]), __uint_as_float(r[2]), __uint_as_float(r[3]));
-    } else {
-        split4(v, big, small);
-    }
-}
-
 // Output channels per block, and input channels per chunk (two 16-byte quads of staged values per pixel).
 template <Precision PR>
 constexpr int tile_channels = PR == Precision::Fp32 ? CONV_TILE_CHANNELS : CONV_TILE_CHANNELS_ONE_PART;
