@@ -25,6 +25,7 @@ from mnist_cuda import data
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
 from mnist_cuda.ops import bn_relu_pool, head, linear_splitk, naive
+from mnist_cuda.ops.common import NO_POSITION
 from mnist_cuda.ops import conv1_bn_relu_pool as conv1
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
 from mnist_cuda.ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
@@ -482,6 +483,24 @@ def argmax_near_ties(windows):
     return compare
 
 
+def blocked_positions(pooled, argmax):
+    """Block 2's argmax as its kernels store it: NO_POSITION where the ReLU blocked the window."""
+    return np.where(pooled > 0, argmax, NO_POSITION).astype(np.uint8)
+
+
+def positions_near_ties(windows, pooled):
+    """argmax_near_ties for block 2's argmax with NO_POSITION: a window may also be marked blocked or not
+    against the reference only where its pooled value is within 1e-5 of zero."""
+    def compare(got, want):
+        got = got.reshape(want.shape)
+        blocked_got, blocked_want = got == NO_POSITION, want == NO_POSITION
+        if np.any((blocked_got != blocked_want) & (np.abs(pooled) > 1e-5)):
+            return float("inf")
+        both = ~blocked_got & ~blocked_want
+        return argmax_near_ties(windows[both])(got[both], want[both])
+    return compare
+
+
 def _pool_reference(z):
     """relu then maxpool of float64 z: (pooled, argmax, windows)."""
     r = ref.relu_forward(z)
@@ -574,6 +593,9 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
             expected.update(mean=mean, invstd=invstd, running_mean=want_rm, running_var=want_rv)
         bn = [v.astype(np.float64)[:, None, None] for v in (mean, invstd, gamma, beta)]
         pooled, argmax, windows = _pool_reference((a - bn[0]) * bn[1] * bn[2] + bn[3])
+        compare = argmax_near_ties(windows)
+        if layer == 2:  # block 2 marks the windows the ReLU blocked
+            argmax, compare = blocked_positions(pooled, argmax), positions_near_ties(windows, pooled)
         outs["pooled"], outs["argmax"] = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
         expected.update(pooled=pooled, argmax=argmax)
         y, am = outs["pooled"], outs["argmax"]
@@ -586,7 +608,7 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
         else:
             run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am)
             work = (3.0 * x.size, _bytes(x) + pooled.nbytes / 2 + argmax.nbytes)
-        return Prepared(run, outs, expected, work, compare={"argmax": argmax_near_ties(windows)})
+        return Prepared(run, outs, expected, work, compare={"argmax": compare})
     mode = "[train]" if train else "[eval]"
     if layer == 1:
         return Case(f"conv1_bn_relu_pool_fast<{per_block}>[block1]{mode}", make, ops=BLOCK1_OPS)
@@ -613,12 +635,12 @@ def block_backward_fast_case(layer):
         counters = _dev(np.zeros((2, K)), np.uint32)  # per kernel, at least one per channel group
         dg, db = _poison(K), _poison(K)
         common = [_dev(v) for v in (mean, invstd)]
-        pooled_in = (_dev(d_pooled), _dev(pooled), _dev(argmax, np.uint8))
         wd, gd = _dev(w), _dev(gamma)
         if layer == 1:
             dw = _poison(w.shape)
             partial = _poison(conv1.backward_partial_size(K))
             moments = _dev(image_moments(x), np.float64)
+            pooled_in = (_dev(d_pooled), _dev(pooled), _dev(argmax, np.uint8))
             run = lambda: conv1.backward(xd, wd, *common, gd, moments, *pooled_in, N, K, partial, counters[0], dg, db,
                                          dw)
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
@@ -627,6 +649,7 @@ def block_backward_fast_case(layer):
                             (2.0 * pooled.size * conv1.CONV1_GRAD_SUMS, _bytes(xd) + 3 * pooled.nbytes))
         dx = _poison(x.shape)
         partial = _poison(bn_relu_pool.partial_size(K))
+        pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
 
         def run():
             bn_relu_pool.backward_reduce(xd, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)

@@ -307,10 +307,11 @@ persistent_forward(const unsigned char* x, const int* labels, const double* mome
                 const float m = bn2[0][cl], is = bn2[1][cl], g = gamma2[c2 + cl], be = beta2[c2 + cl];
                 int at;
                 const size_t idx = ((size_t)img * PF_C2 + c2 + cl) * POOLED + t;
-                out2[idx] = relu_max4(batchnorm_apply(top[r].x, m, is, g, be), batchnorm_apply(top[r].y, m, is, g, be),
-                                      batchnorm_apply(bottom[r].x, m, is, g, be),
-                                      batchnorm_apply(bottom[r].y, m, is, g, be), &at);
-                argmax2[idx] = (unsigned char)at;
+                const float v = relu_max4(batchnorm_apply(top[r].x, m, is, g, be), batchnorm_apply(top[r].y, m, is, g, be),
+                                          batchnorm_apply(bottom[r].x, m, is, g, be),
+                                          batchnorm_apply(bottom[r].y, m, is, g, be), &at);
+                out2[idx] = v;
+                argmax2[idx] = pool_position(v, at);
             }
         }
     }

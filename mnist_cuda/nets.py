@@ -17,6 +17,7 @@ import numpy as np
 from . import cuda, data, ops, reference
 from .ops import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk, naive
 from .ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
+from .ops.common import NO_POSITION
 
 ALIGN = 4  # every parameter view starts on a 16-byte boundary (room for float4 loads)
 S1 = data.IMAGE_SIZE  # conv1's images
@@ -333,10 +334,10 @@ class FastNet(_Net):
         self.side.run(lambda: self._fc1_weight_grad(n))
         linear_splitk.backward_input(self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden,
                                      precision=self.precision)
-        bn_relu_pool.backward_reduce(self.a2, self.mean2, self.invstd2, self.d_features, self.out2, self.argmax2, n,
-                                     c2, S2, self.partial2, self.counters2[1], g["bn2.weight"], g["bn2.bias"])
+        bn_relu_pool.backward_reduce(self.a2, self.mean2, self.invstd2, self.d_features, self.argmax2, n, c2, S2,
+                                     self.partial2, self.counters2[1], g["bn2.weight"], g["bn2.bias"])
         bn_relu_pool.backward_apply(self.a2, self.mean2, self.invstd2, p["bn2.weight"], g["bn2.weight"],
-                                    g["bn2.bias"], self.d_features, self.out2, self.argmax2, n, c2, S2, self.d_a2)
+                                    g["bn2.bias"], self.d_features, self.argmax2, n, c2, S2, self.d_a2)
         self.conv_side.run(lambda: self._conv2_weight_grad(n))
         conv2_implicit_gemm.backward_input(self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision)
         conv1_bn_relu_pool.backward(self.x, p["conv1.weight"], self.mean1, self.invstd1, p["bn1.weight"],
@@ -360,9 +361,11 @@ class FastNet(_Net):
         """Nothing to do: the update zeroes the gradients."""
 
     def decisions(self, n: int) -> dict:
-        """As NaiveNet.decisions."""
+        """As NaiveNet.decisions. Block 2's argmax holds NO_POSITION where the ReLU blocked the window; there
+        the reference's value and gradient are 0 whatever the position, so it reads as position 0."""
+        argmax2 = self.argmax2[:n].get()
         return {"block1": (self.argmax1[:n].get(), self.out1[:n].get() > 0),
-                "block2": (self.argmax2[:n].get(), self.out2[:n].get() > 0),
+                "block2": (np.where(argmax2 == NO_POSITION, 0, argmax2).astype(np.uint8), self.out2[:n].get() > 0),
                 "fc1": self.fc1_out[:n].get() > 0}
 
 

@@ -62,7 +62,8 @@ extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, 
     invstd[c] = rsqrtf(running_var[c] + eps);
 }
 
-// pooled = maxpool2x2(relu(batchnorm(x))) with the window position; one thread per pooled pixel,
+// pooled = maxpool2x2(relu(batchnorm(x))) with the window position, NO_POSITION where the ReLU blocked
+// the window (pool_position): the backward reads the position alone. One thread per pooled pixel,
 // reading its window as two float2 rows.
 extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const float* mean, const float* invstd,
                                                        const float* gamma, const float* beta, int N, int C, int S,
@@ -75,20 +76,21 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const flo
     const float2 top = *reinterpret_cast<const float2*>(row), bottom = *reinterpret_cast<const float2*>(row + S);
     const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
     int at;
-    pooled[idx] = relu_max4(batchnorm_apply(top.x, m, is, g, b), batchnorm_apply(top.y, m, is, g, b),
-                            batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
-    argmax[idx] = (unsigned char)at;
+    const float v = relu_max4(batchnorm_apply(top.x, m, is, g, b), batchnorm_apply(top.y, m, is, g, b),
+                              batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
+    pooled[idx] = v;
+    argmax[idx] = pool_position(v, at);
 }
 
 // dbeta = sum dz, dgamma = sum dz*xhat, where dz (the gradient at BN's output) is nonzero only at each
-// window's argmax where the ReLU passed: the sums run over pooled pixels. A warp owns a channel; each
-// lane reads its pooled pixels' (value, argmax, gradient) for one image at once, then x at the argmax
-// positions: two memory latencies per image, whatever the ReLU let through.
+// window's argmax where the ReLU passed (argmax != NO_POSITION): the sums run over pooled pixels. A warp
+// owns a channel; each lane reads its pooled pixels' (argmax, gradient) for one image at once, then x at
+// the argmax positions: two memory latencies per image, whatever the ReLU let through.
 // grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; S*S/4 <= 32 * BN_POOLED_VALUES.
 #define BN_POOLED_VALUES 2  // per lane and image: 64 >= 49, conv2's 7x7 pooled pixels
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const float* save_invstd,
-                               const float* d_pooled, const float* pooled, const unsigned char* argmax, int N,
+                               const float* d_pooled, const unsigned char* argmax, int N,
                                int C, int S, int imgs_per_block, float* partial, unsigned int* counter,
                                float* dgamma, float* dbeta) {
     const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32, So = S / 2;
@@ -104,10 +106,9 @@ batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const flo
             for (int i = 0; i < BN_POOLED_VALUES; i++) {
                 const int t = lane + 32 * i, idx = (n * C + c) * So * So + t;
                 const bool in = t < So * So;
-                const float value = in ? pooled[idx] : 0.0f;
                 dz[i] = in ? d_pooled[idx] : 0.0f;
-                at[i] = in ? argmax[idx] : 0;
-                passed[i] = value > 0.0f;
+                at[i] = in ? argmax[idx] : NO_POSITION;
+                passed[i] = at[i] != NO_POSITION;
             }
 #pragma unroll
             for (int i = 0; i < BN_POOLED_VALUES; i++) {
@@ -135,20 +136,20 @@ batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const flo
 }
 
 // dx = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
-// from the pooled gradient: one thread per 2x2 window, writing its four elements.
+// from the pooled gradient at the window's argmax (none where it is NO_POSITION): one thread per 2x2
+// window, writing its four elements.
 extern "C" __global__ void batchnorm_backward_apply_fast(const float* x, const float* save_mean,
                                                          const float* save_invstd, const float* gamma,
                                                          const float* dgamma, const float* dbeta,
-                                                         const float* d_pooled, const float* pooled,
-                                                         const unsigned char* argmax, int N, int C, int S,
-                                                         float* dx) {
+                                                         const float* d_pooled, const unsigned char* argmax,
+                                                         int N, int C, int S, float* dx) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
     const float count = (float)N * S * S, mean = save_mean[c], invstd = save_invstd[c];
     const float k = gamma[c] * invstd / count, db = dbeta[c], dg = dgamma[c];
-    const float dz = pooled[idx] > 0.0f ? d_pooled[idx] : 0.0f;
+    const float dz = d_pooled[idx];
     const int at = argmax[idx];
     const int base = (nc * S + 2 * ph) * S + 2 * pw;
     float out[4];

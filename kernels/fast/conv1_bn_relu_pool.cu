@@ -23,10 +23,11 @@
 // on the branch that loads the next batch, beside this step's work), and the forward's statistics cost
 // the pool kernel 90 multiply-adds per channel instead of a pass over the batch on the critical path.
 //
-// Layout: thread t < 196 owns pooled window t, i.e. the 2x2 outputs under it. It copies the 4x4 input
-// patch those four outputs read into registers (eight float2 loads), then computes from registers:
-// the pool kernel the four outputs of each of its channels (36 multiply-adds per 8
-// shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds).
+// Layout: a thread works on a pooled window, i.e. the 2x2 outputs under it (thread t < 196 owns window t,
+// except in the forward, which deals (window, 4 channels) items so that every warp is full). It copies the
+// 4x4 input patch those four outputs read into registers (eight float2 loads), then computes from
+// registers: the forward the four outputs of each of its channels (36 multiply-adds per channel for the
+// patch's 8 shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds).
 // The images come as bytes and are normalised as they are staged (normalize_pixel, common.cuh, by a
 // table of the 256 values in shared memory).
 // The reductions (statistics, backward) give each block a part of the batch (imgs_per_block images),
@@ -47,7 +48,6 @@
 #endif
 static_assert(CONV1_MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && CONV1_GRAD_SUMS == 1 + TAPS, "moment counts");
 // CONV1_THREADS: 7 warps; threads 196..223 own no window but join the reductions.
-#define NO_POSITION 4              // "the ReLU blocked this window": no gradient reaches conv1
 
 // Element i of the zero-padded P1 x P1 image: inside the 28x28 image (then *pixel is its index there)
 // or in the padding.
@@ -106,15 +106,15 @@ __device__ __forceinline__ void load_patch(const float* img, int t, float p[4][4
     }
 }
 
-// The loop over images [first, last) that every kernel here runs: body(n, p) is called by each thread
-// t < WINDOWS with its patch p of image n. The images pass through two shared-memory buffers: while
+// The loop over images [first, last) that every kernel here runs: body(n, image) is called by every
+// thread with the staged, zero-padded image n. The images pass through two shared-memory buffers: while
 // the block computes image n from one, image n+1 is on its way from global memory into registers, and
 // goes to the other buffer afterwards. One barrier per image, and the loads of the next image overlap
 // the work on this one. setup() runs once while the first image is on its way; what it writes to
 // shared memory is visible to body (two barriers follow it).
 template <class Setup, class Body>
-__device__ __forceinline__ void for_each_image(const unsigned char* x, int first, int last, float img[2][P1 * P1],
-                                               Setup setup, Body body) {
+__device__ __forceinline__ void for_each_staged_image(const unsigned char* x, int first, int last,
+                                                      float img[2][P1 * P1], Setup setup, Body body) {
     // normalize_pixel of every byte value, once per block (its two divisions per pixel, in every
     // kernel and channel group, cost more than the table: docs/performance.md)
     __shared__ float pixel_value[256];
@@ -127,14 +127,23 @@ __device__ __forceinline__ void for_each_image(const unsigned char* x, int first
     __syncthreads();
     for (int n = first; n < last; n++) {
         if (n + 1 < last) fetch_padded_image(x, n + 1, next);
-        if (threadIdx.x < WINDOWS) {
-            float p[4][4];
-            load_patch(img[(n - first) % 2], threadIdx.x, p);
-            body(n, p);
-        }
+        body(n, static_cast<const float*>(img[(n - first) % 2]));
         if (n + 1 < last) store_padded_image(next, pixel_value, img[(n + 1 - first) % 2]);
         __syncthreads();
     }
+}
+
+// The same loop where thread t < WINDOWS owns pooled window t: body(n, p) gets its 4x4 patch p of image n.
+template <class Setup, class Body>
+__device__ __forceinline__ void for_each_image(const unsigned char* x, int first, int last, float img[2][P1 * P1],
+                                               Setup setup, Body body) {
+    for_each_staged_image(x, first, last, img, setup, [&](int n, const float* image) {
+        if (threadIdx.x < WINDOWS) {
+            float p[4][4];
+            load_patch(image, threadIdx.x, p);
+            body(n, p);
+        }
+    });
 }
 
 // conv1's four outputs under the window, out[pos] at window position pos = 2*di + dj (the max-pool's
@@ -293,15 +302,21 @@ __device__ __forceinline__ void channel_stats(const double* moments, const float
 // invstd are given (the running statistics', batchnorm_eval_stats) and moments is not read.
 // CHANNELS channels per block: more of them spread each block's staging of its image and its setup over
 // more work, fewer make more blocks (mnist_cuda/ops/conv1_bn_relu_pool.py chooses).
-// grid (N, ceil(C/CHANNELS)), CONV1_THREADS threads: thread t < 196 is pooled window t of image n.
+// The work is (window, group of GROUP_CHANNELS channels) items, dealt to the block's threads in turn:
+// 196 windows alone would leave the seventh warp with 4 threads doing a full warp's instructions, while
+// 196 x 8 items are exactly 7 per thread at 32 channels. An item loads its window's 4x4 patch (8 shared
+// loads for 4 x 36 multiply-adds) and each channel's mean, invstd, gamma and beta as one float4.
+// grid (N, ceil(C/CHANNELS)), CONV1_THREADS threads.
+#define GROUP_CHANNELS 4
 template <int CHANNELS>
 __global__ void __launch_bounds__(CONV1_THREADS)
 conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
                         float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
                         const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
+    static_assert(CHANNELS % GROUP_CHANNELS == 0, "whole groups of channels per block");
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ float4 ws[CHANNELS][3];
-    __shared__ float bn_mean[CHANNELS], bn_invstd[CHANNELS];
+    __shared__ float4 bn[CHANNELS];  // mean, invstd, gamma, beta
     __shared__ double mom[CONV1_MOMENTS];
     const int c0 = blockIdx.y * CHANNELS;
     load_channel_weights<CHANNELS>(w, C, c0, ws);
@@ -311,32 +326,36 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
         __syncthreads();  // (every thread calls setup)
         if (cl >= CHANNELS || c >= C) return;
         if (!train) {
-            bn_mean[cl] = mean[c];
-            bn_invstd[cl] = invstd[c];
+            bn[cl] = make_float4(mean[c], invstd[c], gamma[c], beta[c]);
             return;
         }
         const double count = (double)N * S1 * S1;
         float m, var;
         channel_stats(mom, ws[cl], count, &m, &var);
-        bn_mean[cl] = m;
-        bn_invstd[cl] = rsqrtf(var + eps);  // as batchnorm_finalize computes it
+        bn[cl] = make_float4(m, rsqrtf(var + eps), gamma[c], beta[c]);  // invstd as batchnorm_finalize computes it
         if (blockIdx.x == 0)
             batchnorm_finalize(c, m, var, (float)count, eps, momentum, mean, invstd, running_mean, running_var);
     };
-    for_each_image(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float (&p)[4][4]) {
-        const int t = threadIdx.x;
+    for_each_staged_image(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float* image) {
+        for (int item = threadIdx.x; item < WINDOWS * (CHANNELS / GROUP_CHANNELS); item += CONV1_THREADS) {
+            const int t = item % WINDOWS, g0 = item / WINDOWS * GROUP_CHANNELS;
+            const int channels = min(GROUP_CHANNELS, C - (c0 + g0));  // (fewer in a last group past C)
+            const size_t at0 = ((size_t)n * C + c0 + g0) * WINDOWS + t;  // output of the group's first channel
+            float p[4][4];
+            load_patch(image, t, p);
 #pragma unroll
-        for (int cl = 0; cl < CHANNELS; cl++) {
-            const int c = c0 + cl;
-            if (c >= C) break;
-            float a[4];
-            conv1_window(p, ws[cl], a);
-            const float m = bn_mean[cl], is = bn_invstd[cl], g = gamma[c], b = beta[c];
-            int at;
-            const float v = relu_max4(batchnorm_apply(a[0], m, is, g, b), batchnorm_apply(a[1], m, is, g, b),
-                                      batchnorm_apply(a[2], m, is, g, b), batchnorm_apply(a[3], m, is, g, b), &at);
-            pooled[(n * C + c) * WINDOWS + t] = v;
-            argmax[(n * C + c) * WINDOWS + t] = (unsigned char)at;
+            for (int k = 0; k < GROUP_CHANNELS; k++) {
+                if (k >= channels) break;
+                float a[4];
+                conv1_window(p, ws[g0 + k], a);
+                const float4 s = bn[g0 + k];
+                int at;
+                const float v = relu_max4(batchnorm_apply(a[0], s.x, s.y, s.z, s.w), batchnorm_apply(a[1], s.x, s.y, s.z, s.w),
+                                          batchnorm_apply(a[2], s.x, s.y, s.z, s.w), batchnorm_apply(a[3], s.x, s.y, s.z, s.w),
+                                          &at);
+                pooled[at0 + k * WINDOWS] = v;
+                argmax[at0 + k * WINDOWS] = (unsigned char)at;
+            }
         }
     });
 }

@@ -79,18 +79,43 @@ __device__ __forceinline__ void batchnorm_finalize(int c, float mean, float var,
 // ReLU that lets NaN through, as PyTorch's does (fmaxf(NaN, 0) would return 0 and hide a divergence).
 __device__ __forceinline__ float relu(float v) { return (v > 0.0f || isnan(v)) ? v : 0.0f; }
 
+// A pooled window's position as block 2's backward kernels read it: the position 0..3, or NO_POSITION
+// (from mnist_cuda/ops/common.py, an NVRTC -D option) where the ReLU blocked the window (pooled value not
+// positive, or NaN), so that they need not read the pooled value. (conv1's forward stores the plain
+// position: its backward measured slower reading this form, docs/performance.md.)
+#if !defined(NO_POSITION)
+#error "compile through mnist_cuda.ops, which passes NO_POSITION as a -D option"
+#endif
+__device__ __forceinline__ unsigned char pool_position(float pooled, int at) {
+    return pooled > 0.0f ? (unsigned char)at : (unsigned char)NO_POSITION;
+}
+
 // relu then 2x2 max pool of four values in window order (0,0),(0,1),(1,0),(1,1): the first maximum
 // wins, like PyTorch, and a NaN wins over numbers. Returns the pooled value; *at gets the position 0..3.
+// Without a NaN the ReLU commutes with the maximum: the first maximum of the values themselves is the
+// first maximum after the ReLU where it is positive, and where it is not every value becomes 0 and
+// position 0 wins. That takes three comparisons where the rule as written takes a dozen, and one sum
+// tests all four for NaN (a NaN, or infinities of both signs, make it NaN; then the rule as written).
 __device__ __forceinline__ float relu_max4(float top_left, float top_right, float bottom_left, float bottom_right,
                                            int* at) {
-    const float r[4] = {relu(top_left), relu(top_right), relu(bottom_left), relu(bottom_right)};
-    float best = r[0];
+    const float v[4] = {top_left, top_right, bottom_left, bottom_right};
+    float best = v[0];
     int best_at = 0;
+    if (isnan((v[0] + v[1]) + (v[2] + v[3]))) {
+        best = relu(v[0]);
+#pragma unroll
+        for (int p = 1; p < 4; p++) {
+            const float r = relu(v[p]);
+            if (r > best || (isnan(r) && !isnan(best))) { best = r; best_at = p; }
+        }
+        *at = best_at;
+        return best;
+    }
 #pragma unroll
     for (int p = 1; p < 4; p++)
-        if (r[p] > best || (isnan(r[p]) && !isnan(best))) { best = r[p]; best_at = p; }
-    *at = best_at;
-    return best;
+        if (v[p] > best) { best = v[p]; best_at = p; }
+    *at = best > 0.0f ? best_at : 0;
+    return best > 0.0f ? best : 0.0f;
 }
 
 // sum over b < count of p[b * stride], added in the order b = 0, 1, ... (deterministic). The loads go

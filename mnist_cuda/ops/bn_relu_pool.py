@@ -36,22 +36,24 @@ def eval_stats(running_mean, running_var, eps: float, channels: int, mean, invst
 
 
 def forward(a, mean, invstd, gamma, beta, n: int, channels: int, size: int, pooled, argmax):
-    """pooled, argmax [n, channels, size/2, size/2] = maxpool(relu(bn(a))), a [n, channels, size, size]."""
+    """pooled, argmax [n, channels, size/2, size/2] = maxpool(relu(bn(a))), a [n, channels, size, size];
+    argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window (pooled <= 0)."""
     _forward.launch_1d(n * channels * (size // 2) ** 2, a, mean, invstd, gamma, beta, I32(n), I32(channels),
                        I32(size), pooled, argmax)
 
 
-def backward_reduce(a, mean, invstd, d_pooled, pooled, argmax, n: int, channels: int, size: int, partial, counter,
-                    dgamma, dbeta):
-    """dgamma and dbeta from the pooled gradient. counter: one uint32 per channel group, zero, left zero."""
+def backward_reduce(a, mean, invstd, d_pooled, argmax, n: int, channels: int, size: int, partial, counter, dgamma,
+                    dbeta):
+    """dgamma and dbeta from the pooled gradient and forward's argmax (with NO_POSITION: the pooled values
+    are not read). counter: one uint32 per channel group, zero, left zero."""
     parts, per_part = parts_of(n)
     _backward_reduce.launch((parts, ceil_div(channels, BN_CHANNELS)), BN_THREADS, a, mean, invstd, d_pooled,
-                            pooled, argmax, I32(n), I32(channels), I32(size), I32(per_part), partial, counter,
+                            argmax, I32(n), I32(channels), I32(size), I32(per_part), partial, counter,
                             dgamma, dbeta)
 
 
-def backward_apply(a, mean, invstd, gamma, dgamma, dbeta, d_pooled, pooled, argmax, n: int, channels: int,
-                   size: int, d_a):
+def backward_apply(a, mean, invstd, gamma, dgamma, dbeta, d_pooled, argmax, n: int, channels: int, size: int,
+                   d_a):
     """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta."""
     _backward_apply.launch_1d(n * channels * (size // 2) ** 2, a, mean, invstd, gamma, dgamma, dbeta, d_pooled,
-                              pooled, argmax, I32(n), I32(channels), I32(size), d_a)
+                              argmax, I32(n), I32(channels), I32(size), d_a)

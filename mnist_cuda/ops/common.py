@@ -1,5 +1,5 @@
-"""What every kernel source shares: the data's constants and the limit of the per-part reductions, as
-NVRTC -D options, and the argument types."""
+"""What every kernel source shares: the data's constants, the limit of the per-part reductions and the
+pooled position that marks a window the ReLU blocked, as NVRTC -D options, and the argument types."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,8 +8,10 @@ from .. import cuda, data
 
 I32, F32 = np.int32, np.float32
 MAX_PARTS = 64  # a reduction over the batch uses at most this many parts (kernels/include/part_reduce.cuh)
+NO_POSITION = 4  # block 2's argmax where the ReLU blocked the window (kernels/include/common.cuh, pool_position)
 CLASSES = data.NUM_CLASSES
-COMMON_DEFINES = {"MNIST_MEAN": data.MEAN, "MNIST_STD": data.STD, "NUM_CLASSES": CLASSES, "MAX_PARTS": MAX_PARTS}
+COMMON_DEFINES = {"MNIST_MEAN": data.MEAN, "MNIST_STD": data.STD, "NUM_CLASSES": CLASSES, "MAX_PARTS": MAX_PARTS,
+                  "NO_POSITION": NO_POSITION}
 
 
 def source(path: str, **defines) -> cuda.Source:
