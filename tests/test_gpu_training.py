@@ -1,5 +1,7 @@
 """The whole training step against the reference, evaluation, determinism, the three step modes, and real
 training (GPU)."""
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 
@@ -14,11 +16,20 @@ DECISION_TOL = 1e-4  # how far from a tie (or from zero) a choice the kernels to
 # "bf16": conv2's and fc1's products on bf16 operands (--precision bf16): ~3e-3 per product. Each allows
 # about ten times its rounding, as STEP_TOL does float32's accumulated rounding.
 TF32_STEP_TOL, BF16_STEP_TOL = 3e-3, 3e-2
+# BatchNorm 1's gradients are sums over the batch of terms of both signs, fed by conv2's input gradient,
+# and at few channels the cancellation leaves that gradient's rounding unaveraged: they get BN1_GRAD_FACTOR
+# times the step's tolerance. Measured on the H200 with step_against_reference at batch 65, channels (5, 7),
+# seeds from 1000, the largest error of a BatchNorm 1 gradient (99th percentile): bf16 7.4e-2 (1.9e-2) over
+# 1,500 seeds, tf32 4.8e-3 (2.1e-3) over 1,000, fp32 1.5e-4 (3.6e-5) over 400, each 1.5-2.5 times its
+# step tolerance; at the default model, batch 64, bf16 at most 7.2e-3 (12 seeds).
+BN1_GRAD_FACTOR = 5
 VERSIONS = ("naive", "fast", "tf32", "bf16")
 
 
-def step_tol(version):
-    return {"tf32": TF32_STEP_TOL, "bf16": BF16_STEP_TOL}.get(version, STEP_TOL)
+def step_tol(version, name=""):
+    """The tolerance of `version`'s step against the reference, for parameter `name`'s gradient if given."""
+    tol = {"tf32": TF32_STEP_TOL, "bf16": BF16_STEP_TOL}.get(version, STEP_TOL)
+    return tol * BN1_GRAD_FACTOR if name.startswith("bn1.") else tol
 
 
 def make_net(channels, hidden, seed, version, batch):
@@ -38,22 +49,21 @@ def random_batch(rng, n):
     return rng.integers(0, 256, (n, 1, 28, 28), dtype=np.uint8), rng.integers(0, 10, n).astype(np.int32)
 
 
-@pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("batch,channels,hidden", [(1, (32, 64), 128), (3, (5, 7), 33), (64, (32, 64), 128),
-                                                   (65, (5, 7), 33)])
-def test_training_step_matches_reference(batch, channels, hidden, version):
+def step_against_reference(batch, channels, hidden, version, seed):
+    """The forward and backward of `version` on a random batch drawn from `seed`, and the float64
+    reference's with the kernels' ReLU and max-pool choices imposed: a namespace of net, step, ref (the
+    reference model), seen (the images as the network sees them), y, decisions, loss and grads (the
+    reference's). The seed fixes the weights and the batch, so a failure's seed reproduces it."""
     from mnist_cuda.step import Step
-    rng = np.random.default_rng()
-    seed = int(rng.integers(1 << 30))
+    rng = np.random.default_rng(seed)
     net = make_net(channels, hidden, seed, version, batch)
-    params = net.params
     ref = reference.ReferenceModel(reference.init_state_dict(seed, channels, hidden))
     x, y = random_batch(rng, batch)
     step = Step(net, 0.1, mode="eager")
     step.stage_x[0][:batch] = x
     step.stage_y[0][:batch] = y
     with step.stream:
-        params.grads.fill(np.nan)  # every gradient element must be written by backward
+        net.params.grads.fill(np.nan)  # every gradient element must be written by backward
         step.load(0, batch)
         net.forward(step.x[0], step.y[0], batch, train=True, slot=0)
         net.backward(batch)
@@ -70,19 +80,29 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
     for key in ("pooled1", "pooled2", "fc1"):
         gap = np.abs(imposed[key] - own[key]).max()
         assert gap < max(DECISION_TOL, tol) * max(1.0, np.abs(own[key]).max()), (key, gap, seed)
+    return SimpleNamespace(net=net, step=step, ref=ref, seen=seen, y=y, decisions=decisions, loss=loss, grads=grads)
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("batch,channels,hidden", [(1, (32, 64), 128), (3, (5, 7), 33), (64, (32, 64), 128),
+                                                   (65, (5, 7), 33)])
+def test_training_step_matches_reference(batch, channels, hidden, version):
+    seed = int(np.random.default_rng().integers(1 << 30))
+    run = step_against_reference(batch, channels, hidden, version, seed)
+    net, step, params, tol = run.net, run.step, run.net.params, step_tol(version)
     got_loss = float(net.loss.get()[0])
-    assert abs(got_loss - loss) < tol * max(1.0, abs(loss)), (got_loss, loss)
-    for name, g in grads.items():
+    assert abs(got_loss - run.loss) < tol * max(1.0, abs(run.loss)), (got_loss, run.loss, seed)
+    for name, g in run.grads.items():
         err = rel_err(params.g[name].get(), g)
-        assert err < tol, (name, err, seed)
+        assert err < step_tol(version, name), (name, err, seed)
     with step.stream:
         net.update(step.optimizer)  # plain SGD at the rate 0.1 the Step was made with
         net.zero_grad()
     step.synchronize()
-    ref.train_step(seen, y, lr=0.1, decisions=decisions)
+    run.ref.train_step(run.seen, run.y, lr=0.1, decisions=run.decisions)
     params.num_batches_tracked += 1
     state = params.state_dict()
-    for name, want in ref.state_dict().items():
+    for name, want in run.ref.state_dict().items():
         if name.endswith("tracked"):
             assert int(state[name]) == int(want) == 1
         else:
