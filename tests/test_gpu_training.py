@@ -18,18 +18,19 @@ DECISION_TOL = 1e-4  # how far from a tie (or from zero) a choice the kernels to
 TF32_STEP_TOL, BF16_STEP_TOL = 3e-3, 3e-2
 # BatchNorm 1's gradients are sums over the batch of terms of both signs, fed by conv2's input gradient,
 # and at few channels the cancellation leaves that gradient's rounding unaveraged: they get BN1_GRAD_FACTOR
-# times the step's tolerance. Measured on the H200 with step_against_reference at batch 65, channels (5, 7),
-# seeds from 1000, the largest error of a BatchNorm 1 gradient (99th percentile): bf16 7.4e-2 (1.9e-2) over
-# 1,500 seeds, tf32 4.8e-3 (2.1e-3) over 1,000, fp32 1.5e-4 (3.6e-5) over 400, each 1.5-2.5 times its
-# step tolerance; at the default model, batch 64, bf16 at most 7.2e-3 (12 seeds).
+# times the step's tolerance. Measured on the H200 over random weights and batches (seeds from 1000) at
+# batch 65, channels (5, 7), the largest error of a BatchNorm 1 gradient (99th percentile): bf16 7.4e-2
+# (1.9e-2) over 1,500 seeds, tf32 4.8e-3 (2.1e-3) over 1,000, fp32 1.5e-4 (3.6e-5) over 400, each 1.5-2.5
+# times its step tolerance; at the default model, batch 64, bf16 at most 7.2e-3 (12 seeds).
 BN1_GRAD_FACTOR = 5
 VERSIONS = ("naive", "fast", "tf32", "bf16")
 
 
 def step_tol(version, name=""):
-    """The tolerance of `version`'s step against the reference, for parameter `name`'s gradient if given."""
+    """The tolerance of `version`'s step against the reference, for parameter `name` (its gradient, or its
+    value after the update: bn1.bias starts at 0, so its error after one step is its gradient's) if given."""
     tol = {"tf32": TF32_STEP_TOL, "bf16": BF16_STEP_TOL}.get(version, STEP_TOL)
-    return tol * BN1_GRAD_FACTOR if name.startswith("bn1.") else tol
+    return tol * BN1_GRAD_FACTOR if name in ("bn1.weight", "bn1.bias") else tol
 
 
 def make_net(channels, hidden, seed, version, batch):
@@ -55,7 +56,7 @@ def step_against_reference(batch, channels, hidden, version, seed):
     reference model), seen (the images as the network sees them), y, decisions, loss and grads (the
     reference's). The seed fixes the weights and the batch, so a failure's seed reproduces it."""
     from mnist_cuda.step import Step
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng([seed, 1])  # a stream of its own: init_state_dict draws the weights from seed
     net = make_net(channels, hidden, seed, version, batch)
     ref = reference.ReferenceModel(reference.init_state_dict(seed, channels, hidden))
     x, y = random_batch(rng, batch)
@@ -107,7 +108,7 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
             assert int(state[name]) == int(want) == 1
         else:
             err = rel_err(state[name], want)
-            assert err < tol, (name, err, seed)
+            assert err < step_tol(version, name), (name, err, seed)
     assert not params.grads.any()  # zero-grad cleared the flat buffer
 
 

@@ -95,7 +95,8 @@ __device__ __forceinline__ unsigned char pool_position(float pooled, int at) {
 // Without a NaN the ReLU commutes with the maximum: the first maximum of the values themselves is the
 // first maximum after the ReLU where it is positive, and where it is not every value becomes 0 and
 // position 0 wins. That takes three comparisons where the rule as written takes a dozen, and one sum
-// tests all four for NaN (a NaN, or infinities of both signs, make it NaN; then the rule as written).
+// tests all four for NaN (a NaN makes it NaN; so do infinities of both signs, given or from overflow, and
+// then the rule as written decides, as it would anyway).
 __device__ __forceinline__ float relu_max4(float top_left, float top_right, float bottom_left, float bottom_right,
                                            int* at) {
     const float v[4] = {top_left, top_right, bottom_left, bottom_right};
