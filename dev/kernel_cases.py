@@ -144,13 +144,13 @@ def _check_precision(precision: str):
 # ---- conv2d ---------------------------------------------------------------------------------------
 
 
-def _weight_quads(wd, C, K, precision):
+def _weight_quads(wd, C, K, precision, forward="forward"):
     """conv2's weights staged for both fast products by conv2_stage_weights_fast (once, as the step does
-    once per step; the timings of the products leave it out)."""
+    once per step; the timings of the products leave it out), the forward's for `forward`."""
     import cupy
-    fq = cupy.full((conv2.weight_quads(C, K, precision), 4), np.nan, cupy.float32)
-    gq = cupy.full((conv2.weight_quads(K, C, precision), 4), np.nan, cupy.float32)
-    conv2.stage_weights(wd, C, K, fq, gq, precision)
+    fq = cupy.full((conv2.weight_quads(C, K, precision, forward), 4), np.nan, cupy.float32)
+    gq = cupy.full((conv2.weight_quads(K, C, precision, "backward_input"), 4), np.nan, cupy.float32)
+    conv2.stage_weights(wd, C, K, fq, gq, precision, forward)
     return fq, gq
 
 
@@ -175,16 +175,19 @@ def round_bf16_bits(v: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32") -> np.ndarray:
-    """What conv2_stage_weights_fast<Precision::Fp32> writes for one product, from w [K, C, 3, 3]
+def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32",
+                 forward: str = "forward") -> np.ndarray:
+    """What conv2_stage_weights_fast writes for one product, from w [K, C, 3, 3]
     (fast/conv2_implicit_gemm.cu): float4s [tile][chunk][tap][quad][row] holding channels
-    chunk*8 + quad*4 + 0..3 of output channel tile*32 + row % 32, their big TF32 parts in rows 0-31 and
-    small parts in rows 32-63. With tf32 (Precision::Tf32): output channel tile*64 + row, rounded to the
-    nearest TF32. With bf16: quads of 8 bf16 values (channels chunk*16 + quad*8 + 0..7, as float32 bit
-    patterns, 4 per quad) of output channel tile*64 + row."""
+    chunk*8 + quad*4 + 0..3 of an output channel of the tile. In fp32 the rows hold the big TF32 parts of
+    the tile's channels, then their small parts: 64 channels (128 rows) for the forward "forward" (not
+    flipped), 32 (64 rows) for "forward_stacked" and the input gradient (flipped). With tf32: output
+    channel tile*64 + row, rounded to the nearest TF32. With bf16: quads of 8 bf16 values (channels
+    chunk*16 + quad*8 + 0..7, as float32 bit patterns, 4 per quad) of output channel tile*64 + row."""
     wt = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1] if flipped else w  # [out, in, 3, 3], taps flipped
     c_out, c_in = wt.shape[:2]
-    tile, chunk = conv2.tile_channels(precision), conv2.chunk_channels(precision)
+    product = "backward_input" if flipped else forward
+    tile, chunk = conv2.tile_channels(product, precision), conv2.chunk_channels(precision)
     tiles, chunks = ceil_div(c_out, tile), ceil_div(c_in, chunk)
     padded = np.zeros((tiles * tile, chunks * chunk, 9), np.float32)
     padded[:c_out, :c_in] = wt.reshape(c_out, c_in, 9)
@@ -198,25 +201,28 @@ def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32") -> np.nd
     return np.concatenate([big, small], axis=4).reshape(-1, 4)
 
 
-def conv_stage_weights_case(precision="fp32"):
+def conv_stage_weights_case(precision="fp32", forward="forward"):
+    """conv2_stage_weights_fast, the forward's weights for `forward` ("forward", or "forward_stacked" in fp32)."""
     _check_precision(precision)
 
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
         w = _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
-        fq = _poison((conv2.weight_quads(C, K, precision), 4))
-        gq = _poison((conv2.weight_quads(K, C, precision), 4))
+        fq = _poison((conv2.weight_quads(C, K, precision, forward), 4))
+        gq = _poison((conv2.weight_quads(K, C, precision, "backward_input"), 4))
         wd = _dev(w)
-        run = lambda: conv2.stage_weights(wd, C, K, fq, gq, precision)
+        run = lambda: conv2.stage_weights(wd, C, K, fq, gq, precision, forward)
         return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
-                        {"forward_quads": weight_quads(w, False, precision),
+                        {"forward_quads": weight_quads(w, False, precision, forward),
                          "input_grad_quads": weight_quads(w, True, precision)},
                         (0.0, _bytes(w, fq, gq)), compare={"forward_quads": _same_bits, "input_grad_quads": _same_bits})
-    return Case(f"conv2_stage_weights_fast<{precision}>[conv2]", make, ops=("conv2d",))
+    suffix = " stacked forward" if forward == "forward_stacked" else ""
+    return Case(f"conv2_stage_weights_fast<{precision}>[conv2]{suffix}", make, ops=("conv2d",))
 
 
-def conv_forward_case(layer, version="naive"):
-    """conv2d_forward_naive (layer 1 or 2), or conv2_forward_fast at precision `version` (layer 2)."""
+def conv_forward_case(layer, version="naive", forward="forward"):
+    """conv2d_forward_naive (layer 1 or 2), or conv2's fast forward `forward` ("forward": conv2_forward_fast, or
+    "forward_stacked": conv2_forward_stacked_fast, fp32 only) at precision `version` (layer 2)."""
     if version != "naive":
         _check_precision(version)
         assert layer == 2, "the implicit-GEMM products are conv2's"
@@ -228,11 +234,12 @@ def conv_forward_case(layer, version="naive"):
         if version == "naive":
             run = lambda: naive.conv2d_forward(xd, wd, y, N, C, K, S)
         else:
-            forward_quads, _ = _weight_quads(wd, C, K, version)
-            run = lambda: conv2.forward(xd, forward_quads, y, N, C, K, version)
+            forward_quads, _ = _weight_quads(wd, C, K, version, forward)
+            run = lambda: conv2.forward(xd, forward_quads, y, N, C, K, version, forward)
         return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
                         (2.0 * y.size * C * 9, _bytes(x, w, y)))
-    name = "conv2d_forward_naive" if version == "naive" else f"conv2_forward_fast<{version}>"
+    name = ("conv2d_forward_naive" if version == "naive" else "conv2_forward_stacked_fast"
+            if forward == "forward_stacked" else f"conv2_forward_fast<{version}>")
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
 
 
@@ -811,11 +818,13 @@ def shift_case():
 def conv2_product_cases(version: str) -> list[Case]:
     """conv2's three products at precision `version` (conv2_implicit_gemm.PRECISIONS): "fp32" (3xTF32),
     "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
-    return [conv_forward_case(2, version), conv_backward_input_case(version), conv_backward_weight_case(2, version)]
+    stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
+    return ([conv_forward_case(2, version)] + stacked
+            + [conv_backward_input_case(version), conv_backward_weight_case(2, version)])
 
 
 def fast_cases() -> list[Case]:
-    return ([conv_stage_weights_case(p) for p in conv2.PRECISIONS]
+    return ([conv_stage_weights_case(p) for p in conv2.PRECISIONS] + [conv_stage_weights_case("fp32", "forward_stacked")]
             + [case for p in conv2.PRECISIONS for case in conv2_product_cases(p)]
             + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case()]
             + [bn_relu_pool_fast_case(1, train, per_block) for train in (True, False)

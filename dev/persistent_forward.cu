@@ -21,7 +21,8 @@
 //   5. Block s < PF_BATCH: sample s's fc1 sums in order, bias, ReLU, then fc2, log-softmax, NLL, its loss,
 //      dlogits and the gradient at fc1's pre-activation (as the head kernel computes them).
 // The default model only (conv1 32 channels, conv2 64, hidden 128), in float32's accuracy (3xTF32 for conv2;
-// fc1 in FP32 multiply-adds). conv2's weights come staged (conv2_stage_weights_fast), as the step stages them.
+// fc1 in FP32 multiply-adds). conv2's weights come staged (conv2_stage_weights_fast), as the step stages them at
+// this batch: for conv2_forward_stacked_fast, 32 output channels per tile.
 #include "../kernels/fast/conv1_bn_relu_pool.cu"
 #include "../kernels/fast/conv2_implicit_gemm.cu"
 
@@ -144,7 +145,7 @@ struct PooledInShared {
 };
 
 // grid 4 * PF_BATCH (block b: image b / 4, tile b / 2 % 2, half b % 2), CONV_THREADS threads, dynamic shared
-// memory image_tile_shared_bytes(). sync: 2 words, zero before the first launch.
+// memory image_tile_shared_bytes("forward_stacked", "fp32"). sync: 2 words, zero before the first launch.
 // bn2_partial [C2, PF_PARTS, 2]; fc1_partial [PF_SLICES, PF_BATCH, PF_HIDDEN]; sample_loss [PF_BATCH].
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, 2)
 persistent_forward(const unsigned char* x, const int* labels, const double* moments, const float* w1,
@@ -218,16 +219,16 @@ persistent_forward(const unsigned char* x, const int* labels, const double* mome
     __syncthreads();
     stamp(stamps, 2);
     const PooledInShared<ROWS + 2> staged{conv1_s, half * ROWS - 1};
-    conv3x3_image_tile_loaded<Precision::Fp32>(staged, forward_quads, a2, PF_C1, PF_C2, img, tile, half);
+    conv3x3_image_tile_loaded<Precision::Fp32, TileForm::Stacked>(staged, forward_quads, a2, PF_C1, PF_C2, img, tile, half);
 #else
     stamp(stamps, 2);
-    conv3x3_image_tile_loaded<Precision::Fp32>(conv1, forward_quads, a2, PF_C1, PF_C2, img, tile, half);
+    conv3x3_image_tile_loaded<Precision::Fp32, TileForm::Stacked>(conv1, forward_quads, a2, PF_C1, PF_C2, img, tile, half);
 #endif
     stamp(stamps, 3);
 
     // ---- 2. each channel's (mean, M2) over the block's outputs, from the accumulators ----
     constexpr int HW = ROWS * S2;  // 98
-    for (int cl = warp; cl < CONV_TILE_CHANNELS; cl += CONV_THREADS / 32) {
+    for (int cl = warp; cl < CONV_TILE_CHANNELS_STACKED; cl += CONV_THREADS / 32) {
         float v[4], sum = 0.0f, sq = 0.0f;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
@@ -243,7 +244,7 @@ persistent_forward(const unsigned char* x, const int* labels, const double* mome
         }
         const float m2 = warp_sum(sq);
         if (lane == 0) {
-            float* pair = bn2_partial + ((size_t)(tile * CONV_TILE_CHANNELS + cl) * PF_PARTS + 2 * img + half) * 2;
+            float* pair = bn2_partial + ((size_t)(tile * CONV_TILE_CHANNELS_STACKED + cl) * PF_PARTS + 2 * img + half) * 2;
             pair[0] = mean;
             pair[1] = m2;
         }

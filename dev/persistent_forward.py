@@ -67,10 +67,10 @@ CONV2 = "../kernels/fast/conv2_implicit_gemm.cu"
 # (Conv1Pooled, PooledInShared) instead of an input tensor. The step's own kernels keep their form: the same
 # change made in kernels/ measured 1.1% slower at batch 512 and 0.5-0.7% at 4096 (docs/performance.md).
 TILE_EDITS = (
-    ("template <Precision PR>\n__device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, "
-     "float* out, int Cin,\n                                                   int Cout) {",
-     "template <Precision PR, class Load>\n__device__ __forceinline__ void conv3x3_image_tile_loaded(const Load& load, "
-     "const float4* quads, float* out, int Cin, int Cout, int img, int tile, int half) {"),
+    ("template <Precision PR, TileForm FORM>\n__device__ __forceinline__ void conv3x3_image_tile(const float* in, "
+     "const float4* quads, float* out, int Cin,\n                                                   int Cout) {",
+     "template <Precision PR, TileForm FORM, class Load>\n__device__ __forceinline__ void conv3x3_image_tile_loaded("
+     "const Load& load, const float4* quads, float* out, int Cin, int Cout, int img, int tile, int half) {"),
     ("const int img = blockIdx.x, n0 = blockIdx.y * TILE, r0 = blockIdx.z * ROWS;",
      "const int n0 = tile * TILE, r0 = half * ROWS;"),
     ("    const float* x = in + (size_t)img * Cin * SS;\n", ""),
@@ -92,7 +92,7 @@ def source() -> str:
     conv3x3_image_tile_loaded."""
     from mnist_cuda import cuda
     text = cuda.read_source("../dev/persistent_forward.cu")
-    start = text.index("template <Precision PR>\n__device__ __forceinline__ void conv3x3_image_tile(")
+    start = text.index("template <Precision PR, TileForm FORM>\n__device__ __forceinline__ void conv3x3_image_tile(")
     tile = text[start:text.index("// ---- weight gradient", start)]
     for old, new in TILE_EDITS:
         if tile.count(old) != 1:
@@ -130,7 +130,9 @@ def main(argv=None) -> int:
 
     # ---- the prototype, in its two forms ----
     threads, blocks = conv2_implicit_gemm.CONV_THREADS, 4 * BATCH
-    shared = conv2_implicit_gemm.image_tile_shared_bytes()
+    # the prototype's tiles are FastNet's forward at this batch: 32 output channels, the weights' parts stacked
+    assert net.conv2_forward == "forward_stacked", net.conv2_forward
+    shared = conv2_implicit_gemm.image_tile_shared_bytes(net.conv2_forward, "fp32")
     kernels = {}
     from cupy_backends.cuda.api import driver
     for form, first in FORMS.items():

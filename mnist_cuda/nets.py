@@ -270,9 +270,13 @@ class FastNet(_Net):
         self.out2, self.argmax2 = cp.empty((B, c2, S3, S3), f32), cp.empty((B, c2, S3, S3), cp.uint8)
         self.d_out1 = cp.empty((B, c1, S2, S2), f32)
         self.w2_partial = cp.empty(conv2_implicit_gemm.weight_grad_partial_size(c1, c2), f32)
-        # conv2's weights as its two image-tile products read them (stage_weights)
-        self.forward_quads = cp.empty((conv2_implicit_gemm.weight_quads(c1, c2, precision), 4), f32)
-        self.input_grad_quads = cp.empty((conv2_implicit_gemm.weight_quads(c2, c1, precision), 4), f32)
+        # conv2's weights as its two image-tile products read them (stage_weights), the forward in its form for
+        # batches of up to B images
+        self.conv2_forward = conv2_implicit_gemm.forward_product(B, precision)
+        self.forward_quads = cp.empty((conv2_implicit_gemm.weight_quads(c1, c2, precision, self.conv2_forward), 4),
+                                      f32)
+        self.input_grad_quads = cp.empty((conv2_implicit_gemm.weight_quads(c2, c1, precision, "backward_input"),
+                                          4), f32)
         # fc1 and the head
         self.fc1_out, self.d_features = cp.empty((B, H), f32), cp.empty((B, F), f32)
         self.fc1_partial = cp.empty(linear_splitk.forward_partial_size(B, F, H), f32)
@@ -287,7 +291,7 @@ class FastNet(_Net):
 
     def _stage_conv2_weights(self):
         conv2_implicit_gemm.stage_weights(self.p["conv2.weight"], self.c1, self.c2, self.forward_quads,
-                                          self.input_grad_quads, self.precision)
+                                          self.input_grad_quads, self.precision, self.conv2_forward)
 
     def forward(self, x, labels, n: int, train: bool = True, slot: int = 0):
         """Logits of the n images x (bytes, device input buffer `slot`: its moments); in training also the
@@ -301,7 +305,8 @@ class FastNet(_Net):
                                    self.invstd1, r["bn1.running_mean"], r["bn1.running_var"], p["bn1.weight"],
                                    p["bn1.bias"], n, c1, self.out1, self.argmax1)
         self.side.join()
-        conv2_implicit_gemm.forward(self.out1, self.forward_quads, self.a2, n, c1, c2, self.precision)
+        conv2_implicit_gemm.forward(self.out1, self.forward_quads, self.a2, n, c1, c2, self.precision,
+                                    self.conv2_forward)
         if train:
             bn_relu_pool.stats(self.a2, n, c2, S2 * S2, self.partial2, self.counters2[0], EPS, MOMENTUM, self.mean2,
                                self.invstd2, r["bn2.running_mean"], r["bn2.running_var"])

@@ -226,3 +226,39 @@ def test_only_the_ops_modules_launch_kernels():
     launches through cuda.launch_hook)."""
     offenders = {rel: found for rel, path in _python_files() if (found := kernel_launches(ast.parse(path.read_text())))}
     assert offenders == {}
+
+
+def test_conv2_forward_form_by_batch():
+    """conv2's 3xTF32 forward stacks the weights' parts (32 output channels per block) up to
+    STACKED_FORWARD_MAX_BATCH and keeps them apart (64 per block, 128 rows of A) above; tf32 and bf16 have
+    one form; the stacked forward exists in fp32 only."""
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+    limit = conv2.STACKED_FORWARD_MAX_BATCH
+    assert conv2.forward_product(limit, "fp32") == "forward_stacked"
+    assert conv2.forward_product(limit + 1, "fp32") == "forward"
+    assert conv2.forward_product(1, "tf32") == conv2.forward_product(1, "bf16") == "forward"
+    assert (conv2.tile_channels("forward", "fp32"), conv2.tile_channels("forward_stacked", "fp32")) == (64, 32)
+    assert conv2.weight_quads(32, 64, "fp32", "forward") == conv2.weight_quads(32, 64, "fp32", "forward_stacked")
+    assert conv2.weight_quads(32, 70, "fp32", "forward") == 2 * 4 * 2 * conv2.CONV_CHUNK_QUADS  # 2 tiles, 4 chunks
+    same = {p: conv2.image_tile_shared_bytes(p, "fp32") for p in conv2.IMAGE_TILE_PRODUCTS}
+    assert len(set(same.values())) == 1, same  # one weight buffer of twice the size in the apart form
+    with pytest.raises(ValueError, match="3xTF32"):
+        conv2.tile_channels("forward_stacked", "tf32")
+    with pytest.raises(ValueError, match="unknown product"):
+        conv2.tile_channels("backward_weight", "fp32")
+    with pytest.raises(ValueError, match="unknown forward"):
+        conv2.forward(None, None, None, 1, 32, 64, "fp32", "backward_input")
+
+
+def test_conv2_weight_mirror_puts_big_parts_first():
+    """dev/kernel_cases.weight_quads, the mirror the GPU test compares conv2_stage_weights_fast with: in the
+    apart form a tap's 128 rows of a channel quad are the big TF32 parts of 64 output channels, then their
+    small parts; stacked, 32 and 32."""
+    import kernel_cases as kc
+    w = np.random.default_rng(0).standard_normal((64, 32, 3, 3)).astype(np.float32)
+    for forward, tile in (("forward", 64), ("forward_stacked", 32)):
+        quads = kc.weight_quads(w, False, "fp32", forward).reshape(-1, 9, 2, 2 * tile, 4)  # [.., tap, quad, row, i]
+        big, small = quads[..., :tile, :], quads[..., tile:, :]
+        # tile 0, chunk 0, tap 0, quad 0: output channels 0..tile-1, input channels 0-3
+        assert np.array_equal(big[0, 0, 0] + small[0, 0, 0], w[:tile, :4, 0, 0]), forward
+        assert np.all(big.view(np.uint32) & 0x1FFF == 0) and np.all(np.abs(small) <= np.abs(big) * 2.0**-10)

@@ -20,16 +20,24 @@
 //
 // The input passes through shared memory CONV_CHUNK channels at a time (k = 8 channels per tap, 9 taps
 // per chunk), split into its TF32 parts: planes [part][channel quad][pixel][4 channels].
-// A holds the chunk's weights, also split, with the parts *stacked*: rows 0-31 are the big parts of
-// the 32 channels' weights, rows 32-63 their small parts. Two products per k-step, A * B_big and
-// A * B_small, then give big*big and big*small in rows 0-31 and small*big (and the tiny small*small) in
-// rows 32-63: the three products of 3xTF32 in two, with no row idle. Rows c and c + 32 are added at
-// the end.
+// A holds the chunk's weights, also split, in one of three forms (TileForm below). 3xTF32 needs three
+// products per k-step, big*big, big*small and small*big; the tensor cores multiply 64 rows of A at a time.
+// - The forward (64 output channels) keeps the parts *apart*: rows 0-63 of A the big parts of the 64
+//   channels' weights, rows 64-127 their small parts. A k-step is three m64 products into one set of
+//   accumulators: small (rows 64-127) * B_big, big (rows 0-63) * B_small, big * B_big. Three products for
+//   3xTF32's three, and every row one channel. Its weights take twice the shared memory of the other forms,
+//   so they have one buffer, not two: the next chunk's weights are copied in once the products are done.
+// - The input gradient (32 output channels) *stacks* them: rows 0-31 the big parts, rows 32-63 the
+//   small parts. Two products per k-step, A * B_big and A * B_small, give big*big and big*small in rows
+//   0-31 and small*big (and the unneeded small*small) in rows 32-63: 32 channels are too few for 64 rows
+//   of one part, which would leave half of them zero. Rows c and c + 32 are added at the end. Small
+//   batches take the forward in this form too (conv2_forward_stacked_fast): twice the blocks, where 64
+//   channels per block would leave SMs idle.
 //
 // On Hopper (sm_90a) a product is one warpgroup MMA (wgmma) of 64 rows x all the block's columns x
-// 8 k, both operands read by the tensor cores from shared memory: a chunk is 18 instructions with
-// nothing between them, and the next chunk is fetched and staged while they run. On other GPUs the same
-// products are mma.sync (m16n8k8) with the fragments loaded from the same shared memory.
+// 8 k, both operands read by the tensor cores from shared memory: a chunk is 9, 18 or 27 instructions
+// with nothing between them, and the next chunk's image is fetched and staged while they run. On other
+// GPUs the same products are mma.sync (m16n8k8) with the fragments loaded from the same shared memory.
 //
 // Shared memory layouts are wgmma's "K-major, no swizzle": 8 rows x 16 bytes (4 k) core matrices.
 // B: a plane holds a channel quad's pixels at 16 bytes each, so core matrices are 8 consecutive pixels
@@ -37,36 +45,69 @@
 // start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4].
 // Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py (NVRTC -D options): CONV2_SIZE (14, conv2's
 // images), CONV_THREADS (one warpgroup: 4 warps x 16 rows), CONV_TILE_CHANNELS output channels per block
-// in Precision::Fp32 (rows 0-31 big parts, 32-63 small parts) and CONV_TILE_CHANNELS_ONE_PART in
-// Precision::Tf32 (a row per output channel), CONV_CHUNK input channels per step (x 9 taps = 72 k = 9
-// k-steps), CONV_CHUNK_QUADS weight float4s per chunk (9 taps x 2 channel quads x 64 rows), CONV_ROWS grid
-// rows per block (half the image, so 112 columns; a block per whole image was slower at batch 64 and 512
-// alike), CONV_STAGED_PIXELS (the block's rows and a border row above and below, and 2 pixels that the
-// last column's last tap reads). The block's dynamic shared memory, two buffers of the staged image and of
-// the chunk's weights (the accumulators at the end), is sized there too.
-#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) || !defined(CONV_TILE_CHANNELS_ONE_PART) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
+// (the forward in every precision; the input gradient in Precision::Tf32 and Bf16, a row per output
+// channel) and CONV_TILE_CHANNELS_STACKED (the input gradient in Precision::Fp32), CONV_CHUNK input
+// channels per step (x 9 taps = 72 k = 9 k-steps), CONV_CHUNK_QUADS weight float4s per chunk and 64 rows
+// of A (9 taps x 2 channel quads x 64 rows), CONV_ROWS grid rows per block (half the image, so 112
+// columns; a block per whole image was slower at batch 64 and 512 alike), CONV_STAGED_PIXELS (the block's
+// rows and a border row above and below, and 2 pixels that the last column's last tap reads). The block's
+// dynamic shared memory is sized there too: two buffers of the staged image and of the chunk's weights
+// (one in the apart form, whose chunks are twice as large), the accumulators at the end.
+#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) || !defined(CONV_TILE_CHANNELS_STACKED) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 #define CONV_PADDED 16  // the staged grid is 16 wide: the image with its zero border
 
 
-// Output channels per block, and input channels per chunk (two 16-byte quads of staged values per pixel).
-template <Precision PR>
-constexpr int tile_channels = PR == Precision::Fp32 ? CONV_TILE_CHANNELS : CONV_TILE_CHANNELS_ONE_PART;
+// How A holds the block's output channels (above): Apart and Stacked in 3xTF32 (Precision::Fp32), OnePart
+// (a row per channel, rounded) in the others.
+enum class TileForm { Apart, Stacked, OnePart };
+template <Precision PR, bool FLIPPED>  // FLIPPED: the input gradient
+constexpr TileForm tile_form =
+    PR != Precision::Fp32 ? TileForm::OnePart : FLIPPED ? TileForm::Stacked : TileForm::Apart;
+// Output channels per block, rows of A (a row holds one part of one channel), weight quads per chunk,
+// buffers of them, and the products per k-step.
+template <TileForm F>
+constexpr int tile_channels = F == TileForm::Stacked ? CONV_TILE_CHANNELS_STACKED : CONV_TILE_CHANNELS;
+template <TileForm F>
+constexpr int a_rows = F == TileForm::Apart ? 128 : 64;
+template <TileForm F>
+constexpr int chunk_quads = CONV_CHUNK_QUADS / 64 * a_rows<F>;
+template <TileForm F>
+constexpr int weight_buffers = F == TileForm::Apart ? 1 : 2;
+template <TileForm F>
+constexpr int products = F == TileForm::Apart ? 3 : F == TileForm::Stacked ? 2 : 1;
+// Product i of a k-step multiplies A's 64 rows from row a_first_row(i) by B's part b_part(i) (0 big,
+// 1 small). The apart form takes the small terms first (they are the least significant); the stacked
+// form has both in every product.
+template <TileForm F>
+__host__ __device__ constexpr int a_first_row(int i) { return F == TileForm::Apart && i == 0 ? 64 : 0; }
+template <TileForm F>
+__host__ __device__ constexpr int b_part(int i) { return F == TileForm::Apart ? (i == 1 ? 1 : 0) : i; }
+// Input channels per chunk (two 16-byte quads of staged values per pixel).
 template <Precision PR>
 constexpr int chunk_channels = 2 * staged_values<PR>;
 static_assert(CONV_CHUNK == chunk_channels<Precision::Fp32>, "8 channels per chunk in float32's layouts");
+static_assert(CONV_CHUNK_QUADS == 9 * 2 * 64, "a chunk's weights: 9 taps x 2 quads x 64 rows of A");
+static_assert(CONV_TILE_CHANNELS == 64 && CONV_TILE_CHANNELS_STACKED == 32, "A's forms hold 64 or 32 channels");
+// Dynamic shared memory of an image tile: the staged image's two buffers, then the weights'.
+constexpr int image_planes_bytes = 2 * 4 * CONV_STAGED_PIXELS * 16;
+template <TileForm F>
+constexpr int image_tile_bytes = image_planes_bytes + weight_buffers<F> * chunk_quads<F> * 16;
 
 // Weight quad q (16 bytes) of a product with Cin input and Cout output channels: [tile][chunk][tap][quad][row],
-// holding channels chunk * 8 + quad * 4 + 0..3 of output channel tile * 32 + row % 32, big parts for
-// rows < 32 and small parts for the others. Channels past Cin and past Cout are zeros. In plain TF32:
-// output channel tile * 64 + row, rounded to the nearest TF32. In bf16: channels chunk * 16 + quad * 8 +
-// 0..7 of output channel tile * 64 + row, rounded to the nearest bf16.
-template <bool FLIPPED, Precision PR>
+// row one of A's rows (a_rows), holding channels chunk * 8 + quad * 4 + 0..3 of output channel
+// tile * TILE + row % TILE (TILE: tile_channels), their big TF32 parts in rows < TILE and their small parts
+// in the others. Channels past Cin and past Cout are zeros. In plain TF32: output channel tile * 64 + row,
+// rounded to the nearest TF32. In bf16: channels chunk * 16 + quad * 8 + 0..7 of output
+// channel tile * 64 + row, rounded to the nearest bf16.
+template <bool FLIPPED, Precision PR, TileForm F>
 __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int Cout, float4* quads, int q) {
-    constexpr int TILE = tile_channels<PR>, VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
-    const int chunks = CEIL_DIV(Cin, CHUNK), row = q % 64, quad = q / 64 % 2, tap = q / 128 % 9;
-    const int chunk = q / CONV_CHUNK_QUADS % chunks, n = q / (CONV_CHUNK_QUADS * chunks) * TILE + row % TILE;
+    constexpr int TILE = tile_channels<F>, ROWS = a_rows<F>, QUADS = chunk_quads<F>;
+    constexpr int VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
+    const int chunks = CEIL_DIV(Cin, CHUNK), row = q % ROWS, quad = q / ROWS % 2, tap = q / (2 * ROWS) % 9;
+    const int chunk = q / QUADS % chunks, tile = q / (QUADS * chunks);
+    const int n = tile * TILE + row % TILE;  // rows past the tile's channels hold the small parts
     float v[VALUES];
 #pragma unroll
     for (int i = 0; i < VALUES; i++) {
@@ -76,25 +117,28 @@ __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int C
     }
     float4 big, small;
     stage16<PR>(v, &big, &small);
-    quads[q] = row < TILE ? big : small;
+    quads[q] = row >= TILE ? small : big;
 }
 
-template <Precision PR>
+template <Precision PR, TileForm FORM>
 __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin,
                                                    int Cout) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = ROWS * P;  // N: columns
     constexpr int PLANE = CONV_STAGED_PIXELS * 4;                               // floats per (part, quad)
     constexpr int IN_PIXELS = (ROWS + 2) * S, IN_TASKS = 2 * IN_PIXELS;         // per chunk: (quad, pixel)
     constexpr int IN_PER_THREAD = CEIL_DIV(IN_TASKS, CONV_THREADS), ACC_STRIDE = N + 8;
+    constexpr int TILE = tile_channels<FORM>, A_ROWS = a_rows<FORM>, QUADS = chunk_quads<FORM>;
+    constexpr int PRODUCTS = products<FORM>;
+    constexpr int VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
+    static_assert((FORM == TileForm::OnePart) == (PR != Precision::Fp32), "two parts exactly in 3xTF32");
+    static_assert(64 * ACC_STRIDE * 4 <= image_tile_bytes<FORM>, "the accumulators fit");
     extern __shared__ float4 conv_shared[];
     float* in_s = reinterpret_cast<float*>(conv_shared);  // [buffer][part][quad][pixel][4]
-    float4* w_s = conv_shared + 2 * 4 * PLANE / 4;        // [buffer][CONV_CHUNK_QUADS]
-    constexpr int TILE = tile_channels<PR>, VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
-    constexpr bool SPLIT = PR == Precision::Fp32;  // two parts (3xTF32)
+    float4* w_s = conv_shared + 2 * 4 * PLANE / 4;        // [weight_buffers][QUADS]
     const int img = blockIdx.x, n0 = blockIdx.y * TILE, r0 = blockIdx.z * ROWS;
     const int chunks = CEIL_DIV(Cin, CHUNK), tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
     const float* x = in + (size_t)img * Cin * SS;
-    const float4* block_quads = quads + (size_t)blockIdx.y * chunks * CONV_CHUNK_QUADS;
+    const float4* block_quads = quads + (size_t)blockIdx.y * chunks * QUADS;
 
     for (int i = tid; i < 2 * PLANE; i += CONV_THREADS)  // both buffers; the border stays zero
         conv_shared[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
@@ -102,7 +146,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     // in_next[r]: channels VALUES * quad .. + VALUES - 1 of the chunk at pixel p of the block's input rows (image rows
     // r0 - 1 .. r0 + ROWS), task e = quad * IN_PIXELS + p; rows outside the image stay zero.
     float in_next[IN_PER_THREAD][VALUES];
-    auto fetch = [&](int chunk) {  // the image's chunk into registers (zeros past Cin), its weights by cp.async
+    auto fetch_image = [&](int chunk) {  // the image's chunk into registers (zeros past Cin)
 #pragma unroll
         for (int r = 0; r < IN_PER_THREAD; r++) {
             const int e = tid + r * CONV_THREADS, p = e % IN_PIXELS, row = r0 - 1 + p / S;
@@ -113,10 +157,12 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
                 in_next[r][i] = inside && c < Cin ? x[c * SS + row * S + p % S] : 0.0f;
             }
         }
-        float4* dst = w_s + (chunk % 2) * CONV_CHUNK_QUADS;
-        for (int e = tid; e < CONV_CHUNK_QUADS; e += CONV_THREADS)
+    };
+    auto fetch_weights = [&](int chunk) {  // the chunk's weights by cp.async into their buffer
+        float4* dst = w_s + chunk % weight_buffers<FORM> * QUADS;
+        for (int e = tid; e < QUADS; e += CONV_THREADS)
             cp_async16(reinterpret_cast<float*>(dst + e),
-                       reinterpret_cast<const float*>(block_quads + chunk * CONV_CHUNK_QUADS + e));
+                       reinterpret_cast<const float*>(block_quads + chunk * QUADS + e));
     };
     auto stash = [&](int buffer) {  // the registers into shared memory, split, inside the border
         float* planes = in_s + buffer * 4 * PLANE;
@@ -132,7 +178,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     };
 
     float acc[N / 2] = {};
-    fetch(0);
+    fetch_image(0);
+    fetch_weights(0);
     __syncthreads();  // the zeros are written before any stash
     stash(0);
     for (int chunk = 0; chunk < chunks; chunk++) {
@@ -141,38 +188,47 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         fence_proxy_async();
         __syncthreads();  // this chunk is staged; everyone is done with the other buffer
         const float* b_planes = in_s + buffer * 4 * PLANE;
-        const float4* a_chunk = w_s + buffer * CONV_CHUNK_QUADS;
+        const float4* a_chunk = w_s + chunk % weight_buffers<FORM> * QUADS;
+        // staged while the tensor cores work: the next chunk's image, and its weights where they have a
+        // buffer of their own
+        auto stage_next = [&] {
+            if (chunk + 1 < chunks) {
+                fetch_image(chunk + 1);
+                if (weight_buffers<FORM> == 2) fetch_weights(chunk + 1);
+                stash(1 - buffer);
+            }
+        };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
         wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 9; s++) {  // tap s: A's 64 rows at a_chunk[s * 128], B from staged pixel shift(s)
+        for (int s = 0; s < 9; s++) {  // tap s: A at a_chunk[s * 2 * A_ROWS], B from staged pixel shift(s)
             const int shift = (s / 3) * P + s % 3;
-            const unsigned long long a = wgmma_descriptor(a_chunk + s * 128, 64 * 16, 128);
-            const unsigned long long b = wgmma_descriptor(b_planes + shift * 4, PLANE * 4, 128);  // B (big)
-            if constexpr (PR == Precision::Bf16) {
-                wgmma_bf16<N>(acc, a, b);
-            } else {
-                wgmma_tf32<N>(acc, a, b);
-                if (SPLIT) wgmma_tf32<N>(acc, a, wgmma_descriptor(b_planes + 2 * PLANE + shift * 4, PLANE * 4, 128));
+#pragma unroll
+            for (int i = 0; i < PRODUCTS; i++) {
+                const unsigned long long a = wgmma_descriptor(a_chunk + s * 2 * A_ROWS + a_first_row<FORM>(i),
+                                                              A_ROWS * 16, 128);
+                const unsigned long long b =
+                    wgmma_descriptor(b_planes + 2 * b_part<FORM>(i) * PLANE + shift * 4, PLANE * 4, 128);
+                if constexpr (PR == Precision::Bf16) wgmma_bf16<N>(acc, a, b);
+                else wgmma_tf32<N>(acc, a, b);
             }
         }
         wgmma_commit();
-        if (chunk + 1 < chunks) {  // staged while the tensor cores work
-            fetch(chunk + 1);
-            stash(1 - buffer);
-        }
+        stage_next();
         wgmma_wait_all();
 #else
 #pragma unroll
         for (int s = 0; s < 9; s++) {  // this warp's 16 rows x all N columns, one mma per 8 columns and part
             const int shift = (s / 3) * P + s % 3, lane = tid % 32;
             // ldmatrix tile m = lane / 8, row lane % 8. A: tiles (quad 0, rows 0-7), (quad 0, rows 8-15),
-            // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows are mma's a[0..3].
-            unsigned a[4];
-            ldmatrix_x4(a, reinterpret_cast<const float*>(a_chunk + s * 128) +
-                               ((lane / 16) * 64 + 16 * warp + 8 * (lane / 8 % 2) + lane % 8) * 4);
+            // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows of each product are mma's a[0..3].
+            unsigned a[PRODUCTS][4];
 #pragma unroll
-            for (int part = 0; part < (SPLIT ? 2 : 1); part++)
+            for (int i = 0; i < PRODUCTS; i++)
+                ldmatrix_x4(a[i], reinterpret_cast<const float*>(a_chunk + s * 2 * A_ROWS) +
+                                      ((lane / 16) * A_ROWS + a_first_row<FORM>(i) + 16 * warp + lane % 16) * 4);
+#pragma unroll
+            for (int part = 0; part < (FORM == TileForm::OnePart ? 1 : 2); part++)
 #pragma unroll
                 for (int j = 0; j < N / 8; j += 2) {
                     // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
@@ -180,24 +236,30 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
                     unsigned b[4];
                     ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
                                        (8 * (j + lane / 16) + lane % 8 + shift) * 4);
-                    if constexpr (PR == Precision::Bf16) {  // the same tiles: 16-byte rows of 8 k
-                        mma_bf16(acc + 4 * j, a, b);
-                        mma_bf16(acc + 4 * j + 4, a, b + 2);
-                    } else {
-                        mma_tf32(acc + 4 * j, a, b);
-                        mma_tf32(acc + 4 * j + 4, a, b + 2);
+#pragma unroll
+                    for (int i = 0; i < PRODUCTS; i++) {
+                        if (b_part<FORM>(i) != part) continue;
+                        if constexpr (PR == Precision::Bf16) {  // the same tiles: 16-byte rows of 8 k
+                            mma_bf16(acc + 4 * j, a[i], b);
+                            mma_bf16(acc + 4 * j + 4, a[i], b + 2);
+                        } else {
+                            mma_tf32(acc + 4 * j, a[i], b);
+                            mma_tf32(acc + 4 * j + 4, a[i], b + 2);
+                        }
                     }
                 }
         }
-        if (chunk + 1 < chunks) {
-            fetch(chunk + 1);
-            stash(1 - buffer);
-        }
+        stage_next();
 #endif
+        if (weight_buffers<FORM> == 1 && chunk + 1 < chunks) {
+            __syncthreads();  // every warp's products are done with the weights' one buffer
+            fetch_weights(chunk + 1);
+        }
     }
 
-    // Rows c and c + 32 (big and small parts of the weights; in one part, row c alone) added through
-    // shared memory, then written out coalesced: acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
+    // Rows c and c + 32 in the stacked form (big and small parts of the weights; in the others, row c alone)
+    // added through shared memory, then written out coalesced:
+    // acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
     __syncthreads();  // every product is done: the staging slots are free
     float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
     // float2 stores start 8 banks apart (120 = -8 mod 32), so they have no bank conflicts
@@ -211,9 +273,10 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     float* y = out + (size_t)img * Cout * SS + r0 * S;
     for (int e = tid; e < TILE * ROWS * S; e += CONV_THREADS) {
         const int c = e / (ROWS * S), p = e % (ROWS * S), column = (p / S) * P + p % S;
-        if (n0 + c < Cout)
-            y[(n0 + c) * SS + p] = SPLIT ? acc_s[c * ACC_STRIDE + column] + acc_s[(c + 32) * ACC_STRIDE + column]
-                                         : acc_s[c * ACC_STRIDE + column];
+        if (n0 + c >= Cout) continue;
+        const float* d = acc_s + column;
+        y[(n0 + c) * SS + p] =
+            FORM == TileForm::Stacked ? d[c * ACC_STRIDE] + d[(c + 32) * ACC_STRIDE] : d[c * ACC_STRIDE];
     }
 }
 
@@ -448,46 +511,73 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     }
 }
 
+// Weight quads of one product in form F (c_in input, c_out output channels).
+template <TileForm F, Precision PR>
+__device__ __forceinline__ int product_quads(int c_in, int c_out) {
+    return CEIL_DIV(c_out, tile_channels<F>) * CEIL_DIV(c_in, chunk_channels<PR>) * chunk_quads<F>;
+}
+
+// Quad q of one product's weights in form F, if q is one of them; else q less their number.
+template <bool FLIPPED, Precision PR, TileForm F>
+__device__ __forceinline__ bool stage_product_quad(const float* w, int Cin, int Cout, float4* quads, int& q) {
+    const int count = product_quads<F, PR>(Cin, Cout);
+    if (q < count) stage_weight_quad<FLIPPED, PR, F>(w, Cin, Cout, quads, q);
+    q -= count;
+    return q < 0;
+}
+
 // The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
-// first, then input_grad_quads (K in, C out; flipped).
+// first, in the stacked form if forward_stacked (3xTF32 only: conv2_forward_stacked_fast reads them), then
+// input_grad_quads (K in, C out; flipped).
 template <Precision PR>
 __device__ __forceinline__ void stage_weights(const float* w, int C, int K, float4* forward_quads,
-                                              float4* input_grad_quads) {
-    constexpr int TILE = tile_channels<PR>, CHUNK = chunk_channels<PR>;
-    const int q = blockIdx.x * blockDim.x + threadIdx.x;
-    const int forward = CEIL_DIV(K, TILE) * CEIL_DIV(C, CHUNK) * CONV_CHUNK_QUADS;
-    const int input_grad = CEIL_DIV(C, TILE) * CEIL_DIV(K, CHUNK) * CONV_CHUNK_QUADS;
-    if (q < forward) stage_weight_quad<false, PR>(w, C, K, forward_quads, q);
-    else if (q < forward + input_grad) stage_weight_quad<true, PR>(w, K, C, input_grad_quads, q - forward);
+                                              float4* input_grad_quads, int forward_stacked) {
+    int q = blockIdx.x * blockDim.x + threadIdx.x;
+    if constexpr (PR == Precision::Fp32) {
+        if (forward_stacked) {
+            if (!stage_product_quad<false, PR, TileForm::Stacked>(w, C, K, forward_quads, q))
+                stage_product_quad<true, PR, tile_form<PR, true>>(w, K, C, input_grad_quads, q);
+            return;
+        }
+    }
+    if (!stage_product_quad<false, PR, tile_form<PR, false>>(w, C, K, forward_quads, q))
+        stage_product_quad<true, PR, tile_form<PR, true>>(w, K, C, input_grad_quads, q);
 }
 
 // Entry points: the precision (tensor_core.cuh) is a template parameter. Precision::Fp32 keeps float32's
 // accuracy with the three products of 3xTF32; Precision::Tf32 rounds both operands to the nearest TF32 and
 // multiplies once, as cuDNN's TF32 convolutions do: about 3e-4 relative error instead of 1e-6. The image
-// tiles' A then holds 64 output channels (CONV_TILE_CHANNELS_ONE_PART) instead of the two parts of 32: half
-// the blocks and half the tensor work; the weight gradient does a third of its tensor work.
-// Precision::Bf16 rounds both operands to bf16 (about 3e-3 relative error) and multiplies once, 16 k per
-// instruction: the TF32 form's layouts with 8 values in each 16 bytes, so a chunk is 16 channels and a
-// weight-gradient item 8 images, and each product needs half the instructions of plain TF32.
+// tiles' A then holds a row per output channel (TileForm::OnePart): a third of the forward's tensor work,
+// and for the input gradient half the blocks and half its tensor work; the weight gradient does a third of
+// its tensor work. Precision::Bf16 rounds both operands to bf16 (about 3e-3 relative error) and multiplies
+// once, 16 k per instruction: the TF32 form's layouts with 8 values in each 16 bytes, so a chunk is 16
+// channels and a weight-gradient item 8 images, and each product needs half the instructions of plain TF32.
 
 template <Precision P>
 __global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
-                                         float4* input_grad_quads) {
-    stage_weights<P>(w, C, K, forward_quads, input_grad_quads);
+                                         float4* input_grad_quads, int forward_stacked) {
+    stage_weights<P>(w, C, K, forward_quads, input_grad_quads, forward_stacked);
 }
 
 // grid (N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
-    conv3x3_image_tile<P>(x, forward_quads, y, C, K);
+    conv3x3_image_tile<P, tile_form<P, false>>(x, forward_quads, y, C, K);
+}
+
+// The 3xTF32 forward in the input gradient's stacked form, 32 output channels per block: twice the blocks
+// of the form above, for small batches, where those leave SMs idle; weights staged with forward_stacked.
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
+conv2_forward_stacked_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
+    conv3x3_image_tile<Precision::Fp32, TileForm::Stacked>(x, forward_quads, y, C, K);
 }
 
 // grid (N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, 4)
 conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
-    conv3x3_image_tile<P>(dy, input_grad_quads, dx, K, C);
+    conv3x3_image_tile<P, tile_form<P, true>>(dy, input_grad_quads, dx, K, C);
 }
 
 // grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared

@@ -12,31 +12,68 @@ from .common import I32, precision_kernels, source
 
 PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
 CONV2_SIZE = 14
-# forward and input gradient: a block computes CONV_TILE_CHANNELS (fp32: big and small parts stacked) or
-# CONV_TILE_CHANNELS_ONE_PART (tf32, bf16) output channels of CONV_ROWS image rows, one warpgroup of
-# CONV_THREADS threads; the input passes through shared memory CONV_CHUNK channels at a time (twice as many
-# in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS pixels of each), with CONV_CHUNK_QUADS weight quads of
-# 16 bytes per chunk
-CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_ONE_PART = 128, 32, 64
+# forward and input gradient: a block computes CONV_TILE_CHANNELS output channels (the forward; the input gradient
+# in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, and "forward_stacked") of CONV_ROWS
+# image rows, one
+# warpgroup of CONV_THREADS threads; the input passes through shared memory CONV_CHUNK channels at a time (twice
+# as many in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS pixels of each), with CONV_CHUNK_QUADS weight quads
+# of 16 bytes per chunk and 64 rows of A (the forward in fp32 has 128: both parts of 64 channels, apart)
+CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED = 128, 64, 32
 CONV_CHUNK, CONV_CHUNK_QUADS, CONV_ROWS, CONV_STAGED_PIXELS = 8, 1152, 7, 146
+IMAGE_TILE_PRODUCTS = ("forward", "forward_stacked", "backward_input")
+# In fp32 the forward keeps the weights' two TF32 parts apart: 64 output channels per block, three products per
+# k-step. Up to this batch it stacks them as the input gradient does: 32 channels per block, two products per
+# k-step (a quarter of that tensor work is the unneeded small*small), but twice the blocks, where 64 channels
+# per block leave SMs idle (docs/performance.md)
+STACKED_FORWARD_MAX_BATCH = 96
 # weight gradient: WGRAD_THREADS threads (three warpgroups) per block of WGRAD_OUT output and WGRAD_CHANNELS
 # input channels; k runs over pixels x WGRAD_IMAGES images (twice as many in bf16); WGRAD_X_SLOTS staged
 # rows of x
 WGRAD_THREADS, WGRAD_OUT, WGRAD_CHANNELS, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 64, 32, 4, 6
 
 _src = source("fast/conv2_implicit_gemm.cu", CONV2_SIZE=CONV2_SIZE, CONV_THREADS=CONV_THREADS,
-              CONV_TILE_CHANNELS=CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_ONE_PART=CONV_TILE_CHANNELS_ONE_PART,
+              CONV_TILE_CHANNELS=CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED=CONV_TILE_CHANNELS_STACKED,
               CONV_CHUNK=CONV_CHUNK, CONV_CHUNK_QUADS=CONV_CHUNK_QUADS, CONV_ROWS=CONV_ROWS,
               CONV_STAGED_PIXELS=CONV_STAGED_PIXELS, WGRAD_THREADS=WGRAD_THREADS, WGRAD_OUT=WGRAD_OUT,
               WGRAD_CHANNELS=WGRAD_CHANNELS, WGRAD_IMAGES=WGRAD_IMAGES, WGRAD_X_SLOTS=WGRAD_X_SLOTS)
 _kernel = precision_kernels(_src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"),
                             PRECISIONS)
+_forward_stacked = _src.kernel("conv2_forward_stacked_fast")
 
 
-def tile_channels(precision: str) -> int:
-    """Output channels per block of the forward and the input gradient."""
+def _image_tile_kernel(product: str, precision: str):
+    """The kernel of an image-tile product: "forward", "forward_stacked" (fp32 only) or "backward_input"."""
+    if product not in IMAGE_TILE_PRODUCTS:
+        raise ValueError(f"unknown product {product!r}; choose from {IMAGE_TILE_PRODUCTS}")
+    if product != "forward_stacked":
+        return _kernel(product, precision)
+    if precision != "fp32":
+        raise ValueError(f"the stacked forward is 3xTF32's (precision 'fp32'), not {precision!r}'s")
+    return _forward_stacked
+
+
+def forward_product(batch: int, precision: str) -> str:
+    """The forward's form for batches of up to `batch` images: "forward_stacked" in fp32 up to
+    STACKED_FORWARD_MAX_BATCH, else "forward"."""
     _kernel("forward", precision)
-    return CONV_TILE_CHANNELS if precision == "fp32" else CONV_TILE_CHANNELS_ONE_PART
+    return "forward_stacked" if precision == "fp32" and batch <= STACKED_FORWARD_MAX_BATCH else "forward"
+
+
+def _stacked(product: str, precision: str) -> bool:
+    _image_tile_kernel(product, precision)
+    return product == "forward_stacked" or (product, precision) == ("backward_input", "fp32")
+
+
+def tile_channels(product: str, precision: str) -> int:
+    """Output channels per block of an image-tile product ("forward", "forward_stacked", "backward_input")."""
+    return CONV_TILE_CHANNELS_STACKED if _stacked(product, precision) else CONV_TILE_CHANNELS
+
+
+def chunk_quads(product: str, precision: str) -> int:
+    """Weight quads (16 bytes) per staged chunk of an image-tile product: 128 rows of A in the forward's fp32
+    form (the big TF32 parts of 64 channels, then their small parts), else 64."""
+    _image_tile_kernel(product, precision)
+    return 2 * CONV_CHUNK_QUADS if (product, precision) == ("forward", "fp32") else CONV_CHUNK_QUADS
 
 
 def chunk_channels(precision: str) -> int:
@@ -51,16 +88,20 @@ def weight_grad_images(precision: str) -> int:
     return 2 * WGRAD_IMAGES if precision == "bf16" else WGRAD_IMAGES
 
 
-def weight_quads(c_in: int, c_out: int, precision: str) -> int:
-    """Weight quads (16 bytes: float4s) of one product as stage_weights writes them (c_in input, c_out output
-    channels)."""
-    return ceil_div(c_out, tile_channels(precision)) * ceil_div(c_in, chunk_channels(precision)) * CONV_CHUNK_QUADS
+def weight_quads(c_in: int, c_out: int, precision: str, product: str) -> int:
+    """Weight quads (16 bytes: float4s) of one image-tile product as stage_weights writes them (c_in input, c_out
+    output channels)."""
+    return (ceil_div(c_out, tile_channels(product, precision)) * ceil_div(c_in, chunk_channels(precision))
+            * chunk_quads(product, precision))
 
 
-def image_tile_shared_bytes() -> int:
+def image_tile_shared_bytes(product: str, precision: str) -> int:
     """Dynamic shared memory of a forward / input-gradient block: two buffers of the staged image (2 TF32
-    parts x 2 channel quads x CONV_STAGED_PIXELS x 16 bytes) and of a chunk's weights."""
-    return 2 * 4 * CONV_STAGED_PIXELS * 16 + 2 * CONV_CHUNK_QUADS * 16
+    parts x 2 channel quads x CONV_STAGED_PIXELS x 16 bytes) and of a chunk's weights (one buffer in the
+    forward's fp32 form, whose chunks are twice as large)."""
+    quads = chunk_quads(product, precision)
+    weight_buffers = 1 if quads > CONV_CHUNK_QUADS else 2
+    return 2 * 4 * CONV_STAGED_PIXELS * 16 + weight_buffers * quads * 16
 
 
 def weight_grad_shared_bytes() -> int:
@@ -69,21 +110,34 @@ def weight_grad_shared_bytes() -> int:
     return WGRAD_X_SLOTS * 16 * 2 * WGRAD_CHANNELS * 16 + 2 * CONV2_SIZE * 2 * WGRAD_OUT * 16
 
 
-def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, precision: str):
-    """w [c_out, c_in, 3, 3] as both products read it: forward_quads [weight_quads(c_in, c_out), 4] and the
-    flipped input_grad_quads [weight_quads(c_out, c_in), 4]."""
+def _check_forward(forward: str):
+    if forward not in ("forward", "forward_stacked"):
+        raise ValueError(f"unknown forward {forward!r}; choose from ('forward', 'forward_stacked')")
+
+
+def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, precision: str,
+                  forward: str = "forward"):
+    """w [c_out, c_in, 3, 3] as both products read it: forward_quads [weight_quads(c_in, c_out, precision,
+    forward), 4] for the forward `forward` ("forward" or "forward_stacked") and the flipped input_grad_quads
+    [weight_quads(c_out, c_in, precision, "backward_input"), 4]."""
+    _check_forward(forward)
+    _image_tile_kernel(forward, precision)
     _kernel("stage_weights", precision).launch_1d(forward_quads.shape[0] + input_grad_quads.shape[0], w, I32(c_in),
-                                                  I32(c_out), forward_quads, input_grad_quads)
+                                                  I32(c_out), forward_quads, input_grad_quads,
+                                                  I32(forward == "forward_stacked"))
 
 
 def _image_tiles(name, precision, n, out_channels, *args):
-    grid = (n, ceil_div(out_channels, tile_channels(precision)), CONV2_SIZE // CONV_ROWS)
-    _kernel(name, precision).launch(grid, CONV_THREADS, *args, shared_mem=image_tile_shared_bytes())
+    grid = (n, ceil_div(out_channels, tile_channels(name, precision)), CONV2_SIZE // CONV_ROWS)
+    _image_tile_kernel(name, precision).launch(grid, CONV_THREADS, *args,
+                                               shared_mem=image_tile_shared_bytes(name, precision))
 
 
-def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str):
-    """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) with the weights staged by stage_weights."""
-    _image_tiles("forward", precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
+def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, product: str = "forward"):
+    """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
+    weights staged for it by stage_weights."""
+    _check_forward(product)
+    _image_tiles(product, precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
 
 def backward_input(dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str):
