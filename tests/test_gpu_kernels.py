@@ -81,6 +81,6 @@ def test_conv2_products_without_wgmma(case, dims, without_arch_specific):
 
 @pytest.mark.parametrize("case", _conv2_product_cases(), ids=lambda c: c.name)
 def test_conv2_products_with_several_channel_tiles(case):
-    """Channel counts over one block's tile (conv2's products: 32 output channels per block forward,
-    64 x 32 for the weight gradient), with partial last tiles."""
+    """Channel counts over one block's tile (conv2's products: 64 output channels per block forward, 32 in
+    the stacked forms, 64 x 32 for the weight gradient), with partial last tiles."""
     _check_against_reference(case, kc.Dims(6, 40, 72, 33))

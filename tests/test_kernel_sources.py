@@ -250,15 +250,50 @@ def test_conv2_forward_form_by_batch():
         conv2.forward(None, None, None, 1, 32, 64, "fp32", "backward_input")
 
 
-def test_conv2_weight_mirror_puts_big_parts_first():
-    """dev/kernel_cases.weight_quads, the mirror the GPU test compares conv2_stage_weights_fast with: in the
-    apart form a tap's 128 rows of a channel quad are the big TF32 parts of 64 output channels, then their
-    small parts; stacked, 32 and 32."""
+def _staged_weight_quad(w, q, flipped, tile, rows, quads_per_chunk):
+    """conv2_implicit_gemm.cu's stage_weight_quad<FLIPPED, Precision::Fp32, F> for quad q, in Python."""
+    from kernel_cases import split_tf32
+    c_out, c_in = (w.shape[1], w.shape[0]) if flipped else w.shape[:2]
+    chunks = -(-c_in // 8)
+    row, quad, tap = q % rows, q // rows % 2, q // (2 * rows) % 9
+    chunk, n = q // quads_per_chunk % chunks, q // (quads_per_chunk * chunks) * tile + row % tile
+    v = np.zeros(4, np.float32)
+    for i in range(4):
+        c = chunk * 8 + quad * 4 + i
+        if c < c_in and n < c_out:
+            v[i] = w[c, n, 2 - tap // 3, 2 - tap % 3] if flipped else w[n, c, tap // 3, tap % 3]
+    big, small = split_tf32(v)
+    return small if row >= tile else big
+
+
+def test_conv2_weight_mirror_is_the_kernels_arithmetic():
+    """dev/kernel_cases.weight_quads, the mirror the GPU tests compare conv2_stage_weights_fast with, holds
+    what the kernel's index arithmetic (ported above) writes, in every 3xTF32 form, over partial tiles and
+    chunks: apart (the big parts of 64 output channels, then their small parts), stacked (32 and 32)."""
     import kernel_cases as kc
-    w = np.random.default_rng(0).standard_normal((64, 32, 3, 3)).astype(np.float32)
-    for forward, tile in (("forward", 64), ("forward_stacked", 32)):
-        quads = kc.weight_quads(w, False, "fp32", forward).reshape(-1, 9, 2, 2 * tile, 4)  # [.., tap, quad, row, i]
-        big, small = quads[..., :tile, :], quads[..., tile:, :]
-        # tile 0, chunk 0, tap 0, quad 0: output channels 0..tile-1, input channels 0-3
-        assert np.array_equal(big[0, 0, 0] + small[0, 0, 0], w[:tile, :4, 0, 0]), forward
-        assert np.all(big.view(np.uint32) & 0x1FFF == 0) and np.all(np.abs(small) <= np.abs(big) * 2.0**-10)
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+    w = np.random.default_rng(0).standard_normal((70, 12, 3, 3)).astype(np.float32)  # K 70, C 12
+    for flipped, product in ((False, "forward"), (False, "forward_stacked"), (True, "backward_input")):
+        c_in, c_out = (70, 12) if flipped else (12, 70)
+        tile, per_chunk = conv2.tile_channels(product, "fp32"), conv2.chunk_quads(product, "fp32")
+        want = np.array([_staged_weight_quad(w, q, flipped, tile, per_chunk // 18, per_chunk)
+                         for q in range(conv2.weight_quads(c_in, c_out, "fp32", product))])
+        got = kc.weight_quads(w, flipped, "fp32", "forward_stacked" if product == "forward_stacked" else "forward")
+        assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), product
+
+
+def test_conv2_staged_weights_must_fit_their_form():
+    """A staged weight buffer of the wrong size is refused before any launch (the kernels would write or read
+    past it)."""
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+    stacked = np.empty((conv2.weight_quads(32, 70, "fp32", "forward_stacked"), 4), np.float32)
+    grads = np.empty((conv2.weight_quads(70, 32, "fp32", "backward_input"), 4), np.float32)
+    assert stacked.shape[0] < conv2.weight_quads(32, 70, "fp32", "forward")
+    with pytest.raises(ValueError, match=r"forward's staged weights are \(13824, 4\)"):
+        conv2.stage_weights(None, 32, 70, stacked, grads, "fp32", "forward")
+    with pytest.raises(ValueError, match="backward_input's staged weights"):
+        conv2.stage_weights(None, 32, 70, stacked, grads[:-1], "fp32", "forward_stacked")
+    with pytest.raises(ValueError, match="forward's staged weights"):
+        conv2.forward(None, stacked, None, 1, 32, 70, "fp32", "forward")
+    with pytest.raises(ValueError, match="unknown precision"):
+        conv2.tile_channels("forward_stacked", "fp64")

@@ -11,8 +11,9 @@
 // forward: in = x, wt(n, c, tap) = w[n, c, tap]; input gradient: in = dy, wt(n, c, tap) = w[c, n, 8 - tap]
 // (the flipped kernel, with w's two channel indices swapped).
 //
-// A block computes CONV_TILE_CHANNELS output channels (rows) of CONV_ROWS image rows (columns) as a
-// matrix product on the tensor cores, in 3xTF32 (gemm.cuh). Columns are positions on the 16-wide grid of
+// A block computes tile_channels output channels (rows) of CONV_ROWS image rows (columns) as a matrix
+// product on the tensor cores (tensor_core.cuh; in 3xTF32, each channel's two weight parts as rows of A,
+// below). Columns are positions on the 16-wide grid of
 // the image with its zero border, not pixels: column j is output pixel (j / 16, j % 16); columns 14 and 15
 // of each grid row are computed and dropped. Column j's window then starts at staged pixel j, so for
 // tap (tr, tc) the block's operand B is the staged image itself, read from pixel 16 tr + tc on: a
@@ -222,11 +223,12 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
             const int shift = (s / 3) * P + s % 3, lane = tid % 32;
             // ldmatrix tile m = lane / 8, row lane % 8. A: tiles (quad 0, rows 0-7), (quad 0, rows 8-15),
             // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows of each product are mma's a[0..3].
-            unsigned a[PRODUCTS][4];
+            // A's 64-row blocks: one, or in the apart form two (the big parts, then the small)
+            unsigned a[A_ROWS / 64][4];
 #pragma unroll
-            for (int i = 0; i < PRODUCTS; i++)
-                ldmatrix_x4(a[i], reinterpret_cast<const float*>(a_chunk + s * 2 * A_ROWS) +
-                                      ((lane / 16) * A_ROWS + a_first_row<FORM>(i) + 16 * warp + lane % 16) * 4);
+            for (int h = 0; h < A_ROWS / 64; h++)
+                ldmatrix_x4(a[h], reinterpret_cast<const float*>(a_chunk + s * 2 * A_ROWS) +
+                                      ((lane / 16) * A_ROWS + 64 * h + 16 * warp + lane % 16) * 4);
 #pragma unroll
             for (int part = 0; part < (FORM == TileForm::OnePart ? 1 : 2); part++)
 #pragma unroll
@@ -239,12 +241,13 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #pragma unroll
                     for (int i = 0; i < PRODUCTS; i++) {
                         if (b_part<FORM>(i) != part) continue;
+                        const unsigned* ai = a[a_first_row<FORM>(i) / 64];
                         if constexpr (PR == Precision::Bf16) {  // the same tiles: 16-byte rows of 8 k
-                            mma_bf16(acc + 4 * j, a[i], b);
-                            mma_bf16(acc + 4 * j + 4, a[i], b + 2);
+                            mma_bf16(acc + 4 * j, ai, b);
+                            mma_bf16(acc + 4 * j + 4, ai, b + 2);
                         } else {
-                            mma_tf32(acc + 4 * j, a[i], b);
-                            mma_tf32(acc + 4 * j + 4, a[i], b + 2);
+                            mma_tf32(acc + 4 * j, ai, b);
+                            mma_tf32(acc + 4 * j + 4, ai, b + 2);
                         }
                     }
                 }

@@ -7,17 +7,19 @@ convolutions do; "bf16" rounds them to bf16 and multiplies once, 16 k per instru
 as torch.autocast with bfloat16 does. Every precision accumulates in float32."""
 from __future__ import annotations
 
+import functools
+
 from ..cuda import ceil_div, sm_count
 from .common import I32, precision_kernels, source
 
 PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
 CONV2_SIZE = 14
-# forward and input gradient: a block computes CONV_TILE_CHANNELS output channels (the forward; the input gradient
-# in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, and "forward_stacked") of CONV_ROWS
-# image rows, one
-# warpgroup of CONV_THREADS threads; the input passes through shared memory CONV_CHUNK channels at a time (twice
-# as many in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS pixels of each), with CONV_CHUNK_QUADS weight quads
-# of 16 bytes per chunk and 64 rows of A (the forward in fp32 has 128: both parts of 64 channels, apart)
+# forward and input gradient: a block computes CONV_TILE_CHANNELS output channels (the forward; the input
+# gradient in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, and "forward_stacked") of
+# CONV_ROWS image rows, one warpgroup of CONV_THREADS threads; the input passes through shared memory CONV_CHUNK
+# channels at a time (twice as many in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS pixels of each), with
+# CONV_CHUNK_QUADS weight quads of 16 bytes per chunk and 64 rows of A (the forward in fp32 has 128: both parts
+# of 64 channels, apart)
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED = 128, 64, 32
 CONV_CHUNK, CONV_CHUNK_QUADS, CONV_ROWS, CONV_STAGED_PIXELS = 8, 1152, 7, 146
 IMAGE_TILE_PRODUCTS = ("forward", "forward_stacked", "backward_input")
@@ -45,10 +47,11 @@ def _image_tile_kernel(product: str, precision: str):
     """The kernel of an image-tile product: "forward", "forward_stacked" (fp32 only) or "backward_input"."""
     if product not in IMAGE_TILE_PRODUCTS:
         raise ValueError(f"unknown product {product!r}; choose from {IMAGE_TILE_PRODUCTS}")
+    kernel = _kernel("forward" if product == "forward_stacked" else product, precision)  # checks the precision
     if product != "forward_stacked":
-        return _kernel(product, precision)
+        return kernel
     if precision != "fp32":
-        raise ValueError(f"the stacked forward is 3xTF32's (precision 'fp32'), not {precision!r}'s")
+        raise ValueError(f"the stacked forward is 3xTF32's (precision 'fp32'); got precision {precision!r}")
     return _forward_stacked
 
 
@@ -88,6 +91,7 @@ def weight_grad_images(precision: str) -> int:
     return 2 * WGRAD_IMAGES if precision == "bf16" else WGRAD_IMAGES
 
 
+@functools.lru_cache(maxsize=None)  # checked at every launch (_check_quads)
 def weight_quads(c_in: int, c_out: int, precision: str, product: str) -> int:
     """Weight quads (16 bytes: float4s) of one image-tile product as stage_weights writes them (c_in input, c_out
     output channels)."""
@@ -110,21 +114,31 @@ def weight_grad_shared_bytes() -> int:
     return WGRAD_X_SLOTS * 16 * 2 * WGRAD_CHANNELS * 16 + 2 * CONV2_SIZE * 2 * WGRAD_OUT * 16
 
 
-def _check_forward(forward: str):
-    if forward not in ("forward", "forward_stacked"):
-        raise ValueError(f"unknown forward {forward!r}; choose from ('forward', 'forward_stacked')")
+def _check_forward(product: str):
+    if product not in ("forward", "forward_stacked"):
+        raise ValueError(f"unknown forward {product!r}; choose from ('forward', 'forward_stacked')")
+
+
+def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str):
+    """A staged weight buffer must be sized for its product's form. (At the default channels both forward
+    forms take the same size, so this cannot tell them apart: the caller keeps one form per buffer.)"""
+    want = weight_quads(c_in, c_out, precision, product)
+    if tuple(quads.shape) != (want, 4):
+        raise ValueError(f"{product}'s staged weights are {tuple(quads.shape)}; {c_in} -> {c_out} channels in "
+                         f"{precision} take ({want}, 4)")
 
 
 def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, precision: str,
-                  forward: str = "forward"):
+                  forward_product: str = "forward"):
     """w [c_out, c_in, 3, 3] as both products read it: forward_quads [weight_quads(c_in, c_out, precision,
-    forward), 4] for the forward `forward` ("forward" or "forward_stacked") and the flipped input_grad_quads
-    [weight_quads(c_out, c_in, precision, "backward_input"), 4]."""
-    _check_forward(forward)
-    _image_tile_kernel(forward, precision)
+    forward_product), 4] for the forward `forward_product` ("forward" or "forward_stacked") and the flipped
+    input_grad_quads [weight_quads(c_out, c_in, precision, "backward_input"), 4]."""
+    _check_forward(forward_product)
+    _check_quads(forward_quads, c_in, c_out, precision, forward_product)
+    _check_quads(input_grad_quads, c_out, c_in, precision, "backward_input")
     _kernel("stage_weights", precision).launch_1d(forward_quads.shape[0] + input_grad_quads.shape[0], w, I32(c_in),
                                                   I32(c_out), forward_quads, input_grad_quads,
-                                                  I32(forward == "forward_stacked"))
+                                                  I32(forward_product == "forward_stacked"))
 
 
 def _image_tiles(name, precision, n, out_channels, *args):
@@ -137,11 +151,13 @@ def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, 
     """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
     weights staged for it by stage_weights."""
     _check_forward(product)
+    _check_quads(forward_quads, c_in, c_out, precision, product)
     _image_tiles(product, precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
 
 def backward_input(dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str):
     """dx [n, c_in, 14, 14] from dy [n, c_out, 14, 14] and the flipped staged weights."""
+    _check_quads(input_grad_quads, c_out, c_in, precision, "backward_input")
     _image_tiles("backward_input", precision, n, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
 
 
