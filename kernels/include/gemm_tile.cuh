@@ -5,40 +5,91 @@
 //
 // A block of GEMM_THREADS threads computes one 64 x 64 tile of C on the tensor cores, 16 values per
 // thread in registers. The operands pass through shared memory TILE_K steps of k at a time, so each
-// element loaded from global memory is used 64 times. A and B are *loaders*: small structs whose methods
-// return elements (0 outside the problem), here Dense matrices with any strides. A_K_CONTIGUOUS /
-// B_N_CONTIGUOUS say which index of the operand is adjacent in memory, so that consecutive threads load
-// adjacent addresses (coalesced loads). (conv2's kernels stage whole images instead: fast/conv2_implicit_gemm.cu.)
+// element loaded from global memory is used 64 times. A and B are Dense matrices with any strides;
+// A_K_CONTIGUOUS / B_N_CONTIGUOUS say which index of the operand is adjacent in memory, so that each copy
+// takes adjacent addresses. (conv2's kernels stage whole images instead: fast/conv2_implicit_gemm.cu.)
 //
 // Each output is a sum over k in a fixed order: results are deterministic.
 #pragma once
 #include "tensor_core.cuh"
 
-// TILE_M, TILE_N, TILE_K, GEMM_THREADS and GEMM_MIN_BLOCKS (blocks per SM, which caps the registers so
-// that enough warps hide each other's latency) come from mnist_cuda/ops/linear_splitk.py.
-#if !defined(TILE_M) || !defined(TILE_N) || !defined(TILE_K) || !defined(GEMM_THREADS) || !defined(GEMM_MIN_BLOCKS)
+// TILE_M, TILE_N, TILE_K, GEMM_THREADS, GEMM_MIN_BLOCKS (blocks per SM, which caps the registers so that
+// enough warps hide each other's latency) and GEMM_STAGES (the k-steps the copy ring holds) come from
+// mnist_cuda/ops/linear_splitk.py.
+#if !defined(TILE_M) || !defined(TILE_N) || !defined(TILE_K) || !defined(GEMM_THREADS) || !defined(GEMM_MIN_BLOCKS) || \
+    !defined(GEMM_STAGES)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
-#define TILE_PAD 8  // rows of TM+8 floats (a multiple of 8 banks, but not of 32): the lanes of a fragment
-                    // load, rows k+t and columns m+g, hit banks 8t+g, all different
+#define TILE_PAD 8  // an operand staged k-major has rows of lines+8 floats (a multiple of 8 banks, but not of
+                    // 32): the lanes of a fragment load, rows k+t and lines g, hit banks 8t+g, all different
+#define TILE_K_PAD 4  // an operand staged line-major has rows of TILE_K+4 floats: the lanes hit banks 20g+t,
+                      // all different, and each row starts 16-byte aligned for the copies
 
-// Operands. gemm_tile reads A as rows A(m, k) and B as columns B(k, n): each thread loads the same
-// few rows (or columns) at every k-step, only k moves. So an operand is described by its *lines*
-// (A's rows, B's columns): line(j) does the index arithmetic that depends on j once, before the
-// k loop, and at(line, k) is the per-element remainder. Both return 0 outside the problem.
-
-// Line j, element k: p[j*sj + k*sk]; lines x len elements.
+// An operand: its line j (A's row m, B's column n), element k is p[j*sj + k*sk]; lines x len elements.
 struct Dense {
     const float* p;
     int lines, len, sj, sk;
-    struct Line {
-        const float* p;
-        bool valid;
-    };
-    __device__ Line line(int j) const { return {p + (j < lines ? j * sj : 0), j < lines}; }
-    __device__ float at(const Line& l, int k) const { return l.valid && k < len ? l.p[k * sk] : 0.0f; }
 };
 
+// One k-step of an operand in shared memory: LINES lines x TILE_K, stored in the order of the operand's
+// contiguous index, so that each copy of 4 adjacent elements lands in 16 adjacent bytes.
+template <int LINES, bool K_CONTIGUOUS>
+struct Staged {
+    static constexpr int STRIDE = K_CONTIGUOUS ? TILE_K + TILE_K_PAD : LINES + TILE_PAD;
+    static constexpr int FLOATS = (K_CONTIGUOUS ? LINES : TILE_K) * STRIDE;
+    static constexpr int CHUNKS = LINES * TILE_K / 4;  // copies of 4 adjacent elements per step
+    static constexpr int PER_THREAD = (CHUNKS + GEMM_THREADS - 1) / GEMM_THREADS;
+    __device__ static int at(int line, int k) { return K_CONTIGUOUS ? line * STRIDE + k : k * STRIDE + line; }
+
+    // A thread's copies of this operand, set up once for lines j0.. and k from k_begin: each k-step then
+    // moves the source by TILE_K elements of k, and only the count of elements inside the matrix (zeros
+    // past its edge or past k_end) is worked out again.
+    struct Copier {
+        const float* src[PER_THREAD];  // chunk r's first element at k_begin (or p itself outside the matrix)
+        int dst[PER_THREAD], k[PER_THREAD], lines_in[PER_THREAD];
+        const float* p;
+        int k_stop, adjacent, step_elements;
+        bool wide;  // 16-byte copies: the contiguous index has stride 1 and the rows start 16-byte aligned
+
+        __device__ Copier(const Dense& d, int j0, int k_begin, int k_end) {
+            p = d.p;
+            k_stop = min(k_end, d.len);
+            adjacent = K_CONTIGUOUS ? d.sk : d.sj;
+            const int other = K_CONTIGUOUS ? d.sj : d.sk;
+            wide = adjacent == 1 && other % 4 == 0 && (reinterpret_cast<size_t>(d.p) & 15) == 0;
+            step_elements = TILE_K * d.sk;
+#pragma unroll
+            for (int r = 0; r < PER_THREAD; r++) {
+                const int c = threadIdx.x + r * GEMM_THREADS;
+                const int line = K_CONTIGUOUS ? c / (TILE_K / 4) : c % (LINES / 4) * 4;
+                const int kc = K_CONTIGUOUS ? c % (TILE_K / 4) * 4 : c / (LINES / 4);
+                const int j = j0 + line;
+                dst[r] = at(line, kc);
+                k[r] = k_begin + kc;
+                // lines inside the matrix: all or none of a K-contiguous chunk's one line, up to 4 of the others'
+                lines_in[r] = c < CHUNKS ? (K_CONTIGUOUS ? (j < d.lines ? 4 : 0) : max(0, min(4, d.lines - j))) : 0;
+                src[r] = lines_in[r] > 0 ? d.p + (size_t)j * d.sj + (size_t)k[r] * d.sk : d.p;
+            }
+        }
+        // Copy step s (k from k_begin + s * TILE_K) into `stage`.
+        __device__ void copy(float* stage, int s) const {
+#pragma unroll
+            for (int r = 0; r < PER_THREAD; r++) {
+                if (PER_THREAD * GEMM_THREADS > CHUNKS && threadIdx.x + r * GEMM_THREADS >= CHUNKS) continue;
+                const int kk = k[r] + s * TILE_K;
+                const int n = K_CONTIGUOUS ? min(lines_in[r], max(0, k_stop - kk)) : (kk < k_stop ? lines_in[r] : 0);
+                const float* from = n > 0 ? src[r] + (size_t)s * step_elements : p;
+                float* to = stage + dst[r];
+                if (wide) {
+                    cp_async16_fill(to, from, 4 * n);  // chunks start at multiples of 4 (j0 and k0 are): aligned
+                } else {
+#pragma unroll
+                    for (int e = 0; e < 4; e++) cp_async4_fill(to + e, e < n ? from + e * adjacent : p, e < n ? 4 : 0);
+                }
+            }
+        }
+    };
+};
 
 // The 8 warps of a block form a 2 x 4 grid over its TM x TN tile; each warp owns (TM/2) x (TN/4) of
 // it as MI x NI mma tiles of 16 x 8, and each lane holds 4 values of each: acc[mi*NI + ni][r].
@@ -52,83 +103,49 @@ struct WarpTiles {
 };
 
 // Accumulate the block's TM x TN tile (rows m0.., columns n0..) over k in [k_begin, k_end).
-// The operands pass through shared memory TILE_K steps of k at a time; the next step's elements are
-// fetched into registers before the current step's products, so global-memory latency overlaps the
-// tensor-core work (one shared-memory buffer, two barriers per step). Shared memory holds float32 in
-// every precision: a warp rounds the values of its fragments as it reads them (split into TF32 parts, or
-// packed as bf16 pairs).
-template <Precision PR, int TM, int TN, bool A_K_CONTIGUOUS, bool B_N_CONTIGUOUS, class LoadA, class LoadB>
-__device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0, int n0, int k_begin,
-                                          int k_end, float acc[4][4]) {
+// The operands pass through shared memory TILE_K steps of k at a time, by cp.async into a ring of
+// GEMM_STAGES steps: the copies of the next GEMM_STAGES - 1 steps are in flight while a step's products
+// run, so a block waits on global memory about once, not once per step (one barrier per step). Shared
+// memory holds float32 in every precision: a warp rounds the values of its fragments as it reads them
+// (split into TF32 parts, or packed as bf16 pairs).
+template <Precision PR, int TM, int TN, bool A_K_CONTIGUOUS, bool B_N_CONTIGUOUS>
+__device__ __forceinline__ void gemm_tile(const Dense& A, const Dense& B, int m0, int n0, int k_begin, int k_end,
+                                          float acc[4][4]) {
     using W = WarpTiles<TM, TN>;
-    constexpr int A_PER_THREAD = TM * TILE_K / GEMM_THREADS, B_PER_THREAD = TN * TILE_K / GEMM_THREADS;
-    __shared__ __align__(16) float As[TILE_K][TM + TILE_PAD];
-    __shared__ __align__(16) float Bs[TILE_K][TN + TILE_PAD];
+    using SA = Staged<TM, A_K_CONTIGUOUS>;
+    using SB = Staged<TN, !B_N_CONTIGUOUS>;
+    static_assert(GEMM_STAGES >= 2, "a ring of at least two steps");
+    __shared__ __align__(16) float As[GEMM_STAGES][SA::FLOATS];
+    __shared__ __align__(16) float Bs[GEMM_STAGES][SB::FLOATS];
     const int tid = threadIdx.x, g = tid % 32 / 4, t = tid % 4, wm = W::row0(), wn = W::col0();
-    float a_next[A_PER_THREAD], b_next[B_PER_THREAD];
-    typename LoadA::Line a_line[A_PER_THREAD];  // this thread's rows of A and columns of B
-    typename LoadB::Line b_line[B_PER_THREAD];
+    const int steps = k_begin < k_end ? (k_end - k_begin + TILE_K - 1) / TILE_K : 0;
 
-    // Which element of the A (TM x TILE_K) and B (TILE_K x TN) slices is this thread's r-th:
-    // consecutive threads take consecutive addresses of the operand's contiguous index.
-    auto a_slot = [&](int r, int* m, int* k) {
-        const int e = tid + r * GEMM_THREADS;
-        *m = A_K_CONTIGUOUS ? e / TILE_K : e % TM;
-        *k = A_K_CONTIGUOUS ? e % TILE_K : e / TM;
-    };
-    auto b_slot = [&](int r, int* k, int* n) {
-        const int e = tid + r * GEMM_THREADS;
-        *n = B_N_CONTIGUOUS ? e % TN : e / TILE_K;
-        *k = B_N_CONTIGUOUS ? e / TN : e % TILE_K;
-    };
-    auto fetch = [&](int k0) {  // global memory -> registers
-#pragma unroll
-        for (int r = 0; r < A_PER_THREAD; r++) {
-            int m, k;
-            a_slot(r, &m, &k);
-            a_next[r] = k0 + k < k_end ? A.at(a_line[r], k0 + k) : 0.0f;
+    const typename SA::Copier a_copier(A, m0, k_begin, k_end);
+    const typename SB::Copier b_copier(B, n0, k_begin, k_end);
+    // Issue step s's copies into its slot of the ring (none past the last step), and close the group:
+    // every thread commits one group per call, so wait<GEMM_STAGES - 2> means "step s has landed".
+    auto issue = [&](int s) {
+        if (s < steps) {
+            a_copier.copy(As[s % GEMM_STAGES], s);
+            b_copier.copy(Bs[s % GEMM_STAGES], s);
         }
-#pragma unroll
-        for (int r = 0; r < B_PER_THREAD; r++) {
-            int k, n;
-            b_slot(r, &k, &n);
-            b_next[r] = k0 + k < k_end ? B.at(b_line[r], k0 + k) : 0.0f;
-        }
+        cp_async_commit();
     };
-#pragma unroll
-    for (int r = 0; r < A_PER_THREAD; r++) {
-        int m, k;
-        a_slot(r, &m, &k);
-        a_line[r] = A.line(m0 + m);
-    }
-#pragma unroll
-    for (int r = 0; r < B_PER_THREAD; r++) {
-        int k, n;
-        b_slot(r, &k, &n);
-        b_line[r] = B.line(n0 + n);
-    }
+    auto a_at = [&](const float* stage, int m, int k) { return stage[SA::at(m, k)]; };
+    auto b_at = [&](const float* stage, int k, int n) { return stage[SB::at(n, k)]; };
 
 #pragma unroll
     for (int i = 0; i < 4; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) acc[i][j] = 0.0f;
-    if (k_begin < k_end) fetch(k_begin);
-    for (int k0 = k_begin; k0 < k_end; k0 += TILE_K) {
-        __syncthreads();  // the previous step's slices have been read by everyone
 #pragma unroll
-        for (int r = 0; r < A_PER_THREAD; r++) {
-            int m, k;
-            a_slot(r, &m, &k);
-            As[k][m] = a_next[r];
-        }
-#pragma unroll
-        for (int r = 0; r < B_PER_THREAD; r++) {
-            int k, n;
-            b_slot(r, &k, &n);
-            Bs[k][n] = b_next[r];
-        }
-        __syncthreads();
-        if (k0 + TILE_K < k_end) fetch(k0 + TILE_K);  // in flight during the products below
+    for (int s = 0; s < GEMM_STAGES - 1; s++) issue(s);
+    for (int s = 0; s < steps; s++) {
+        cp_async_wait<GEMM_STAGES - 2>();  // this thread's copies of step s have landed
+        __syncthreads();  // everyone's have, and everyone is done with step s - 1, whose slot is refilled next
+        issue(s + GEMM_STAGES - 1);
+        const float* as = As[s % GEMM_STAGES];
+        const float* bs = Bs[s % GEMM_STAGES];
         if constexpr (PR == Precision::Bf16) {
             static_assert(TILE_K % 16 == 0, "whole k16 steps");
 #pragma unroll
@@ -139,14 +156,14 @@ __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0
 #pragma unroll
                     for (int r = 0; r < 4; r++) {
                         const int k = kk + 2 * t + 8 * (r / 2), m = wm + mi * 16 + g + 8 * (r % 2);
-                        a[mi][r] = pack_bf16(As[k][m], As[k + 1][m]);
+                        a[mi][r] = pack_bf16(a_at(as, m, k), a_at(as, m, k + 1));
                     }
 #pragma unroll
                 for (int ni = 0; ni < W::NI; ni++)
 #pragma unroll
                     for (int r = 0; r < 2; r++) {
                         const int k = kk + 2 * t + 8 * r, n = wn + ni * 8 + g;
-                        b[ni][r] = pack_bf16(Bs[k][n], Bs[k + 1][n]);
+                        b[ni][r] = pack_bf16(b_at(bs, k, n), b_at(bs, k + 1, n));
                     }
 #pragma unroll
                 for (int mi = 0; mi < W::MI; mi++)
@@ -162,13 +179,13 @@ __device__ __forceinline__ void gemm_tile(const LoadA& A, const LoadB& B, int m0
                 for (int mi = 0; mi < W::MI; mi++)
 #pragma unroll
                     for (int r = 0; r < 4; r++)
-                        split_tf32(As[kk + t + 4 * (r / 2)][wm + mi * 16 + g + 8 * (r % 2)], &a_big[mi][r],
+                        split_tf32(a_at(as, wm + mi * 16 + g + 8 * (r % 2), kk + t + 4 * (r / 2)), &a_big[mi][r],
                                    &a_small[mi][r]);
 #pragma unroll
                 for (int ni = 0; ni < W::NI; ni++)
 #pragma unroll
                     for (int r = 0; r < 2; r++)
-                        split_tf32(Bs[kk + t + 4 * r][wn + ni * 8 + g], &b_big[ni][r], &b_small[ni][r]);
+                        split_tf32(b_at(bs, kk + t + 4 * r, wn + ni * 8 + g), &b_big[ni][r], &b_small[ni][r]);
 #pragma unroll
                 for (int mi = 0; mi < W::MI; mi++)
 #pragma unroll

@@ -99,6 +99,21 @@ __device__ __forceinline__ void cp_async16(float* shared, const float* global) {
                  "l"(global));
 }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// The same copies with a source size: bytes past `bytes` (0 to the copy's size) are written as zeros and
+// not read, so a copy that runs past a matrix's edge fills the tile with zeros.
+__device__ __forceinline__ void cp_async4_fill(float* shared, const float* global, int bytes) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
+                 "l"(global), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async16_fill(float* shared, const float* global, int bytes) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"((unsigned)__cvta_generic_to_shared(shared)),
+                 "l"(global), "r"(bytes));
+}
+// A ring of copies: commit closes the group of copies this thread issued since the last commit; wait<N>
+// returns once at most N of its groups are still in flight.
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory"); }
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // ---- Hopper warpgroup MMA (PTX ISA: wgmma) --------------------------------------------------------

@@ -2,8 +2,10 @@
 reductions cut into splits that splitk_reduce sums. Each product has a "tiled" form (the mma.sync core,
 kernels/include/gemm_tile.cuh, any GPU); the forward and the input gradient also have a "wgmma" form
 (kernels/include/wgmma_tile.cuh), Hopper's warpgroup MMA, for kernels compiled for sm_90a. form=None takes
-the wgmma form where it measured faster (H200, docs/performance.md): in bf16, for batches of at least
-WG_MIN_BATCH. In 3xTF32 its staging bounds it and the tiled form stays. form="tiled" or "wgmma" forces one.
+the wgmma form where it measured faster (H200, docs/performance.md): the input gradient in bf16, for batches
+of at least WG_MIN_BATCH. The forward takes the tiled core at every batch: in bf16 the wgmma form's small gains
+at middling batches do not pay for its loss at large ones (docs/performance.md, section 3). form="tiled" or
+"wgmma" forces one.
 
 precision: the step's precision (conv2_implicit_gemm.PRECISIONS). fc1 runs in 3xTF32 (float32's accuracy)
 at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 by default while its
@@ -17,6 +19,7 @@ from .splitk_reduce import splitk_reduce
 
 TILE, TILE_K = 64, 16  # a block's output tile is TILE x TILE (narrow: half as wide); k steps of TILE_K
 GEMM_THREADS, GEMM_MIN_BLOCKS = 256, 3  # 3 blocks per SM cap the registers so that 24 warps hide latency
+GEMM_STAGES = 4  # k-steps in a block's copy ring: 3 in flight while one is multiplied (40 KB per block)
 MAX_SPLITS = 64
 # the wgmma form: one warpgroup of WG_THREADS per block, 64 samples x WG_FORWARD_COLS outputs (forward; half
 # as many when narrow) or x WG_INPUT_GRAD_COLS inputs (input gradient: 3136 = 28 x 112); k staged WG_CHUNK_K
@@ -27,7 +30,7 @@ WG_WIDE_MAX_SPLITS, WG_MIN_BATCH = 8, 256
 FORMS = ("tiled", "wgmma")
 
 _src = source("fast/linear_splitk.cu", TILE_M=TILE, TILE_N=TILE, TILE_K=TILE_K, GEMM_THREADS=GEMM_THREADS,
-              GEMM_MIN_BLOCKS=GEMM_MIN_BLOCKS, WG_THREADS=WG_THREADS, WG_CHUNK_K=WG_CHUNK_K,
+              GEMM_MIN_BLOCKS=GEMM_MIN_BLOCKS, GEMM_STAGES=GEMM_STAGES, WG_THREADS=WG_THREADS, WG_CHUNK_K=WG_CHUNK_K,
               WG_FORWARD_COLS=WG_FORWARD_COLS, WG_INPUT_GRAD_COLS=WG_INPUT_GRAD_COLS)
 PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
 _kernel = precision_kernels(_src, "linear", ("forward", "backward_input", "backward_input_narrow", "backward_weight",
@@ -43,9 +46,10 @@ def wgmma_shared_bytes(cols: int, precision: str) -> int:
     return 2 * 16 * parts * (WG_CHUNK_K // values) * ((64 + 1) + (cols + 1))
 
 
-def _form(form: str | None, precision: str, n: int) -> str:
+def _form(form: str | None, product: str, precision: str, n: int) -> str:
     if form is None:
-        return "wgmma" if precision == "bf16" and n >= WG_MIN_BATCH and cuda.arch_specific() else "tiled"
+        wgmma = product == "backward_input" and precision == "bf16" and n >= WG_MIN_BATCH
+        return "wgmma" if wgmma and cuda.arch_specific() else "tiled"
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}; choose from {FORMS}")
     if form == "wgmma" and not cuda.arch_specific():
@@ -91,7 +95,7 @@ def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int, precision: str
     """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size]. The wgmma form's
     tiles are narrow where the wide ones would cut k into more than WG_WIDE_MAX_SPLITS splits (narrow=None;
     True or False forces one)."""
-    if _form(form, precision, n) == "wgmma":
+    if _form(form, "forward", precision, n) == "wgmma":
         splits, k_per_split = wgmma_split_k(n_in, ceil_div(n_out, WG_FORWARD_COLS) * ceil_div(n, 64))
         if narrow is None:
             narrow = splits > WG_WIDE_MAX_SPLITS
@@ -114,7 +118,7 @@ def backward_input(dy, w, dx, n: int, n_in: int, n_out: int, narrow: bool | None
     """dx [n, n_in] = dy [n, n_out] w. The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
     tiles, or 32-wide ones (narrow) where the wide would be fewer blocks than the GPU has SMs (narrow=None:
     chosen so; True or False forces one)."""
-    if _form(form, precision, n) == "wgmma":
+    if _form(form, "backward_input", precision, n) == "wgmma":
         if narrow:
             raise ValueError("narrow tiles are the tiled form's")
         cols = WG_INPUT_GRAD_COLS
