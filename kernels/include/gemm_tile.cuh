@@ -22,8 +22,9 @@
 #endif
 #define TILE_PAD 8  // an operand staged k-major has rows of lines+8 floats (a multiple of 8 banks, but not of
                     // 32): the lanes of a fragment load, rows k+t and lines g, hit banks 8t+g, all different
-#define TILE_K_PAD 4  // an operand staged line-major has rows of TILE_K+4 floats: the lanes hit banks 20g+t,
-                      // all different, and each row starts 16-byte aligned for the copies
+#define TILE_K_PAD 4  // an operand staged line-major has rows of TILE_K+4 floats: the lanes of a 3xTF32
+                      // fragment load hit banks 20g+t, all different (bf16's k = 2t pairs: 2-way), and each
+                      // row starts 16-byte aligned for the copies
 
 // An operand: its line j (A's row m, B's column n), element k is p[j*sj + k*sk]; lines x len elements.
 struct Dense {
@@ -43,7 +44,8 @@ struct Staged {
 
     // A thread's copies of this operand, set up once for lines j0.. and k from k_begin: each k-step then
     // moves the source by TILE_K elements of k, and only the count of elements inside the matrix (zeros
-    // past its edge or past k_end) is worked out again.
+    // past its edge or past k_end) is worked out again. j0 and k_begin are multiples of 4 (a tile's first
+    // line; split_range's multiples of TILE_K), which the 16-byte copies' alignment relies on.
     struct Copier {
         const float* src[PER_THREAD];  // chunk r's first element at k_begin (or p itself outside the matrix)
         int dst[PER_THREAD], k[PER_THREAD], lines_in[PER_THREAD];
@@ -115,6 +117,7 @@ __device__ __forceinline__ void gemm_tile(const Dense& A, const Dense& B, int m0
     using SA = Staged<TM, A_K_CONTIGUOUS>;
     using SB = Staged<TN, !B_N_CONTIGUOUS>;
     static_assert(GEMM_STAGES >= 2, "a ring of at least two steps");
+    static_assert(GEMM_STAGES * (SA::FLOATS + SB::FLOATS) * 4 <= 48 * 1024, "the ring fits static shared memory");
     __shared__ __align__(16) float As[GEMM_STAGES][SA::FLOATS];
     __shared__ __align__(16) float Bs[GEMM_STAGES][SB::FLOATS];
     const int tid = threadIdx.x, g = tid % 32 / 4, t = tid % 4, wm = W::row0(), wn = W::col0();

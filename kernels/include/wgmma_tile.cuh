@@ -1,4 +1,4 @@
-// wgmma_tile.cuh: the matrix-product core of fc1's forward and input gradient on Hopper (sm_90a), one
+// wgmma_tile.cuh: a matrix-product core for fc1's forward and input gradient on Hopper (sm_90a), one
 // warpgroup MMA (wgmma) per k-step with both operands read by the tensor cores from shared memory, in
 // 3xTF32 (Precision::Fp32) or bf16 (Precision::Bf16). Other GPUs use gemm_tile.cuh's mma.sync core.
 //

@@ -2,8 +2,8 @@
 reductions cut into splits that splitk_reduce sums. Each product has a "tiled" form (the mma.sync core,
 kernels/include/gemm_tile.cuh, any GPU); the forward and the input gradient also have a "wgmma" form
 (kernels/include/wgmma_tile.cuh), Hopper's warpgroup MMA, for kernels compiled for sm_90a. form=None takes
-the wgmma form where it measured faster (H200, docs/performance.md): the input gradient in bf16, for batches
-of at least WG_MIN_BATCH. The forward takes the tiled core at every batch: in bf16 the wgmma form's small gains
+the wgmma form for the input gradient in bf16, for batches of at least WG_MIN_BATCH: much faster at the
+largest batches, slightly slower at some middling ones (docs/performance.md, sections 3 and 6). The forward takes the tiled core at every batch: in bf16 the wgmma form's small gains
 at middling batches do not pay for its loss at large ones (docs/performance.md, section 3). form="tiled" or
 "wgmma" forces one.
 
@@ -19,7 +19,7 @@ from .splitk_reduce import splitk_reduce
 
 TILE, TILE_K = 64, 16  # a block's output tile is TILE x TILE (narrow: half as wide); k steps of TILE_K
 GEMM_THREADS, GEMM_MIN_BLOCKS = 256, 3  # 3 blocks per SM cap the registers so that 24 warps hide latency
-GEMM_STAGES = 4  # k-steps in a block's copy ring: 3 in flight while one is multiplied (40 KB per block)
+GEMM_STAGES = 4  # k-steps in a block's copy ring: 3 in flight while one is multiplied (<= 40 KB per block)
 MAX_SPLITS = 64
 # the wgmma form: one warpgroup of WG_THREADS per block, 64 samples x WG_FORWARD_COLS outputs (forward; half
 # as many when narrow) or x WG_INPUT_GRAD_COLS inputs (input gradient: 3136 = 28 x 112); k staged WG_CHUNK_K
