@@ -491,12 +491,12 @@ def argmax_near_ties(windows):
 
 
 def blocked_positions(pooled, argmax):
-    """Block 2's argmax as its kernels store it: NO_POSITION where the ReLU blocked the window."""
+    """A block's argmax as its fast kernels store it: NO_POSITION where the ReLU blocked the window."""
     return np.where(pooled > 0, argmax, NO_POSITION).astype(np.uint8)
 
 
 def positions_near_ties(windows, peak):
-    """argmax_near_ties for block 2's argmax with NO_POSITION. peak: each window's largest value before the
+    """argmax_near_ties for the fast kernels' argmax with NO_POSITION. peak: each window's largest value before the
     ReLU, in float64. A window may be marked blocked or not against the reference only where its peak is
     within 1e-5 of zero; a byte that is neither a position nor NO_POSITION fails."""
     def compare(got, want):
@@ -604,10 +604,9 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
         bn = [v.astype(np.float64)[:, None, None] for v in (mean, invstd, gamma, beta)]
         z = (a - bn[0]) * bn[1] * bn[2] + bn[3]
         pooled, argmax, windows = _pool_reference(z)
-        compare = argmax_near_ties(windows)
-        if layer == 2:  # block 2 marks the windows the ReLU blocked
-            peak = ref._pool_windows(z).max(axis=-1)
-            argmax, compare = blocked_positions(pooled, argmax), positions_near_ties(windows, peak)
+        # both blocks mark the windows the ReLU blocked
+        peak = ref._pool_windows(z).max(axis=-1)
+        argmax, compare = blocked_positions(pooled, argmax), positions_near_ties(windows, peak)
         outs["pooled"], outs["argmax"] = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
         expected.update(pooled=pooled, argmax=argmax)
         y, am = outs["pooled"], outs["argmax"]
@@ -652,13 +651,13 @@ def block_backward_fast_case(layer):
             dw = _poison(w.shape)
             partial = _poison(conv1.backward_partial_size(K))
             moments = _dev(image_moments(x), np.float64)
-            pooled_in = (_dev(d_pooled), _dev(pooled), _dev(argmax, np.uint8))
+            pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
             run = lambda: conv1.backward(xd, wd, *common, gd, moments, *pooled_in, N, K, partial, counters[0], dg, db,
                                          dw)
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
             return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
                             {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
-                            (2.0 * pooled.size * conv1.CONV1_GRAD_SUMS, _bytes(xd) + 3 * pooled.nbytes))
+                            (2.0 * pooled.size * conv1.CONV1_GRAD_SUMS, _bytes(xd) + 1.25 * pooled.nbytes))
         dx = _poison(x.shape)
         partial = _poison(bn_relu_pool.partial_size(K))
         pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values

@@ -125,7 +125,7 @@ struct Conv1Pooled {
                              batchnorm_apply(a[2], m, is, g, b), batchnorm_apply(a[3], m, is, g, b), &at);
             if (store) {
                 pooled[c * WINDOWS + t] = v[i];
-                argmax[c * WINDOWS + t] = (unsigned char)at;
+                argmax[c * WINDOWS + t] = pool_position(v[i], at);
             }
         }
     }

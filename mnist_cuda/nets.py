@@ -346,7 +346,7 @@ class FastNet(_Net):
         self.conv_side.run(lambda: self._conv2_weight_grad(n))
         conv2_implicit_gemm.backward_input(self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision)
         conv1_bn_relu_pool.backward(self.x, p["conv1.weight"], self.mean1, self.invstd1, p["bn1.weight"],
-                                    self.x_moments, self.d_out1, self.out1, self.argmax1, n, c1, self.partial1,
+                                    self.x_moments, self.d_out1, self.argmax1, n, c1, self.partial1,
                                     self.counters1[1], g["bn1.weight"], g["bn1.bias"], g["conv1.weight"])
         self.conv_side.join()
         self.side.join()
@@ -366,11 +366,13 @@ class FastNet(_Net):
         """Nothing to do: the update zeroes the gradients."""
 
     def decisions(self, n: int) -> dict:
-        """As NaiveNet.decisions. Block 2's argmax holds NO_POSITION where the ReLU blocked the window; there
+        """As NaiveNet.decisions. The blocks' argmax holds NO_POSITION where the ReLU blocked the window; there
         the reference's value and gradient are 0 whatever the position, so it reads as position 0."""
-        argmax2 = self.argmax2[:n].get()
-        return {"block1": (self.argmax1[:n].get(), self.out1[:n].get() > 0),
-                "block2": (np.where(argmax2 == NO_POSITION, 0, argmax2).astype(np.uint8), self.out2[:n].get() > 0),
+        def positions(argmax):
+            argmax = argmax[:n].get()
+            return np.where(argmax == NO_POSITION, 0, argmax).astype(np.uint8)
+        return {"block1": (positions(self.argmax1), self.out1[:n].get() > 0),
+                "block2": (positions(self.argmax2), self.out2[:n].get() > 0),
                 "fc1": self.fc1_out[:n].get() > 0}
 
 

@@ -23,27 +23,35 @@
 // on the branch that loads the next batch, beside this step's work), and the forward's statistics cost
 // the pool kernel 90 multiply-adds per channel instead of a pass over the batch on the critical path.
 //
-// Layout: a thread works on a pooled window, i.e. the 2x2 outputs under it (thread t < 196 owns window t,
-// except in the forward, which deals (window, 4 channels) items so that every warp is full). It copies the
-// 4x4 input patch those four outputs read into registers (eight float2 loads), then computes from
-// registers: the forward the four outputs of each of its channels (36 multiply-adds per channel for the
-// patch's 8 shared-memory loads, where one output at a time would need 9 loads for 9 multiply-adds).
+// Layout: in the forward and the moments a thread works on a pooled window, i.e. the 2x2 outputs under it
+// (thread t < 196 owns window t, except that the forward deals (window, 4 channels) items so that every warp
+// is full). It copies the 4x4 input patch those four outputs read into registers (eight float2 loads), then
+// computes from registers: the forward the four outputs of each of its channels (36 multiply-adds per
+// channel for the patch's 8 shared-memory loads, where one output at a time would need 9 loads for 9
+// multiply-adds). The backward needs one output per window and channel, the argmax, so it reads that
+// output's 3x3 patch from shared memory (conv1_backward_fast).
 // The images come as bytes and are normalised as they are staged (normalize_pixel, common.cuh, by a
 // table of the 256 values in shared memory).
 // The reductions (statistics, backward) give each block a part of the batch (imgs_per_block images),
 // sum inside the block in a fixed order, and let the last block (of each channel group) combine the parts.
 #include "common.cuh"
+#include "tensor_core.cuh"
 
 #define S1 28                      // conv1's input and output size
 #define P1 (S1 + 2)                // with the zero padding
 #define POOLED1 (S1 / 2)
 #define WINDOWS (POOLED1 * POOLED1)  // 196 pooled windows per image and channel
 #define TAPS 9
-// From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_GRAD_CHANNELS channels per block of
-// conv1_backward_fast, which runs CONV1_GRAD_BLOCKS blocks per SM,
-// CONV1_THREADS threads per block, CONV1_MOMENTS image moments (S_t, then G_tu for t <= u, row by row,
-// in double), CONV1_GRAD_SUMS sums per channel in the backward (sum dz, then E_t).
-#if !defined(CONV1_GRAD_CHANNELS) || !defined(CONV1_GRAD_BLOCKS) || !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_SUMS)
+// From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_THREADS threads per block of the
+// forward and the moments, CONV1_MOMENTS image moments (S_t, then G_tu for t <= u, row by row, in double);
+// the backward's geometry: CONV1_GRAD_CHANNELS channels per block, CONV1_GRAD_THREAD_CHANNELS per thread,
+// CONV1_GRAD_LANES threads per group of those, CONV1_GRAD_THREADS threads, CONV1_GRAD_BLOCKS blocks per SM,
+// CONV1_GRAD_STAGES images in its ring of CONV1_GRAD_STAGE_BYTES per image, and CONV1_GRAD_SUMS sums per
+// channel (sum dz, then E_t).
+#if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_CHANNELS) || \
+    !defined(CONV1_GRAD_THREAD_CHANNELS) || !defined(CONV1_GRAD_LANES) || !defined(CONV1_GRAD_THREADS) || \
+    !defined(CONV1_GRAD_BLOCKS) || !defined(CONV1_GRAD_STAGES) || !defined(CONV1_GRAD_SUMS) || \
+    !defined(CONV1_GRAD_STAGE_BYTES)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 static_assert(CONV1_MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && CONV1_GRAD_SUMS == 1 + TAPS, "moment counts");
@@ -57,24 +65,27 @@ __device__ __forceinline__ bool padded_pixel(int i, int* pixel) {
     return i < P1 * P1 && row >= 0 && row < S1 && col >= 0 && col < S1;
 }
 
-// This thread's pixels of image n of x [N,1,28,28] (bytes) into registers (the loads are issued here;
-// only a use of v waits for them). Blocks have CONV1_THREADS threads.
-#define IMAGE_REGS CEIL_DIV(P1 * P1, CONV1_THREADS)
-__device__ __forceinline__ void fetch_padded_image(const unsigned char* x, int n, unsigned char v[IMAGE_REGS]) {
+// This thread's pixels of image n of x [N,1,28,28] (bytes) into registers, for blocks of THREADS threads
+// (the loads are issued here; only a use of v waits for them).
+template <int THREADS>
+constexpr int image_regs = CEIL_DIV(P1 * P1, THREADS);
+template <int THREADS>
+__device__ __forceinline__ void fetch_padded_image(const unsigned char* x, int n, unsigned char (&v)[image_regs<THREADS>]) {
 #pragma unroll
-    for (int r = 0; r < IMAGE_REGS; r++) {
+    for (int r = 0; r < image_regs<THREADS>; r++) {
         int pixel;
-        v[r] = padded_pixel(threadIdx.x + r * CONV1_THREADS, &pixel) ? x[n * S1 * S1 + pixel] : 0;
+        v[r] = padded_pixel(threadIdx.x + r * THREADS, &pixel) ? x[n * S1 * S1 + pixel] : 0;
     }
 }
 
 // ... then normalised (pixel_value[byte]) into the block's shared copy, zero-padded to P1 x P1 (the
 // padding pads the normalised image, so it stays 0).
-__device__ __forceinline__ void store_padded_image(const unsigned char v[IMAGE_REGS], const float* pixel_value,
+template <int THREADS>
+__device__ __forceinline__ void store_padded_image(const unsigned char (&v)[image_regs<THREADS>], const float* pixel_value,
                                                    float* img) {
 #pragma unroll
-    for (int r = 0; r < IMAGE_REGS; r++) {
-        const int i = threadIdx.x + r * CONV1_THREADS;
+    for (int r = 0; r < image_regs<THREADS>; r++) {
+        const int i = threadIdx.x + r * THREADS;
         int pixel;
         if (i < P1 * P1) img[i] = padded_pixel(i, &pixel) ? pixel_value[v[r]] : 0.0f;
     }
@@ -106,29 +117,29 @@ __device__ __forceinline__ void load_patch(const float* img, int t, float p[4][4
     }
 }
 
-// The loop over images [first, last) that every kernel here runs: body(n, image) is called by every
-// thread with the staged, zero-padded image n. The images pass through two shared-memory buffers: while
-// the block computes image n from one, image n+1 is on its way from global memory into registers, and
-// goes to the other buffer afterwards. One barrier per image, and the loads of the next image overlap
-// the work on this one. setup() runs once while the first image is on its way; what it writes to
-// shared memory is visible to body (two barriers follow it).
-template <class Setup, class Body>
+// The loop over images [first, last) that every kernel here runs, in blocks of THREADS threads: body(n,
+// image) is called by every thread with the staged, zero-padded image n. The images pass through two
+// shared-memory buffers: while the block computes image n from one, image n+1 is on its way from global
+// memory into registers, and goes to the other buffer afterwards. One barrier per image, and the loads of
+// the next image overlap the work on this one. setup() runs once while the first image is on its way;
+// what it writes to shared memory is visible to body (two barriers follow it).
+template <int THREADS, class Setup, class Body>
 __device__ __forceinline__ void for_each_staged_image(const unsigned char* x, int first, int last,
                                                       float img[2][P1 * P1], Setup setup, Body body) {
     // normalize_pixel of every byte value, once per block (its two divisions per pixel, in every
     // kernel and channel group, cost more than the table: docs/performance.md)
     __shared__ float pixel_value[256];
-    unsigned char next[IMAGE_REGS];
-    fetch_padded_image(x, first, next);
+    unsigned char next[image_regs<THREADS>];
+    fetch_padded_image<THREADS>(x, first, next);
     setup();
     for (int v = threadIdx.x; v < 256; v += blockDim.x) pixel_value[v] = normalize_pixel((unsigned char)v);
     __syncthreads();
-    store_padded_image(next, pixel_value, img[0]);
+    store_padded_image<THREADS>(next, pixel_value, img[0]);
     __syncthreads();
     for (int n = first; n < last; n++) {
-        if (n + 1 < last) fetch_padded_image(x, n + 1, next);
+        if (n + 1 < last) fetch_padded_image<THREADS>(x, n + 1, next);
         body(n, static_cast<const float*>(img[(n - first) % 2]));
-        if (n + 1 < last) store_padded_image(next, pixel_value, img[(n + 1 - first) % 2]);
+        if (n + 1 < last) store_padded_image<THREADS>(next, pixel_value, img[(n + 1 - first) % 2]);
         __syncthreads();
     }
 }
@@ -137,7 +148,7 @@ __device__ __forceinline__ void for_each_staged_image(const unsigned char* x, in
 template <class Setup, class Body>
 __device__ __forceinline__ void for_each_image(const unsigned char* x, int first, int last, float img[2][P1 * P1],
                                                Setup setup, Body body) {
-    for_each_staged_image(x, first, last, img, setup, [&](int n, const float* image) {
+    for_each_staged_image<CONV1_THREADS>(x, first, last, img, setup, [&](int n, const float* image) {
         if (threadIdx.x < WINDOWS) {
             float p[4][4];
             load_patch(image, threadIdx.x, p);
@@ -160,35 +171,6 @@ __device__ __forceinline__ void conv1_window(const float p[4][4], const float4 w
         out[pos] = a;
     }
 }
-
-// What reaches pooled window t of image n from above, for channels c0 .. c0 + CONV1_GRAD_CHANNELS - 1: the
-// gradient dz at its argmax position `at`, or at = NO_POSITION where the ReLU blocked it (pooled <= 0)
-// or the channel is past C. fetch() issues the loads; take() waits for them. conv1_backward_fast fetches
-// an image ahead, so that the loads' latency overlaps the work on the image before.
-struct PooledGrads {
-    float grad[CONV1_GRAD_CHANNELS], value[CONV1_GRAD_CHANNELS];
-    unsigned char position[CONV1_GRAD_CHANNELS];
-
-    __device__ __forceinline__ void fetch(const float* d_pooled, const float* pooled, const unsigned char* argmax,
-                                          int n, int C, int c0, int t) {
-#pragma unroll
-        for (int cl = 0; cl < CONV1_GRAD_CHANNELS; cl++) {
-            const bool inside = c0 + cl < C;
-            const int idx = (n * C + c0 + cl) * WINDOWS + t;
-            grad[cl] = inside ? d_pooled[idx] : 0.0f;
-            value[cl] = inside ? pooled[idx] : 0.0f;
-            position[cl] = inside ? argmax[idx] : 0;
-        }
-    }
-
-    __device__ __forceinline__ void take(float dz[CONV1_GRAD_CHANNELS], int at[CONV1_GRAD_CHANNELS]) const {
-#pragma unroll
-        for (int cl = 0; cl < CONV1_GRAD_CHANNELS; cl++) {
-            dz[cl] = value[cl] > 0.0f ? grad[cl] : 0.0f;
-            at[cl] = value[cl] > 0.0f ? position[cl] : NO_POSITION;
-        }
-    }
-};
 
 // The images of block part b: [first, last).
 __device__ __forceinline__ void part_images(int b, int imgs_per_block, int N, int* first, int* last) {
@@ -221,21 +203,6 @@ __device__ __forceinline__ int moment_index(int t, int u) {
 // G_tu for any t, u (G is symmetric).
 __device__ __forceinline__ double gram(const double* moments, int t, int u) {
     return moments[t <= u ? moment_index(t, u) : moment_index(u, t)];
-}
-
-// The 3x3 input patch of the output at window position `at` (0..3) from the window's 4x4 patch p, in
-// tap order. Selects, not p[at / 2 + i][...]: indexing registers by a runtime value would put p in local
-// memory.
-__device__ __forceinline__ void patch_at(const float p[4][4], int at, float x[TAPS]) {
-    const bool down = at >= 2, right = at % 2 == 1;
-#pragma unroll
-    for (int i = 0; i < 3; i++) {
-        float row[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) row[j] = down ? p[i + 1][j] : p[i][j];
-#pragma unroll
-        for (int j = 0; j < 3; j++) x[i * 3 + j] = right ? row[j + 1] : row[j];
-    }
 }
 
 // The batch's image moments, S_t and G_tu in double (see the top of this file). Each block sums its
@@ -336,7 +303,7 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
         if (blockIdx.x == 0)
             batchnorm_finalize(c, m, var, (float)count, eps, momentum, mean, invstd, running_mean, running_var);
     };
-    for_each_staged_image(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float* image) {
+    for_each_staged_image<CONV1_THREADS>(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float* image) {
         for (int item = threadIdx.x; item < WINDOWS * (CHANNELS / GROUP_CHANNELS); item += CONV1_THREADS) {
             const int t = item % WINDOWS, g0 = item / WINDOWS * GROUP_CHANNELS;
             const int channels = min(GROUP_CHANNELS, C - (c0 + g0));  // (fewer in a last group past C)
@@ -354,67 +321,139 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
                                           batchnorm_apply(a[2], s.x, s.y, s.z, s.w), batchnorm_apply(a[3], s.x, s.y, s.z, s.w),
                                           &at);
                 pooled[at0 + k * WINDOWS] = v;
-                argmax[at0 + k * WINDOWS] = (unsigned char)at;
+                argmax[at0 + k * WINDOWS] = pool_position(v, at);
             }
         }
     });
 }
 
+// The block's part of image n's pooled gradient and argmax into ring stage `stage` by cp.async: channels
+// c0 .. c0 + channels - 1 are contiguous in both ([N, C, 14, 14]), so they are copied as two runs of 16-byte
+// copies (784 bytes of gradient per channel; the positions, 196 bytes per channel, by 4-byte copies where
+// their run is not 16-byte aligned, i.e. where C or `channels` is not a multiple of 4).
+__device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const unsigned char* argmax, int n, int C, int c0,
+                                                  int channels, unsigned char* stage) {
+    const size_t first = (size_t)n * C + c0;  // the run's first channel row
+    float* grads = reinterpret_cast<float*>(stage);
+    const float* from = d_pooled + first * WINDOWS;
+    for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += CONV1_GRAD_THREADS)
+        cp_async16(grads + 4 * i, from + 4 * i);
+    float* positions = reinterpret_cast<float*>(stage + CONV1_GRAD_CHANNELS * WINDOWS * sizeof(float));
+    const float* bytes = reinterpret_cast<const float*>(argmax + first * WINDOWS);  // 4-byte aligned: 196 = 4 x 49
+    if (C % 4 == 0 && channels % 4 == 0) {
+        for (int i = threadIdx.x; i < channels * WINDOWS / 16; i += CONV1_GRAD_THREADS)
+            cp_async16(positions + 4 * i, bytes + 4 * i);
+    } else {
+        for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += CONV1_GRAD_THREADS)
+            cp_async4(positions + i, bytes + i);
+    }
+}
+
 // conv1's whole backward from the pooled gradient, by the moments (see the top of this file). dz, the
-// gradient at BN's output, is nonzero only at each window's argmax, and only where the ReLU passed
-// (pooled > 0). Each thread adds, per channel, dz and dz times the 3x3 input patch there: dbeta = sum dz
-// and E_t = sum dz X_t. Then, with a = w.X, xhat = (a - mean) invstd and BN's input gradient
-// da = gamma invstd / count (count dz - dbeta - xhat dgamma):
+// gradient at BN's output, is nonzero only at each window's argmax, and only where the ReLU passed (the
+// forward stores NO_POSITION where it blocked the window, so the pooled values are not read). Each thread
+// adds, per channel, dz and dz times the 3x3 input patch there: dbeta = sum dz and E_t = sum dz X_t. Then,
+// with a = w.X, xhat = (a - mean) invstd and BN's input gradient da = gamma invstd / count (count dz - dbeta -
+// xhat dgamma):
 //     dgamma = sum dz xhat = invstd (w.E - mean dbeta)
 //     dw_t   = sum da X_t  = gamma invstd / count (count E_t - dbeta S_t - dgamma invstd ((G w)_t - mean S_t))
 // computed in double by the last block of each group of CONV1_GRAD_CHANNELS channels, after merging the parts.
-// grid (parts, ceil(C/CONV1_GRAD_CHANNELS)), CONV1_THREADS threads; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per
-// group; moments from conv1_image_moments_fast.
-extern "C" __global__ void __launch_bounds__(CONV1_THREADS, CONV1_GRAD_BLOCKS)
+//
+// A block takes CONV1_GRAD_CHANNELS channels of a part of the batch, so it stages each image once for all of
+// them. The pooled gradient and positions arrive by cp.async into a ring of CONV1_GRAD_STAGES images (one
+// barrier per image, shared with the image's staging): the images ahead are in flight without holding
+// registers, and the kernel's bytes need that many in flight to keep memory busy. Thread (g, l) of
+// CONV1_GRAD_LANES x (channels / CONV1_GRAD_THREAD_CHANNELS) takes channels g * CONV1_GRAD_THREAD_CHANNELS ..
+// of windows l, l + LANES, ... (196 = 7 x 28: every thread has work), and reads the 3x3 patch at the argmax
+// from the staged image at the position's offset: nine shared-memory loads and no selects.
+// grid (parts, ceil(C/CONV1_GRAD_CHANNELS)), CONV1_GRAD_THREADS threads, dynamic shared memory
+// CONV1_GRAD_STAGES x CONV1_GRAD_STAGE_BYTES; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per group;
+// moments from conv1_image_moments_fast; argmax with NO_POSITION (conv1_bn_relu_pool_fast).
+#define CONV1_GRAD_GROUP_SUMS (CONV1_GRAD_THREAD_CHANNELS * CONV1_GRAD_SUMS)  // one thread's sums
+static_assert(WINDOWS % CONV1_GRAD_LANES == 0, "every lane takes the same number of windows");
+static_assert(CONV1_GRAD_THREADS == CONV1_GRAD_LANES * (CONV1_GRAD_CHANNELS / CONV1_GRAD_THREAD_CHANNELS),
+              "a thread per lane and group of channels");
+static_assert(CONV1_GRAD_STAGE_BYTES == CONV1_GRAD_CHANNELS * WINDOWS * (sizeof(float) + 1) && CONV1_GRAD_STAGE_BYTES % 16 == 0,
+              "a stage: the channels' gradients, then their positions; 16-byte aligned");
+static_assert(CONV1_GRAD_STAGES >= 2, "one image ahead at least");
+static_assert(CONV1_GRAD_THREADS * CONV1_GRAD_GROUP_SUMS * sizeof(float) <= CONV1_GRAD_STAGES * CONV1_GRAD_STAGE_BYTES,
+              "the block's sums fit in the ring");
+static_assert(CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS <= CONV1_GRAD_THREADS, "a thread per channel and sum to merge");
+extern "C" __global__ void __launch_bounds__(CONV1_GRAD_THREADS, CONV1_GRAD_BLOCKS)
 conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
-                    const float* gamma, const double* moments, const float* d_pooled, const float* pooled,
-                    const unsigned char* argmax, int N, int C, int imgs_per_block, float* partial,
-                    unsigned int* counter, float* dgamma, float* dbeta, float* dw) {
+                    const float* gamma, const double* moments, const float* d_pooled, const unsigned char* argmax,
+                    int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
+                    float* dbeta, float* dw) {
+    extern __shared__ __align__(16) unsigned char ring[];  // CONV1_GRAD_STAGES stages: gradients, then positions
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float red[CONV1_THREADS / 32 * CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS];
     __shared__ float total[CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS];
     __shared__ double mom[CONV1_MOMENTS];
-    const int t = threadIdx.x, c0 = blockIdx.y * CONV1_GRAD_CHANNELS;
+    const int tid = threadIdx.x, c0 = blockIdx.y * CONV1_GRAD_CHANNELS;
+    const int g = tid / CONV1_GRAD_LANES, lane = tid % CONV1_GRAD_LANES;
+    const int channels = min(CONV1_GRAD_CHANNELS, C - c0);
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    float acc[CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS];
+    float acc[CONV1_GRAD_GROUP_SUMS];
 #pragma unroll
-    for (int i = 0; i < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS; i++) acc[i] = 0.0f;
-    PooledGrads ahead;  // the next image's
-    if (t < WINDOWS) ahead.fetch(d_pooled, pooled, argmax, first, C, c0, t);
-    for_each_image(x, first, last, img, [] {}, [&](int n, const float (&p)[4][4]) {
-        float dz[CONV1_GRAD_CHANNELS];
-        int at[CONV1_GRAD_CHANNELS];
-        ahead.take(dz, at);
-        if (n + 1 < last) ahead.fetch(d_pooled, pooled, argmax, n + 1, C, c0, t);
+    for (int i = 0; i < CONV1_GRAD_GROUP_SUMS; i++) acc[i] = 0.0f;
+    const auto copy = [&](int n) {  // image n's gradients, into its stage, as one commit group (empty past last)
+        if (n < last) copy_pooled_grads(d_pooled, argmax, n, C, c0, channels, ring + (n - first) % CONV1_GRAD_STAGES * CONV1_GRAD_STAGE_BYTES);
+        cp_async_commit();
+    };
+    const auto setup = [&] {  // the first images' copies; this thread's of the first image landed
 #pragma unroll
-        for (int cl = 0; cl < CONV1_GRAD_CHANNELS; cl++) {
-            if (at[cl] == NO_POSITION) continue;
-            float xs[TAPS];
-            patch_at(p, at[cl], xs);
-            acc[cl * CONV1_GRAD_SUMS] += dz[cl];
+        for (int s = 0; s < CONV1_GRAD_STAGES - 1; s++) copy(first + s);
+        cp_async_wait<CONV1_GRAD_STAGES - 2>();
+    };
+    for_each_staged_image<CONV1_GRAD_THREADS>(x, first, last, img, setup, [&](int n, const float* image) {
+        // the stage of image n - 1, which every thread has finished (the loop's barrier), takes image n + STAGES - 1
+        copy(n + CONV1_GRAD_STAGES - 1);
+        const unsigned char* stage = ring + (n - first) % CONV1_GRAD_STAGES * CONV1_GRAD_STAGE_BYTES;
+        const float* grads = reinterpret_cast<const float*>(stage);
+        const unsigned char* positions = stage + CONV1_GRAD_CHANNELS * WINDOWS * sizeof(float);
 #pragma unroll
-            for (int tap = 0; tap < TAPS; tap++)
-                acc[cl * CONV1_GRAD_SUMS + 1 + tap] = fmaf(dz[cl], xs[tap], acc[cl * CONV1_GRAD_SUMS + 1 + tap]);
+        for (int k = 0; k < WINDOWS / CONV1_GRAD_LANES; k++) {
+            const int t = lane + k * CONV1_GRAD_LANES;
+            const float* window = image + 2 * (t / POOLED1) * P1 + 2 * (t % POOLED1);  // its 4x4 patch's corner
+#pragma unroll
+            for (int j = 0; j < CONV1_GRAD_THREAD_CHANNELS; j++) {
+                const int cl = g * CONV1_GRAD_THREAD_CHANNELS + j;
+                const int at = positions[cl * WINDOWS + t];
+                if (cl >= channels || at == NO_POSITION) continue;
+                const float dz = grads[cl * WINDOWS + t];
+                const float* patch = window + (at / 2) * P1 + at % 2;  // the 3x3 input patch of the argmax
+                acc[j * CONV1_GRAD_SUMS] += dz;
+#pragma unroll
+                for (int tap = 0; tap < TAPS; tap++)
+                    acc[j * CONV1_GRAD_SUMS + 1 + tap] = fmaf(dz, patch[(tap / 3) * P1 + tap % 3], acc[j * CONV1_GRAD_SUMS + 1 + tap]);
+            }
         }
+        cp_async_wait<CONV1_GRAD_STAGES - 2>();  // this thread's copies of image n + 1 landed; the loop's barrier shows them to all
     });
-    const float sum = block_sums(acc, red);
-    const int c = c0 + t / CONV1_GRAD_SUMS;
-    if (t < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && c < C)
-        partial[((size_t)c * gridDim.x + blockIdx.x) * CONV1_GRAD_SUMS + t % CONV1_GRAD_SUMS] = sum;
-    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    if (t < CONV1_MOMENTS) mom[t] = moments[t];
-    if (t < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && c < C)
-        total[t] = sum_in_order(partial + (size_t)c * gridDim.x * CONV1_GRAD_SUMS + t % CONV1_GRAD_SUMS, gridDim.x, CONV1_GRAD_SUMS);
+    // the block's sums: each thread's into the ring (its copies are done: the last groups are empty), then
+    // per channel and sum over the lanes in order
+    cp_async_wait<0>();
+    float* red = reinterpret_cast<float*>(ring);
+#pragma unroll
+    for (int i = 0; i < CONV1_GRAD_GROUP_SUMS; i++) red[tid * CONV1_GRAD_GROUP_SUMS + i] = acc[i];
     __syncthreads();
-    if (t >= CONV1_GRAD_CHANNELS || c0 + t >= C) return;
-    const int ch = c0 + t;
-    const float* sums = total + t * CONV1_GRAD_SUMS;  // sum dz, E_0 .. E_8
+    const int cl = tid / CONV1_GRAD_SUMS, k = tid % CONV1_GRAD_SUMS, c = c0 + cl;  // thread's channel and sum
+    if (tid < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && cl < channels) {
+        const int group = cl / CONV1_GRAD_THREAD_CHANNELS, j = cl % CONV1_GRAD_THREAD_CHANNELS;
+        const float* from = red + group * CONV1_GRAD_LANES * CONV1_GRAD_GROUP_SUMS + j * CONV1_GRAD_SUMS + k;
+        float sum = 0.0f;
+#pragma unroll
+        for (int l = 0; l < CONV1_GRAD_LANES; l++) sum += from[l * CONV1_GRAD_GROUP_SUMS];
+        partial[((size_t)c * gridDim.x + blockIdx.x) * CONV1_GRAD_SUMS + k] = sum;
+    }
+    if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
+    if (tid < CONV1_MOMENTS) mom[tid] = moments[tid];
+    if (tid < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && cl < channels)
+        total[tid] = sum_in_order(partial + (size_t)c * gridDim.x * CONV1_GRAD_SUMS + k, gridDim.x, CONV1_GRAD_SUMS);
+    __syncthreads();
+    if (tid >= channels) return;
+    const int ch = c0 + tid;
+    const float* sums = total + tid * CONV1_GRAD_SUMS;  // sum dz, E_0 .. E_8
     const double count = (double)N * S1 * S1, mean = save_mean[ch], invstd = save_invstd[ch], db = sums[0];
     double wc[TAPS], wE = 0.0;
 #pragma unroll
@@ -422,13 +461,13 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
         wc[a] = w[ch * TAPS + a];
         wE += wc[a] * sums[1 + a];
     }
-    const double dg = invstd * (wE - mean * db), k = gamma[ch] * invstd / count;
+    const double dg = invstd * (wE - mean * db), kk = gamma[ch] * invstd / count;
 #pragma unroll
     for (int a = 0; a < TAPS; a++) {
         double gw = 0.0;  // (G w)_a
 #pragma unroll
         for (int b = 0; b < TAPS; b++) gw += gram(mom, a, b) * wc[b];
-        dw[ch * TAPS + a] = (float)(k * (count * sums[1 + a] - db * mom[a] - dg * invstd * (gw - mean * mom[a])));
+        dw[ch * TAPS + a] = (float)(kk * (count * sums[1 + a] - db * mom[a] - dg * invstd * (gw - mean * mom[a])));
     }
     dgamma[ch] = (float)dg;
     dbeta[ch] = (float)db;

@@ -79,10 +79,9 @@ __device__ __forceinline__ void batchnorm_finalize(int c, float mean, float var,
 // ReLU that lets NaN through, as PyTorch's does (fmaxf(NaN, 0) would return 0 and hide a divergence).
 __device__ __forceinline__ float relu(float v) { return (v > 0.0f || isnan(v)) ? v : 0.0f; }
 
-// A pooled window's position as block 2's backward kernels read it: the position 0..3, or NO_POSITION
+// A pooled window's position as the blocks' backward kernels read it: the position 0..3, or NO_POSITION
 // (from mnist_cuda/ops/common.py, an NVRTC -D option) where the ReLU blocked the window (pooled value not
-// positive, or NaN), so that they need not read the pooled value. (conv1's forward stores the plain
-// position: its backward measured slower reading this form, docs/performance.md.)
+// positive, or NaN), so that they need not read the pooled value.
 #if !defined(NO_POSITION)
 #error "compile through mnist_cuda.ops, which passes NO_POSITION as a -D option"
 #endif

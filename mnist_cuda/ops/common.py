@@ -8,7 +8,7 @@ from .. import cuda, data
 
 I32, F32 = np.int32, np.float32
 MAX_PARTS = 64  # a reduction over the batch uses at most this many parts (kernels/include/part_reduce.cuh)
-NO_POSITION = 4  # block 2's argmax where the ReLU blocked the window (kernels/include/common.cuh, pool_position)
+NO_POSITION = 4  # the blocks' argmax where the ReLU blocked the window (kernels/include/common.cuh, pool_position)
 CLASSES = data.NUM_CLASSES
 COMMON_DEFINES = {"MNIST_MEAN": data.MEAN, "MNIST_STD": data.STD, "NUM_CLASSES": CLASSES, "MAX_PARTS": MAX_PARTS,
                   "NO_POSITION": NO_POSITION}
