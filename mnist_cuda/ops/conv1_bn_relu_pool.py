@@ -84,7 +84,7 @@ def backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
     """Grid of backward and its images per part: one wave of blocks (each holds its images ahead in its ring,
     so a longer part costs little, and the last block merges fewer parts)."""
     groups = ceil_div(channels, CONV1_GRAD_CHANNELS)
-    per_part = ceil_div(n, max(1, min(n, backward_max_parts() // groups)))
+    per_part = ceil_div(n, max(1, backward_max_parts() // groups))
     return (ceil_div(n, per_part), groups), per_part
 
 
