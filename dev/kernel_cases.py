@@ -627,10 +627,10 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
     return Case("batchnorm_relu_maxpool_fast[block2]", make, ops=BLOCK2_OPS)
 
 
-def block_backward_fast_case(layer):
+def block_backward_fast_case(layer, per_block=None):
     """The BN backward of a block from its pooled gradient: layer 1 runs conv1_backward_fast (-> dgamma,
-    dbeta, dw; from the batch's image moments); layer 2 runs batchnorm_backward_reduce_fast +
-    batchnorm_backward_apply_fast (-> dgamma, dbeta, dx)."""
+    dbeta, dw; from the batch's image moments; per_block channels per block); layer 2 runs
+    batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast (-> dgamma, dbeta, dx)."""
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         (x, xd), w = _block_input(rng, d, layer, 1.5, 0.3), _f32(rng, (K, C_in, 3, 3), 1 / 3)
@@ -653,7 +653,7 @@ def block_backward_fast_case(layer):
             moments = _dev(image_moments(x), np.float64)
             pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
             run = lambda: conv1.backward(xd, wd, *common, gd, moments, *pooled_in, N, K, partial, counters[0], dg, db,
-                                         dw)
+                                         dw, per_block=per_block)
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
             return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
                             {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
@@ -669,7 +669,7 @@ def block_backward_fast_case(layer):
                         {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": np.zeros((2, K))},
                         (8.0 * x.size, 2 * _bytes(x) + 3 * pooled.nbytes))
     if layer == 1:
-        return Case("conv1_backward_fast[block1]", make, ops=BLOCK1_OPS)
+        return Case(f"conv1_backward_fast<{per_block}>[block1]", make, ops=BLOCK1_OPS)
     return Case("batchnorm_backward_reduce_fast+batchnorm_backward_apply_fast[block2]", make, ops=BLOCK2_OPS)
 
 
@@ -829,7 +829,8 @@ def fast_cases() -> list[Case]:
             + [bn_relu_pool_fast_case(1, train, per_block) for train in (True, False)
                for per_block in conv1.FORWARD_CHANNELS]
             + [bn_relu_pool_fast_case(2)]
-            + [block_backward_fast_case(layer) for layer in (1, 2)]
+            + [block_backward_fast_case(1, per_block) for per_block in conv1.BACKWARD_CHANNELS]
+            + [block_backward_fast_case(2)]
             + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
             + [head_fast_case(), sgd_fast_case()]
             + [sgd_momentum_case("fast", started) for started in (False, True)])

@@ -222,7 +222,7 @@ class Kernel:
     def __init__(self, source: Source, name: str):
         self.source, self.name = source, name
         self._fn = None
-        self._shared_limit = 48 * 1024  # the default dynamic shared memory limit
+        self._shared_limit = 0  # the dynamic shared memory a launch may take (set by function())
 
     def function(self):
         module = self.source.module()
@@ -232,7 +232,8 @@ class Kernel:
             # largest shared memory: kernels that ask for different splits make the SM drain and
             # reconfigure between them (docs/performance.md).
             self._fn.preferred_shared_memory_carveout = 100
-            self._shared_limit = 48 * 1024
+            # without asking, a block's static and dynamic shared memory together may take 48 KB
+            self._shared_limit = 48 * 1024 - self._fn.shared_size_bytes
         return self._fn
 
     def launch(self, grid, block, *args, shared_mem: int = 0):
@@ -246,7 +247,7 @@ class Kernel:
         grid = tuple(int(g) for g in grid) if isinstance(grid, tuple) else (int(grid),)
         block = tuple(int(b) for b in block) if isinstance(block, tuple) else (int(block),)
         fn = self.function()
-        if shared_mem > self._shared_limit:  # more than the default limit must be asked for
+        if shared_mem > self._shared_limit:  # more must be asked for
             fn.max_dynamic_shared_size_bytes = self._shared_limit = shared_mem
 
         def launch():

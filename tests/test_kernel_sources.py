@@ -250,6 +250,23 @@ def test_conv2_forward_form_by_batch():
         conv2.forward(None, None, None, 1, 32, 64, "fp32", "backward_input")
 
 
+def test_conv1_backward_channels_by_batch(monkeypatch):
+    """conv1's backward takes all 32 channels per block once the batch gives every SM a block that way, fewer
+    below; with the model's 32 channels the parts of the batch, and so each channel's sums, are the same
+    whatever the choice."""
+    from mnist_cuda.ops import conv1_bn_relu_pool as conv1
+    monkeypatch.setattr(conv1, "sm_count", lambda: 132)
+    choice = {n: conv1.backward_channels_per_block(n, 32) for n in (1, 64, 65, 66, 131, 132, 4096)}
+    assert choice == {1: 8, 64: 8, 65: 8, 66: 8, 131: 8, 132: 32, 4096: 32}
+    assert conv1.backward_channels_per_block(66, 33) == 32 and conv1.backward_channels_per_block(65, 33) == 8
+    for n in (1, 7, 64, 65, 131, 132, 133, 512, 1000, 4096):
+        grids = {p: conv1.backward_grid(n, 32, p) for p in conv1.BACKWARD_CHANNELS}
+        assert {(grid[0], per_part) for grid, per_part in grids.values()} == {grids[32][0][:1] + (grids[32][1],)}
+        assert {p: grid[1] for p, (grid, _) in grids.items()} == {8: 4, 32: 1}
+        parts = grids[32][0][0]
+        assert parts <= conv1.backward_max_parts() and parts * grids[32][1] >= n > (parts - 1) * grids[32][1]
+
+
 def test_fc1_form_by_product_and_batch(monkeypatch):
     """fc1's forward takes the tiled core at every batch and precision; the input gradient takes the wgmma
     form in bf16 from WG_MIN_BATCH on, and only where the kernels are compiled for sm_90a."""

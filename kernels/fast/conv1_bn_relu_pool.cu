@@ -44,14 +44,13 @@
 #define TAPS 9
 // From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_THREADS threads per block of the
 // forward and the moments, CONV1_MOMENTS image moments (S_t, then G_tu for t <= u, row by row, in double);
-// the backward's geometry: CONV1_GRAD_CHANNELS channels per block, CONV1_GRAD_THREAD_CHANNELS per thread,
-// CONV1_GRAD_LANES threads per group of those, CONV1_GRAD_THREADS threads, CONV1_GRAD_BLOCKS blocks per SM,
-// CONV1_GRAD_STAGES images in its ring of CONV1_GRAD_STAGE_BYTES per image, and CONV1_GRAD_SUMS sums per
-// channel (sum dz, then E_t).
-#if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_CHANNELS) || \
-    !defined(CONV1_GRAD_THREAD_CHANNELS) || !defined(CONV1_GRAD_LANES) || !defined(CONV1_GRAD_THREADS) || \
-    !defined(CONV1_GRAD_BLOCKS) || !defined(CONV1_GRAD_STAGES) || !defined(CONV1_GRAD_SUMS) || \
-    !defined(CONV1_GRAD_STAGE_BYTES)
+// the backward's geometry (for CHANNELS channels per block, its template argument):
+// CONV1_GRAD_THREAD_CHANNELS channels per thread, CONV1_GRAD_LANES threads per group of those,
+// CONV1_GRAD_SM_CHANNELS channels over the blocks an SM holds, CONV1_GRAD_STAGES images in its ring of
+// CONV1_GRAD_CHANNEL_BYTES per channel and image, and CONV1_GRAD_SUMS sums per channel (sum dz, then E_t).
+#if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_THREAD_CHANNELS) || \
+    !defined(CONV1_GRAD_LANES) || !defined(CONV1_GRAD_SM_CHANNELS) || !defined(CONV1_GRAD_STAGES) || \
+    !defined(CONV1_GRAD_SUMS) || !defined(CONV1_GRAD_CHANNEL_BYTES)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 static_assert(CONV1_MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && CONV1_GRAD_SUMS == 1 + TAPS, "moment counts");
@@ -327,24 +326,36 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
     });
 }
 
+// The backward's block geometry for CHANNELS channels per block: a thread per lane and group of
+// CONV1_GRAD_THREAD_CHANNELS channels, a ring stage of the channels' gradients, then their positions, and
+// as many blocks per SM as make CONV1_GRAD_SM_CHANNELS channels (the same threads per SM for every CHANNELS).
+template <int CHANNELS>
+constexpr int grad_threads = CONV1_GRAD_LANES * (CHANNELS / CONV1_GRAD_THREAD_CHANNELS);
+template <int CHANNELS>
+constexpr int grad_stage_bytes = CHANNELS * CONV1_GRAD_CHANNEL_BYTES;
+template <int CHANNELS>
+constexpr int grad_blocks_per_sm = CONV1_GRAD_SM_CHANNELS / CHANNELS;
+
 // The block's part of image n's pooled gradient and argmax into ring stage `stage` by cp.async: channels
 // c0 .. c0 + channels - 1 are contiguous in both ([N, C, 14, 14]), so they are copied as two runs of 16-byte
 // copies (784 bytes of gradient per channel; the positions, 196 bytes per channel, by 4-byte copies where
 // their run is not 16-byte aligned, i.e. where C or `channels` is not a multiple of 4).
+template <int CHANNELS>
 __device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const unsigned char* argmax, int n, int C, int c0,
                                                   int channels, unsigned char* stage) {
+    constexpr int THREADS = grad_threads<CHANNELS>;
     const size_t first = (size_t)n * C + c0;  // the run's first channel row
     float* grads = reinterpret_cast<float*>(stage);
     const float* from = d_pooled + first * WINDOWS;
-    for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += CONV1_GRAD_THREADS)
+    for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += THREADS)
         cp_async16(grads + 4 * i, from + 4 * i);
-    float* positions = reinterpret_cast<float*>(stage + CONV1_GRAD_CHANNELS * WINDOWS * sizeof(float));
+    float* positions = reinterpret_cast<float*>(stage + CHANNELS * WINDOWS * sizeof(float));
     const float* bytes = reinterpret_cast<const float*>(argmax + first * WINDOWS);  // 4-byte aligned: 196 = 4 x 49
     if (C % 4 == 0 && channels % 4 == 0) {
-        for (int i = threadIdx.x; i < channels * WINDOWS / 16; i += CONV1_GRAD_THREADS)
+        for (int i = threadIdx.x; i < channels * WINDOWS / 16; i += THREADS)
             cp_async16(positions + 4 * i, bytes + 4 * i);
     } else {
-        for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += CONV1_GRAD_THREADS)
+        for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += THREADS)
             cp_async4(positions + i, bytes + i);
     }
 }
@@ -357,47 +368,51 @@ __device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const u
 // xhat dgamma):
 //     dgamma = sum dz xhat = invstd (w.E - mean dbeta)
 //     dw_t   = sum da X_t  = gamma invstd / count (count E_t - dbeta S_t - dgamma invstd ((G w)_t - mean S_t))
-// computed in double by the last block of each group of CONV1_GRAD_CHANNELS channels, after merging the parts.
+// computed in double by the last block of each group of CHANNELS channels, after merging the parts.
 //
-// A block takes CONV1_GRAD_CHANNELS channels of a part of the batch, so it stages each image once for all of
-// them. The pooled gradient and positions arrive by cp.async into a ring of CONV1_GRAD_STAGES images (one
-// barrier per image, shared with the image's staging): the images ahead are in flight without holding
+// A block takes CHANNELS channels of a part of the batch, so it stages each image once for all of them (at
+// large batches all 32 channels; at small ones fewer, so that the batch's few images still make a block per
+// SM: mnist_cuda/ops/conv1_bn_relu_pool.py chooses). A channel's sums over a part are taken in the same order
+// whatever CHANNELS is. The pooled gradient and positions arrive by cp.async into a ring of CONV1_GRAD_STAGES images
+// (one barrier per image, shared with the image's staging): the images ahead are in flight without holding
 // registers, and the kernel's bytes need that many in flight to keep memory busy. Thread (g, l) of
-// CONV1_GRAD_LANES x (channels / CONV1_GRAD_THREAD_CHANNELS) takes channels g * CONV1_GRAD_THREAD_CHANNELS ..
+// CONV1_GRAD_LANES x (CHANNELS / CONV1_GRAD_THREAD_CHANNELS) takes channels g * CONV1_GRAD_THREAD_CHANNELS ..
 // of windows l, l + LANES, ... (196 = 7 x 28: every thread has work), and reads the 3x3 patch at the argmax
 // from the staged image at the position's offset: nine shared-memory loads and no selects.
-// grid (parts, ceil(C/CONV1_GRAD_CHANNELS)), CONV1_GRAD_THREADS threads, dynamic shared memory
-// CONV1_GRAD_STAGES x CONV1_GRAD_STAGE_BYTES; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per group;
+// grid (parts, ceil(C/CHANNELS)), grad_threads<CHANNELS> threads, dynamic shared memory
+// CONV1_GRAD_STAGES x grad_stage_bytes<CHANNELS>; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per group;
 // moments from conv1_image_moments_fast; argmax with NO_POSITION (conv1_bn_relu_pool_fast).
 #define CONV1_GRAD_GROUP_SUMS (CONV1_GRAD_THREAD_CHANNELS * CONV1_GRAD_SUMS)  // one thread's sums
 static_assert(WINDOWS % CONV1_GRAD_LANES == 0, "every lane takes the same number of windows");
-static_assert(CONV1_GRAD_THREADS == CONV1_GRAD_LANES * (CONV1_GRAD_CHANNELS / CONV1_GRAD_THREAD_CHANNELS),
-              "a thread per lane and group of channels");
-static_assert(CONV1_GRAD_STAGE_BYTES == CONV1_GRAD_CHANNELS * WINDOWS * (sizeof(float) + 1) && CONV1_GRAD_STAGE_BYTES % 16 == 0,
-              "a stage: the channels' gradients, then their positions; 16-byte aligned");
+static_assert(CONV1_GRAD_CHANNEL_BYTES == WINDOWS * (sizeof(float) + 1) && CONV1_GRAD_CHANNEL_BYTES % 4 == 0,
+              "a channel's gradients and positions in a stage");
 static_assert(CONV1_GRAD_STAGES >= 2, "one image ahead at least");
-static_assert(CONV1_GRAD_THREADS * CONV1_GRAD_GROUP_SUMS * sizeof(float) <= CONV1_GRAD_STAGES * CONV1_GRAD_STAGE_BYTES,
-              "the block's sums fit in the ring");
-static_assert(CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS <= CONV1_GRAD_THREADS, "a thread per channel and sum to merge");
-extern "C" __global__ void __launch_bounds__(CONV1_GRAD_THREADS, CONV1_GRAD_BLOCKS)
+template <int CHANNELS>
+__global__ void __launch_bounds__(grad_threads<CHANNELS>, grad_blocks_per_sm<CHANNELS>)
 conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
                     const float* gamma, const double* moments, const float* d_pooled, const unsigned char* argmax,
                     int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                     float* dbeta, float* dw) {
+    constexpr int THREADS = grad_threads<CHANNELS>, STAGE_BYTES = grad_stage_bytes<CHANNELS>;
+    static_assert(CHANNELS % CONV1_GRAD_THREAD_CHANNELS == 0 && CONV1_GRAD_SM_CHANNELS % CHANNELS == 0 &&
+                  CHANNELS % 4 == 0, "whole thread groups, blocks per SM, and 16-byte aligned stages");
+    static_assert(THREADS * CONV1_GRAD_GROUP_SUMS * sizeof(float) <= CONV1_GRAD_STAGES * STAGE_BYTES,
+                  "the block's sums fit in the ring");
+    static_assert(CHANNELS * CONV1_GRAD_SUMS <= THREADS && CONV1_MOMENTS <= THREADS, "a thread per channel and sum, and per moment");
     extern __shared__ __align__(16) unsigned char ring[];  // CONV1_GRAD_STAGES stages: gradients, then positions
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float total[CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS];
+    __shared__ float total[CHANNELS * CONV1_GRAD_SUMS];
     __shared__ double mom[CONV1_MOMENTS];
-    const int tid = threadIdx.x, c0 = blockIdx.y * CONV1_GRAD_CHANNELS;
+    const int tid = threadIdx.x, c0 = blockIdx.y * CHANNELS;
     const int g = tid / CONV1_GRAD_LANES, lane = tid % CONV1_GRAD_LANES;
-    const int channels = min(CONV1_GRAD_CHANNELS, C - c0);
+    const int channels = min(CHANNELS, C - c0);
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
     float acc[CONV1_GRAD_GROUP_SUMS];
 #pragma unroll
     for (int i = 0; i < CONV1_GRAD_GROUP_SUMS; i++) acc[i] = 0.0f;
     const auto copy = [&](int n) {  // image n's gradients, into its stage, as one commit group (empty past last)
-        if (n < last) copy_pooled_grads(d_pooled, argmax, n, C, c0, channels, ring + (n - first) % CONV1_GRAD_STAGES * CONV1_GRAD_STAGE_BYTES);
+        if (n < last) copy_pooled_grads<CHANNELS>(d_pooled, argmax, n, C, c0, channels, ring + (n - first) % CONV1_GRAD_STAGES * STAGE_BYTES);
         cp_async_commit();
     };
     const auto setup = [&] {  // the first images' copies; this thread's of the first image landed
@@ -405,12 +420,12 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
         for (int s = 0; s < CONV1_GRAD_STAGES - 1; s++) copy(first + s);
         cp_async_wait<CONV1_GRAD_STAGES - 2>();
     };
-    for_each_staged_image<CONV1_GRAD_THREADS>(x, first, last, img, setup, [&](int n, const float* image) {
+    for_each_staged_image<THREADS>(x, first, last, img, setup, [&](int n, const float* image) {
         // the stage of image n - 1, which every thread has finished (the loop's barrier), takes image n + STAGES - 1
         copy(n + CONV1_GRAD_STAGES - 1);
-        const unsigned char* stage = ring + (n - first) % CONV1_GRAD_STAGES * CONV1_GRAD_STAGE_BYTES;
+        const unsigned char* stage = ring + (n - first) % CONV1_GRAD_STAGES * STAGE_BYTES;
         const float* grads = reinterpret_cast<const float*>(stage);
-        const unsigned char* positions = stage + CONV1_GRAD_CHANNELS * WINDOWS * sizeof(float);
+        const unsigned char* positions = stage + CHANNELS * WINDOWS * sizeof(float);
 #pragma unroll
         for (int k = 0; k < WINDOWS / CONV1_GRAD_LANES; k++) {
             const int t = lane + k * CONV1_GRAD_LANES;
@@ -438,7 +453,7 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
     for (int i = 0; i < CONV1_GRAD_GROUP_SUMS; i++) red[tid * CONV1_GRAD_GROUP_SUMS + i] = acc[i];
     __syncthreads();
     const int cl = tid / CONV1_GRAD_SUMS, k = tid % CONV1_GRAD_SUMS, c = c0 + cl;  // thread's channel and sum
-    if (tid < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && cl < channels) {
+    if (tid < CHANNELS * CONV1_GRAD_SUMS && cl < channels) {
         const int group = cl / CONV1_GRAD_THREAD_CHANNELS, j = cl % CONV1_GRAD_THREAD_CHANNELS;
         const float* from = red + group * CONV1_GRAD_LANES * CONV1_GRAD_GROUP_SUMS + j * CONV1_GRAD_SUMS + k;
         float sum = 0.0f;
@@ -448,7 +463,7 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
     }
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
     if (tid < CONV1_MOMENTS) mom[tid] = moments[tid];
-    if (tid < CONV1_GRAD_CHANNELS * CONV1_GRAD_SUMS && cl < channels)
+    if (tid < CHANNELS * CONV1_GRAD_SUMS && cl < channels)
         total[tid] = sum_in_order(partial + (size_t)c * gridDim.x * CONV1_GRAD_SUMS + k, gridDim.x, CONV1_GRAD_SUMS);
     __syncthreads();
     if (tid >= channels) return;

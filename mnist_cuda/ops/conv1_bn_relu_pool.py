@@ -8,23 +8,22 @@ from .common import F32, I32, source
 FORWARD_CHANNELS = (8, 32)  # the forward's choices of channels per block (forward_channels_per_block)
 CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output (forward, moments)
 CONV1_MOMENTS = 54  # the image moments: 9 sums S_t and 45 products G_tu (t <= u), in double
-# the backward: a block takes CONV1_GRAD_CHANNELS channels of a part of the batch, a thread
-# CONV1_GRAD_THREAD_CHANNELS of them in every CONV1_GRAD_LANES-th window (196 = 7 x 28), CONV1_GRAD_BLOCKS
-# blocks per SM; the pooled gradient and positions pass through a ring of CONV1_GRAD_STAGES images
-CONV1_GRAD_CHANNELS, CONV1_GRAD_THREAD_CHANNELS, CONV1_GRAD_LANES = 32, 2, 28
-CONV1_GRAD_THREADS = CONV1_GRAD_LANES * CONV1_GRAD_CHANNELS // CONV1_GRAD_THREAD_CHANNELS
-CONV1_GRAD_BLOCKS, CONV1_GRAD_STAGES = 1, 3
+# the backward: a block takes per_block channels (one of BACKWARD_CHANNELS) of a part of the batch, a thread
+# CONV1_GRAD_THREAD_CHANNELS of them in every CONV1_GRAD_LANES-th window (196 = 7 x 28), and an SM as many
+# blocks as make CONV1_GRAD_SM_CHANNELS channels; the pooled gradient and positions pass through a ring of
+# CONV1_GRAD_STAGES images
+BACKWARD_CHANNELS = (8, 32)
+CONV1_GRAD_THREAD_CHANNELS, CONV1_GRAD_LANES, CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES = 2, 28, 32, 3
 CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for the 9 taps
-CONV1_GRAD_STAGE_BYTES = CONV1_GRAD_CHANNELS * 196 * 5  # a ring stage: 196 float gradients, then 196 byte positions per channel
+CONV1_GRAD_CHANNEL_BYTES = 196 * 5  # a channel's part of a ring stage: 196 float gradients, then 196 byte positions
 
 _src = source("fast/conv1_bn_relu_pool.cu", CONV1_THREADS=CONV1_THREADS, CONV1_MOMENTS=CONV1_MOMENTS,
-              CONV1_GRAD_CHANNELS=CONV1_GRAD_CHANNELS, CONV1_GRAD_THREAD_CHANNELS=CONV1_GRAD_THREAD_CHANNELS,
-              CONV1_GRAD_LANES=CONV1_GRAD_LANES, CONV1_GRAD_THREADS=CONV1_GRAD_THREADS,
-              CONV1_GRAD_BLOCKS=CONV1_GRAD_BLOCKS, CONV1_GRAD_STAGES=CONV1_GRAD_STAGES, CONV1_GRAD_SUMS=CONV1_GRAD_SUMS,
-              CONV1_GRAD_STAGE_BYTES=CONV1_GRAD_STAGE_BYTES)
+              CONV1_GRAD_THREAD_CHANNELS=CONV1_GRAD_THREAD_CHANNELS, CONV1_GRAD_LANES=CONV1_GRAD_LANES,
+              CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES=CONV1_GRAD_STAGES,
+              CONV1_GRAD_SUMS=CONV1_GRAD_SUMS, CONV1_GRAD_CHANNEL_BYTES=CONV1_GRAD_CHANNEL_BYTES)
 _moments = _src.kernel("conv1_image_moments_fast")
 _forward = {c: _src.kernel(f"conv1_bn_relu_pool_fast<{c}>") for c in FORWARD_CHANNELS}
-_backward = _src.kernel("conv1_backward_fast")
+_backward = {c: _src.kernel(f"conv1_backward_fast<{c}>") for c in BACKWARD_CHANNELS}
 
 
 def moment_partial_shape() -> tuple[int, int]:
@@ -33,8 +32,8 @@ def moment_partial_shape() -> tuple[int, int]:
 
 
 def backward_max_parts() -> int:
-    """The most parts backward splits a batch into per channel group: a part per block slot (one wave)."""
-    return CONV1_GRAD_BLOCKS * sm_count()
+    """The most parts backward splits a batch into per channel group: a part per SM."""
+    return sm_count()
 
 
 def backward_partial_size(channels: int) -> int:
@@ -80,19 +79,36 @@ def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invst
                     pooled, argmax)
 
 
-def backward_grid(n: int, channels: int) -> tuple[tuple[int, int], int]:
-    """Grid of backward and its images per part: one wave of blocks (each holds its images ahead in its ring,
-    so a longer part costs little, and the last block merges fewer parts)."""
-    groups = ceil_div(channels, CONV1_GRAD_CHANNELS)
-    per_part = ceil_div(n, max(1, backward_max_parts() // groups))
+def backward_channels_per_block(n: int, channels: int) -> int:
+    """The backward's most channels per block that still give every SM a block, else the fewest: a block stages
+    each image once for all its channels, but a small batch's few images must still spread over the SMs
+    (docs/performance.md). With 32 channels (the model's) a channel's sums are taken in the same order whatever the
+    choice (backward_grid)."""
+    for per_block in sorted(BACKWARD_CHANNELS, reverse=True):
+        if n * ceil_div(channels, per_block) >= sm_count():
+            return per_block
+    return min(BACKWARD_CHANNELS)
+
+
+def backward_grid(n: int, channels: int, per_block: int) -> tuple[tuple[int, int], int]:
+    """Grid of backward and its images per part, per_block channels per block: one wave of blocks (each holds its
+    images ahead in its ring, so a longer part costs little, and the last block merges fewer parts), and at
+    most a part per SM in each channel group. Where per_block divides the channels, the groups fill the SMs'
+    block slots alike for every per_block, so the parts, and each channel's sums, are the same."""
+    groups = ceil_div(channels, per_block)
+    slots = sm_count() * (CONV1_GRAD_SM_CHANNELS // per_block)
+    per_part = ceil_div(n, max(1, min(backward_max_parts(), slots // groups)))
     return (ceil_div(n, per_part), groups), per_part
 
 
 def backward(x, w, mean, invstd, gamma, moments, d_pooled, argmax, n: int, channels: int, partial, counter, dgamma,
-             dbeta, dw):
+             dbeta, dw, per_block: int | None = None):
     """dgamma, dbeta and conv1's dw from the pooled gradient and the forward's argmax (NO_POSITION where the ReLU
-    blocked the window: the pooled values are not read). counter: one uint32 per channel group, zero."""
-    grid, per_part = backward_grid(n, channels)
-    _backward.launch(grid, CONV1_GRAD_THREADS, x, w, mean, invstd, gamma, moments, d_pooled, argmax, I32(n),
-                     I32(channels), I32(per_part), partial, counter, dgamma, dbeta, dw,
-                     shared_mem=CONV1_GRAD_STAGES * CONV1_GRAD_STAGE_BYTES)
+    blocked the window: the pooled values are not read). counter: one uint32 per channel group, zero.
+    per_block: channels per block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice)."""
+    per_block = per_block or backward_channels_per_block(n, channels)
+    grid, per_part = backward_grid(n, channels, per_block)
+    threads = CONV1_GRAD_LANES * per_block // CONV1_GRAD_THREAD_CHANNELS
+    _backward[per_block].launch(grid, threads, x, w, mean, invstd, gamma, moments, d_pooled, argmax, I32(n),
+                                I32(channels), I32(per_part), partial, counter, dgamma, dbeta, dw,
+                                shared_mem=CONV1_GRAD_STAGES * per_block * CONV1_GRAD_CHANNEL_BYTES)
