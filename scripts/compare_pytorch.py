@@ -199,8 +199,8 @@ def format_tables(result: dict) -> str:
     if par:
         tol = par.get("tolerances", PARITY_TOL)
         lines += ["", f"parity ({par['steps']} steps, batch {par['batch_size']}, lr {par.get('lr')}, {_parity_words(par)}): "
-                  f"max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e} (tol {tol['first_50']:.0e}), "
-                  f"all {par['max_loss_diff']:.2e} (tol {tol['all']:.0e}); "
+                  f"max |loss diff| first 50 {par['max_loss_diff_first_50']:.2e} (tol {tol['first_50']:.3g}), "
+                  f"all {par['max_loss_diff']:.2e} (tol {tol['all']:.3g}); "
                   f"max relative param/stat diff {par['max_state_rel_diff']:.2e} -> {'PASS' if par['pass'] else 'FAIL'}"]
     return "\n".join(lines)
 
@@ -972,7 +972,7 @@ def plot(result, path: Path):
                      color="black" if par["pass"] else MODE_COLOURS["ours", "graph"], fontweight="bold")
         lr = f", lr {par['lr']}" if par.get("lr") is not None else ""
         ax.text(0.97, 0.97, f"batch {par['batch_size']}{lr}, {_parity_words(par)}\n"
-                f"max |diff| {par['max_loss_diff']:.1e} (tol {tol['all']:.0e})",
+                f"max |diff| {par['max_loss_diff']:.1e} (tol {tol['all']:.3g})",
                 transform=ax.transAxes, ha="right", va="top", fontsize=7.5)
         ax.set_xlabel("step", fontsize=9)
         ax.tick_params(labelsize=8)

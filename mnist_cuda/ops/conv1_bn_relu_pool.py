@@ -12,7 +12,7 @@ CONV1_MOMENTS = 54  # the image moments: 9 sums S_t and 45 products G_tu (t <= u
 # CONV1_GRAD_THREAD_CHANNELS of them in every CONV1_GRAD_LANES-th window (196 = 7 x 28), and an SM as many
 # blocks as make CONV1_GRAD_SM_CHANNELS channels; the pooled gradient and positions pass through a ring of
 # CONV1_GRAD_STAGES images
-BACKWARD_CHANNELS = (8, 32)
+BACKWARD_CHANNELS = (8, 32)  # the backward's choices of channels per block (backward_channels_per_block)
 CONV1_GRAD_THREAD_CHANNELS, CONV1_GRAD_LANES, CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES = 2, 28, 32, 3
 CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for the 9 taps
 CONV1_GRAD_CHANNEL_BYTES = 196 * 5  # a channel's part of a ring stage: 196 float gradients, then 196 byte positions
