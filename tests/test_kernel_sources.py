@@ -251,8 +251,7 @@ def test_conv2_forward_form_by_batch():
 
 
 def test_conv1_backward_channels_by_batch(monkeypatch):
-    """conv1's backward takes all 32 channels per block once the batch gives every SM a block that way, fewer
-    below; with the model's 32 channels the parts of the batch, and so each channel's sums, are the same
+    """conv1's backward takes all 32 channels per block once the batch has an image per SM, fewer below; with the model's 32 channels the parts of the batch, and so each channel's sums, are the same
     whatever the choice."""
     from mnist_cuda.ops import conv1_bn_relu_pool as conv1
     monkeypatch.setattr(conv1, "sm_count", lambda: 132)

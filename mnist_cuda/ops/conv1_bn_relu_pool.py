@@ -80,9 +80,9 @@ def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invst
 
 
 def backward_channels_per_block(n: int, channels: int) -> int:
-    """The backward's most channels per block that still give every SM a block, else the fewest: a block stages
-    each image once for all its channels, but a small batch's few images must still spread over the SMs
-    (docs/performance.md). With 32 channels (the model's) a channel's sums are taken in the same order whatever the
+    """The backward's most channels per block for which the batch has an image per SM in each channel group, else
+    the fewest: a block stages each image once for all its channels, but a small batch's few images must still
+    spread over the SMs (docs/performance.md, which also measures the fewest as faster at 133-512 images). With 32 channels (the model's) a channel's sums are taken in the same order whatever the
     choice (backward_grid)."""
     for per_block in sorted(BACKWARD_CHANNELS, reverse=True):
         if n * ceil_div(channels, per_block) >= sm_count():
