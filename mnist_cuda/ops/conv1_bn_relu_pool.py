@@ -55,15 +55,21 @@ def image_moments(x, n: int, moment_partial, counter, moments):
     _moments.launch(parts, CONV1_THREADS, x, I32(n), I32(per_part), moment_partial, counter, moments)
 
 
+def _most_channels(choices, n: int, channels: int, blocks: int) -> int:
+    """The most channels per block of `choices` at which n images make at least `blocks` blocks (an image and
+    a channel group each), else the fewest."""
+    for per_block in sorted(choices, reverse=True):
+        if n * ceil_div(channels, per_block) >= blocks:
+            return per_block
+    return min(choices)
+
+
 def forward_channels_per_block(n: int, channels: int) -> int:
     """The most channels per block of the forward that still give every SM two blocks, else the fewest:
     a block stages its image and computes its statistics once for all its channels, which pays where
     there are blocks enough; at small batches fewer blocks would leave SMs idle (docs/performance.md).
     Every output is computed the same way whatever the choice."""
-    for per_block in sorted(FORWARD_CHANNELS, reverse=True):
-        if n * ceil_div(channels, per_block) >= 2 * sm_count():
-            return per_block
-    return min(FORWARD_CHANNELS)
+    return _most_channels(FORWARD_CHANNELS, n, channels, 2 * sm_count())
 
 
 def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invstd, running_mean, running_var,
@@ -80,14 +86,12 @@ def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invst
 
 
 def backward_channels_per_block(n: int, channels: int) -> int:
-    """The backward's most channels per block for which the batch has an image per SM in each channel group, else
-    the fewest: a block stages each image once for all its channels, but a small batch's few images must still
-    spread over the SMs (docs/performance.md, which also measures the fewest as faster at 133-512 images). With 32 channels (the model's) a channel's sums are taken in the same order whatever the
-    choice (backward_grid)."""
-    for per_block in sorted(BACKWARD_CHANNELS, reverse=True):
-        if n * ceil_div(channels, per_block) >= sm_count():
-            return per_block
-    return min(BACKWARD_CHANNELS)
+    """The backward's most channels per block for which the batch has an image per SM in each channel group,
+    else the fewest: a block stages each image once for all its channels, but a small batch's few images must
+    still spread over the SMs (docs/performance.md, which also measures the fewest as faster at 133-512
+    images). With 32 channels (the model's) a channel's sums are taken in the same order whatever the choice
+    (backward_grid)."""
+    return _most_channels(BACKWARD_CHANNELS, n, channels, sm_count())
 
 
 def backward_grid(n: int, channels: int, per_block: int) -> tuple[tuple[int, int], int]:
