@@ -251,13 +251,13 @@ def test_conv2_forward_form_by_batch():
 
 
 def test_conv1_backward_channels_by_batch(monkeypatch):
-    """conv1's backward takes all 32 channels per block once the batch has an image per SM, fewer below; with the model's 32 channels the parts of the batch, and so each channel's sums, are the same
-    whatever the choice."""
+    """conv1's backward takes all 32 channels per block once the batch has 8 images per SM, fewer below; with the
+    model's 32 channels the parts of the batch, and so each channel's sums, are the same whatever the choice."""
     from mnist_cuda.ops import conv1_bn_relu_pool as conv1
     monkeypatch.setattr(conv1, "sm_count", lambda: 132)
-    choice = {n: conv1.backward_channels_per_block(n, 32) for n in (1, 64, 65, 66, 131, 132, 4096)}
-    assert choice == {1: 8, 64: 8, 65: 8, 66: 8, 131: 8, 132: 32, 4096: 32}
-    assert conv1.backward_channels_per_block(66, 33) == 32 and conv1.backward_channels_per_block(65, 33) == 8
+    choice = {n: conv1.backward_channels_per_block(n, 32) for n in (1, 64, 132, 512, 1024, 1055, 1056, 4096)}
+    assert choice == {1: 8, 64: 8, 132: 8, 512: 8, 1024: 8, 1055: 8, 1056: 32, 4096: 32}
+    assert conv1.backward_channels_per_block(528, 33) == 32 and conv1.backward_channels_per_block(527, 33) == 8
     for n in (1, 7, 64, 65, 131, 132, 133, 512, 1000, 4096):
         grids = {p: conv1.backward_grid(n, 32, p) for p in conv1.BACKWARD_CHANNELS}
         assert {(grid[0], per_part) for grid, per_part in grids.values()} == {grids[32][0][:1] + (grids[32][1],)}

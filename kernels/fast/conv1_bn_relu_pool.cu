@@ -44,13 +44,13 @@
 #define TAPS 9
 // From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_THREADS threads per block of the
 // forward and the moments, CONV1_MOMENTS image moments (S_t, then G_tu for t <= u, row by row, in double);
-// the backward's geometry (for CHANNELS channels per block, its template argument):
-// CONV1_GRAD_THREAD_CHANNELS channels per thread, CONV1_GRAD_LANES threads per group of those,
-// CONV1_GRAD_SM_CHANNELS channels over the blocks an SM holds, CONV1_GRAD_STAGES images in its ring of
-// CONV1_GRAD_CHANNEL_BYTES per channel and image, and CONV1_GRAD_SUMS sums per channel (sum dz, then E_t).
-#if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_THREAD_CHANNELS) || \
-    !defined(CONV1_GRAD_LANES) || !defined(CONV1_GRAD_SM_CHANNELS) || !defined(CONV1_GRAD_STAGES) || \
-    !defined(CONV1_GRAD_SUMS) || !defined(CONV1_GRAD_CHANNEL_BYTES)
+// the backward's geometry (for CHANNELS channels per block, its template argument): a thread per channel
+// and each of CONV1_GRAD_ROWS pooled rows, CONV1_GRAD_SM_CHANNELS channels over the blocks an SM holds,
+// CONV1_GRAD_STAGES images in its ring of CONV1_GRAD_CHANNEL_BYTES per channel and image, and
+// CONV1_GRAD_SUMS sums per channel (sum dz, then E_t).
+#if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_ROWS) || \
+    !defined(CONV1_GRAD_SM_CHANNELS) || !defined(CONV1_GRAD_STAGES) || !defined(CONV1_GRAD_SUMS) || \
+    !defined(CONV1_GRAD_CHANNEL_BYTES)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 static_assert(CONV1_MOMENTS == TAPS + TAPS * (TAPS + 1) / 2 && CONV1_GRAD_SUMS == 1 + TAPS, "moment counts");
@@ -326,11 +326,12 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
     });
 }
 
-// The backward's block geometry for CHANNELS channels per block: a thread per lane and group of
-// CONV1_GRAD_THREAD_CHANNELS channels, a ring stage of the channels' gradients, then their positions, and
-// as many blocks per SM as make CONV1_GRAD_SM_CHANNELS channels (the same threads per SM for every CHANNELS).
+// The backward's block geometry for CHANNELS channels per block: a thread per pooled row and channel, a
+// ring stage of the channels' gradients, then their positions, and as many blocks per SM as make
+// CONV1_GRAD_SM_CHANNELS channels (the same threads per SM for every CHANNELS).
+static_assert(CONV1_GRAD_ROWS == POOLED1, "a thread per pooled row");
 template <int CHANNELS>
-constexpr int grad_threads = CONV1_GRAD_LANES * (CHANNELS / CONV1_GRAD_THREAD_CHANNELS);
+constexpr int grad_threads = CONV1_GRAD_ROWS * CHANNELS;
 template <int CHANNELS>
 constexpr int grad_stage_bytes = CHANNELS * CONV1_GRAD_CHANNEL_BYTES;
 template <int CHANNELS>
@@ -371,19 +372,21 @@ __device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const u
 // computed in double by the last block of each group of CHANNELS channels, after merging the parts.
 //
 // A block takes CHANNELS channels of a part of the batch, so it stages each image once for all of them (at
-// large batches all 32 channels; at small ones fewer, so that the batch's few images still make a block per
-// SM: mnist_cuda/ops/conv1_bn_relu_pool.py chooses). A channel's sums over a part are taken in the same order
+// large batches all 32 channels; at smaller ones fewer, so that an SM's blocks overlap their per-image chains:
+// mnist_cuda/ops/conv1_bn_relu_pool.py chooses). A channel's sums over a part are taken in the same order
 // whatever CHANNELS is. The pooled gradient and positions arrive by cp.async into a ring of CONV1_GRAD_STAGES images
 // (one barrier per image, shared with the image's staging): the images ahead are in flight without holding
-// registers, and the kernel's bytes need that many in flight to keep memory busy. Thread (g, l) of
-// CONV1_GRAD_LANES x (CHANNELS / CONV1_GRAD_THREAD_CHANNELS) takes channels g * CONV1_GRAD_THREAD_CHANNELS ..
-// of windows l, l + LANES, ... (196 = 7 x 28: every thread has work), and reads the 3x3 patch at the argmax
-// from the staged image at the position's offset: nine shared-memory loads and no selects.
+// registers, and the kernel's bytes need that many in flight to keep memory busy. Thread (row, cl) takes
+// channel cl in the 14 windows of pooled row `row`, and reads the 3x3 patch at the argmax from the staged image
+// at the position's offset: nine shared-memory loads and no selects. Those addresses depend on each lane's
+// argmax, so the lanes of a warp take the same window in different channels (32 channels per block) or one
+// column of four pooled rows (8): a tap's loads then fall on at most four cells per window, two rows apart by
+// a pitch of 30 (-2 banks), and the windows of four pooled rows 60 floats (-4 banks) apart, so no two
+// addresses share a bank.
 // grid (parts, ceil(C/CHANNELS)), grad_threads<CHANNELS> threads, dynamic shared memory
 // CONV1_GRAD_STAGES x grad_stage_bytes<CHANNELS>; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per group;
 // moments from conv1_image_moments_fast; argmax with NO_POSITION (conv1_bn_relu_pool_fast).
-#define CONV1_GRAD_GROUP_SUMS (CONV1_GRAD_THREAD_CHANNELS * CONV1_GRAD_SUMS)  // one thread's sums
-static_assert(WINDOWS % CONV1_GRAD_LANES == 0, "every lane takes the same number of windows");
+static_assert(WINDOWS == CONV1_GRAD_ROWS * POOLED1 && POOLED1 % 2 == 0, "a row's windows in pairs");
 static_assert(CONV1_GRAD_CHANNEL_BYTES == WINDOWS * (sizeof(float) + 1) && CONV1_GRAD_CHANNEL_BYTES % 4 == 0,
               "a channel's gradients and positions in a stage");
 static_assert(CONV1_GRAD_STAGES >= 2, "one image ahead at least");
@@ -394,9 +397,8 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
                     int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                     float* dbeta, float* dw) {
     constexpr int THREADS = grad_threads<CHANNELS>, STAGE_BYTES = grad_stage_bytes<CHANNELS>;
-    static_assert(CHANNELS % CONV1_GRAD_THREAD_CHANNELS == 0 && CONV1_GRAD_SM_CHANNELS % CHANNELS == 0 &&
-                  CHANNELS % 4 == 0, "whole thread groups, blocks per SM, and 16-byte aligned stages");
-    static_assert(THREADS * CONV1_GRAD_GROUP_SUMS * sizeof(float) <= CONV1_GRAD_STAGES * STAGE_BYTES,
+    static_assert(CONV1_GRAD_SM_CHANNELS % CHANNELS == 0 && CHANNELS % 4 == 0, "blocks per SM, and 16-byte aligned stages");
+    static_assert(THREADS * CONV1_GRAD_SUMS * sizeof(float) <= CONV1_GRAD_STAGES * STAGE_BYTES,
                   "the block's sums fit in the ring");
     static_assert(CHANNELS * CONV1_GRAD_SUMS <= THREADS && CONV1_MOMENTS <= THREADS, "a thread per channel and sum, and per moment");
     extern __shared__ __align__(16) unsigned char ring[];  // CONV1_GRAD_STAGES stages: gradients, then positions
@@ -404,13 +406,21 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
     __shared__ float total[CHANNELS * CONV1_GRAD_SUMS];
     __shared__ double mom[CONV1_MOMENTS];
     const int tid = threadIdx.x, c0 = blockIdx.y * CHANNELS;
-    const int g = tid / CONV1_GRAD_LANES, lane = tid % CONV1_GRAD_LANES;
+    const int row = tid / CHANNELS, cl = tid % CHANNELS;  // this thread's pooled row and channel
     const int channels = min(CHANNELS, C - c0);
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
-    float acc[CONV1_GRAD_GROUP_SUMS];
+    float acc[CONV1_GRAD_SUMS];  // sum dz, then E_t
 #pragma unroll
-    for (int i = 0; i < CONV1_GRAD_GROUP_SUMS; i++) acc[i] = 0.0f;
+    for (int i = 0; i < CONV1_GRAD_SUMS; i++) acc[i] = 0.0f;
+    // dz at window position `at` of the window whose 4x4 patch starts at `window`, into the sums
+    const auto add = [&](float dz, int at, const float* window) {
+        if (at == NO_POSITION) return;
+        const float* patch = window + (at / 2) * P1 + at % 2;  // the 3x3 input patch of the argmax
+        acc[0] += dz;
+#pragma unroll
+        for (int tap = 0; tap < TAPS; tap++) acc[1 + tap] = fmaf(dz, patch[(tap / 3) * P1 + tap % 3], acc[1 + tap]);
+    };
     const auto copy = [&](int n) {  // image n's gradients, into its stage, as one commit group (empty past last)
         if (n < last) copy_pooled_grads<CHANNELS>(d_pooled, argmax, n, C, c0, channels, ring + (n - first) % CONV1_GRAD_STAGES * STAGE_BYTES);
         cp_async_commit();
@@ -424,46 +434,39 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
         // the stage of image n - 1, which every thread has finished (the loop's barrier), takes image n + STAGES - 1
         copy(n + CONV1_GRAD_STAGES - 1);
         const unsigned char* stage = ring + (n - first) % CONV1_GRAD_STAGES * STAGE_BYTES;
-        const float* grads = reinterpret_cast<const float*>(stage);
-        const unsigned char* positions = stage + CHANNELS * WINDOWS * sizeof(float);
+        const int at0 = cl * WINDOWS + row * POOLED1;  // the row's first window in the channel's gradients
+        const float* grads = reinterpret_cast<const float*>(stage) + at0;
+        const unsigned char* positions = stage + CHANNELS * WINDOWS * sizeof(float) + at0;
+        const float* windows = image + 2 * row * P1;  // the row's first 4x4 patch
+        if (cl < channels) {
 #pragma unroll
-        for (int k = 0; k < WINDOWS / CONV1_GRAD_LANES; k++) {
-            const int t = lane + k * CONV1_GRAD_LANES;
-            const float* window = image + 2 * (t / POOLED1) * P1 + 2 * (t % POOLED1);  // its 4x4 patch's corner
-#pragma unroll
-            for (int j = 0; j < CONV1_GRAD_THREAD_CHANNELS; j++) {
-                const int cl = g * CONV1_GRAD_THREAD_CHANNELS + j;
-                const int at = positions[cl * WINDOWS + t];
-                if (cl >= channels || at == NO_POSITION) continue;
-                const float dz = grads[cl * WINDOWS + t];
-                const float* patch = window + (at / 2) * P1 + at % 2;  // the 3x3 input patch of the argmax
-                acc[j * CONV1_GRAD_SUMS] += dz;
-#pragma unroll
-                for (int tap = 0; tap < TAPS; tap++)
-                    acc[j * CONV1_GRAD_SUMS + 1 + tap] = fmaf(dz, patch[(tap / 3) * P1 + tap % 3], acc[j * CONV1_GRAD_SUMS + 1 + tap]);
+            for (int k = 0; k < POOLED1; k += 2) {  // two windows per load (at0 and k are even)
+                const float2 dz = *reinterpret_cast<const float2*>(grads + k);
+                const uchar2 at = *reinterpret_cast<const uchar2*>(positions + k);
+                add(dz.x, at.x, windows + 2 * k);
+                add(dz.y, at.y, windows + 2 * k + 2);
             }
         }
         cp_async_wait<CONV1_GRAD_STAGES - 2>();  // this thread's copies of image n + 1 landed; the loop's barrier shows them to all
     });
     // the block's sums: each thread's into the ring (its copies are done: the last groups are empty), then
-    // per channel and sum over the lanes in order
+    // per channel and sum over the rows in order
     cp_async_wait<0>();
     float* red = reinterpret_cast<float*>(ring);
 #pragma unroll
-    for (int i = 0; i < CONV1_GRAD_GROUP_SUMS; i++) red[tid * CONV1_GRAD_GROUP_SUMS + i] = acc[i];
+    for (int i = 0; i < CONV1_GRAD_SUMS; i++) red[tid * CONV1_GRAD_SUMS + i] = acc[i];
     __syncthreads();
-    const int cl = tid / CONV1_GRAD_SUMS, k = tid % CONV1_GRAD_SUMS, c = c0 + cl;  // thread's channel and sum
-    if (tid < CHANNELS * CONV1_GRAD_SUMS && cl < channels) {
-        const int group = cl / CONV1_GRAD_THREAD_CHANNELS, j = cl % CONV1_GRAD_THREAD_CHANNELS;
-        const float* from = red + group * CONV1_GRAD_LANES * CONV1_GRAD_GROUP_SUMS + j * CONV1_GRAD_SUMS + k;
+    const int sum_channel = tid / CONV1_GRAD_SUMS, k = tid % CONV1_GRAD_SUMS, c = c0 + sum_channel;  // thread's channel and sum
+    if (tid < CHANNELS * CONV1_GRAD_SUMS && sum_channel < channels) {
+        const float* from = red + sum_channel * CONV1_GRAD_SUMS + k;
         float sum = 0.0f;
 #pragma unroll
-        for (int l = 0; l < CONV1_GRAD_LANES; l++) sum += from[l * CONV1_GRAD_GROUP_SUMS];
+        for (int r = 0; r < CONV1_GRAD_ROWS; r++) sum += from[r * CHANNELS * CONV1_GRAD_SUMS];
         partial[((size_t)c * gridDim.x + blockIdx.x) * CONV1_GRAD_SUMS + k] = sum;
     }
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
     if (tid < CONV1_MOMENTS) mom[tid] = moments[tid];
-    if (tid < CHANNELS * CONV1_GRAD_SUMS && cl < channels)
+    if (tid < CHANNELS * CONV1_GRAD_SUMS && sum_channel < channels)
         total[tid] = sum_in_order(partial + (size_t)c * gridDim.x * CONV1_GRAD_SUMS + k, gridDim.x, CONV1_GRAD_SUMS);
     __syncthreads();
     if (tid >= channels) return;

@@ -9,17 +9,17 @@ FORWARD_CHANNELS = (8, 32)  # the forward's choices of channels per block (forwa
 CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output (forward, moments)
 CONV1_MOMENTS = 54  # the image moments: 9 sums S_t and 45 products G_tu (t <= u), in double
 # the backward: a block takes per_block channels (one of BACKWARD_CHANNELS) of a part of the batch, a thread
-# CONV1_GRAD_THREAD_CHANNELS of them in every CONV1_GRAD_LANES-th window (196 = 7 x 28), and an SM as many
-# blocks as make CONV1_GRAD_SM_CHANNELS channels; the pooled gradient and positions pass through a ring of
-# CONV1_GRAD_STAGES images
+# one of them in the windows of one of the CONV1_GRAD_ROWS pooled rows, and an SM as many blocks as make
+# CONV1_GRAD_SM_CHANNELS channels; the pooled gradient and positions pass through a ring of CONV1_GRAD_STAGES
+# images
 BACKWARD_CHANNELS = (8, 32)  # the backward's choices of channels per block (backward_channels_per_block)
-CONV1_GRAD_THREAD_CHANNELS, CONV1_GRAD_LANES, CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES = 2, 28, 32, 3
+BACKWARD_WIDE_IMAGES_PER_SM = 8  # the images per SM from which the backward takes its most channels per block
+CONV1_GRAD_ROWS, CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES = 14, 32, 3
 CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for the 9 taps
 CONV1_GRAD_CHANNEL_BYTES = 196 * 5  # a channel's part of a ring stage: 196 float gradients, then 196 byte positions
 
 _src = source("fast/conv1_bn_relu_pool.cu", CONV1_THREADS=CONV1_THREADS, CONV1_MOMENTS=CONV1_MOMENTS,
-              CONV1_GRAD_THREAD_CHANNELS=CONV1_GRAD_THREAD_CHANNELS, CONV1_GRAD_LANES=CONV1_GRAD_LANES,
-              CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES=CONV1_GRAD_STAGES,
+              CONV1_GRAD_ROWS=CONV1_GRAD_ROWS, CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES=CONV1_GRAD_STAGES,
               CONV1_GRAD_SUMS=CONV1_GRAD_SUMS, CONV1_GRAD_CHANNEL_BYTES=CONV1_GRAD_CHANNEL_BYTES)
 _moments = _src.kernel("conv1_image_moments_fast")
 _forward = {c: _src.kernel(f"conv1_bn_relu_pool_fast<{c}>") for c in FORWARD_CHANNELS}
@@ -86,12 +86,12 @@ def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invst
 
 
 def backward_channels_per_block(n: int, channels: int) -> int:
-    """The backward's most channels per block for which the batch has an image per SM in each channel group,
-    else the fewest: a block stages each image once for all its channels, but a small batch's few images must
-    still spread over the SMs (docs/performance.md, which also measures the fewest as faster at 133-512
-    images). With 32 channels (the model's) a channel's sums are taken in the same order whatever the choice
-    (backward_grid)."""
-    return _most_channels(BACKWARD_CHANNELS, n, channels, sm_count())
+    """The backward's most channels per block where the batch gives each SM BACKWARD_WIDE_IMAGES_PER_SM images in
+    each channel group, else the fewest: a block stages each image once for all its channels, which pays on long
+    parts, while on short ones the SM's four smaller blocks overlap their per-image chains of copies and
+    barriers (docs/performance.md measures both). With 32 channels (the model's) a channel's sums are taken in
+    the same order whatever the choice (backward_grid)."""
+    return _most_channels(BACKWARD_CHANNELS, n, channels, BACKWARD_WIDE_IMAGES_PER_SM * sm_count())
 
 
 def backward_grid(n: int, channels: int, per_block: int) -> tuple[tuple[int, int], int]:
@@ -112,7 +112,6 @@ def backward(x, w, mean, invstd, gamma, moments, d_pooled, argmax, n: int, chann
     per_block: channels per block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice)."""
     per_block = per_block or backward_channels_per_block(n, channels)
     grid, per_part = backward_grid(n, channels, per_block)
-    threads = CONV1_GRAD_LANES * per_block // CONV1_GRAD_THREAD_CHANNELS
-    _backward[per_block].launch(grid, threads, x, w, mean, invstd, gamma, moments, d_pooled, argmax, I32(n),
+    _backward[per_block].launch(grid, CONV1_GRAD_ROWS * per_block, x, w, mean, invstd, gamma, moments, d_pooled, argmax, I32(n),
                                 I32(channels), I32(per_part), partial, counter, dgamma, dbeta, dw,
                                 shared_mem=CONV1_GRAD_STAGES * per_block * CONV1_GRAD_CHANNEL_BYTES)
