@@ -12,11 +12,41 @@
 static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
 
 // Per (channel, part) mean and M2, merged by each group's last block, which finalizes BatchNorm. A warp
-// owns a channel: it holds one image's HW values in registers (loaded together: one memory latency per
-// image), takes their mean and squared deviations (two passes over registers), and merges them into
-// the part's running (mean, M2) with Chan's formula, in image order.
+// owns a channel: it holds BN_STATS_IMAGES images' HW values in registers (loaded together: one memory
+// latency for them all), takes each image's mean and squared deviations (two passes over registers), and
+// merges them into the part's running (mean, M2) with Chan's formula, in image order.
 // grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; partial [C, parts, 2]. HW <= 32 * BN_STATS_VALUES.
 #define BN_STATS_VALUES 7  // per lane and image: 7 * 32 >= 196, conv2's 14x14
+#define BN_STATS_IMAGES 2  // images whose loads a warp has in flight together (one alone leaves memory idle)
+
+// Images n0 .. n0 + K - 1 of channel c merged into (mean, m2, count), by the warp that owns c.
+template <int K>
+__device__ __forceinline__ void stats_images(const float* x, int n0, int C, int c, int HW, float* mean, float* m2,
+                                             float* count) {
+    const int lane = threadIdx.x % 32;
+    float v[K][BN_STATS_VALUES];
+#pragma unroll
+    for (int j = 0; j < K; j++)
+#pragma unroll
+        for (int i = 0; i < BN_STATS_VALUES; i++) {
+            const int p = lane + 32 * i;
+            v[j][i] = p < HW ? x[((n0 + j) * C + c) * HW + p] : 0.0f;
+        }
+#pragma unroll
+    for (int j = 0; j < K; j++) {
+        float sum = 0.0f, sq = 0.0f;
+#pragma unroll
+        for (int i = 0; i < BN_STATS_VALUES; i++) sum += v[j][i];
+        const float image_mean = warp_sum(sum) / HW;
+#pragma unroll
+        for (int i = 0; i < BN_STATS_VALUES; i++) {
+            const float d = lane + 32 * i < HW ? v[j][i] - image_mean : 0.0f;
+            sq += d * d;
+        }
+        chan_merge(mean, m2, count, image_mean, warp_sum(sq), (float)HW);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
 batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
                      unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
@@ -25,22 +55,10 @@ batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, f
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     if (c < C) {
         float mean = 0.0f, m2 = 0.0f, count = 0.0f;
-        for (int n = first; n < last; n++) {
-            float v[BN_STATS_VALUES], sum = 0.0f, sq = 0.0f;
-#pragma unroll
-            for (int i = 0; i < BN_STATS_VALUES; i++) {
-                const int p = lane + 32 * i;
-                v[i] = p < HW ? x[(n * C + c) * HW + p] : 0.0f;
-                sum += v[i];
-            }
-            const float image_mean = warp_sum(sum) / HW;
-#pragma unroll
-            for (int i = 0; i < BN_STATS_VALUES; i++) {
-                const float d = lane + 32 * i < HW ? v[i] - image_mean : 0.0f;
-                sq += d * d;
-            }
-            chan_merge(&mean, &m2, &count, image_mean, warp_sum(sq), (float)HW);
-        }
+        int n = first;
+        for (; n + BN_STATS_IMAGES <= last; n += BN_STATS_IMAGES)
+            stats_images<BN_STATS_IMAGES>(x, n, C, c, HW, &mean, &m2, &count);
+        for (; n < last; n++) stats_images<1>(x, n, C, c, HW, &mean, &m2, &count);
         if (lane == 0) {
             float* pair = part_pair(partial, c, gridDim.x, blockIdx.x);
             pair[0] = mean;
