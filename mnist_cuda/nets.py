@@ -325,13 +325,20 @@ class FastNet(_Net):
                        self.loss_log, self.loss_count)
 
     def _fc1_weight_grad(self, n):
-        linear_splitk.backward_weight(self.out2, self.d_pre, self.g["fc1.weight"], self.fc1_w_partial, n,
-                                      self.features, self.hidden, self.precision)
+        self.fc1_w_splits = linear_splitk.backward_weight(self.out2, self.d_pre, self.g["fc1.weight"],
+                                                          self.fc1_w_partial, n, self.features, self.hidden,
+                                                          self.precision, sum_splits=False)
 
     def _conv2_weight_grad(self, n):
         parts = conv2_implicit_gemm.backward_weight(self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2,
                                                     self.precision)
         ops.splitk_reduce.splitk_reduce(self.w2_partial, parts, self.g["conv2.weight"])
+        # fc1's weight-gradient splits are summed here, after fc1's products on `side`: on `side` the sum's
+        # blocks took the SMs just as conv2's gradients became ready and delayed them
+        # (docs/performance.md); this branch ends before the main path
+        if self.fc1_w_splits > 1:
+            self.side.join()
+            ops.splitk_reduce.splitk_reduce(self.fc1_w_partial, self.fc1_w_splits, self.g["fc1.weight"])
 
     def backward(self, n: int):
         p, g, c1, c2 = self.p, self.g, self.c1, self.c2
