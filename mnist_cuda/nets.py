@@ -242,7 +242,8 @@ class FastNet(_Net):
 
     Two side streams carry work that nothing on the main path reads before the update (or, for conv2's
     weight staging, before conv2): `side` takes the staging, the head's sums over its blocks and fc1's
-    weight gradient; `conv_side` takes conv2's weight gradient, which behind fc1's started late."""
+    weight-gradient products; `conv_side` takes conv2's weight gradient, which behind fc1's started late,
+    then the sum of fc1's weight-gradient splits."""
 
     version = "fast"
 
