@@ -285,6 +285,7 @@ class FastNet(_Net):
         self.d_pre = cp.empty((B, H), f32)  # the gradient at fc1's pre-activation
         self.head_partial = cp.empty(head.partial_size(B, H), f32)
         self.x = self.x_moments = None
+        self.fc1_w_splits = 1  # fc1's weight-gradient splits, set by each backward
 
     def prepare_batch(self, x, n: int, slot: int):
         """The image moments of the n images in device input buffer `slot`."""
@@ -334,9 +335,8 @@ class FastNet(_Net):
         parts = conv2_implicit_gemm.backward_weight(self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2,
                                                     self.precision)
         ops.splitk_reduce.splitk_reduce(self.w2_partial, parts, self.g["conv2.weight"])
-        # fc1's weight-gradient splits are summed here, after fc1's products on `side`: on `side` the sum's
-        # blocks took the SMs just as conv2's gradients became ready and delayed them
-        # (docs/performance.md); this branch ends before the main path
+        # fc1's weight-gradient splits are summed here, after fc1's products on `side` (joined): on `side` the
+        # sum's blocks took the SMs just as conv2's gradients could start (docs/performance.md)
         if self.fc1_w_splits > 1:
             self.side.join()
             ops.splitk_reduce.splitk_reduce(self.fc1_w_partial, self.fc1_w_splits, self.g["fc1.weight"])

@@ -17,7 +17,7 @@ static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
 // merges them into the part's running (mean, M2) with Chan's formula, in image order.
 // grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; partial [C, parts, 2]. HW <= 32 * BN_STATS_VALUES.
 #define BN_STATS_VALUES 7  // per lane and image: 7 * 32 >= 196, conv2's 14x14
-#define BN_STATS_IMAGES 2  // images whose loads a warp has in flight together (one alone leaves memory idle)
+#define BN_STATS_IMAGES 2  // images whose loads a warp has in flight together (one left its latency exposed)
 
 // Images n0 .. n0 + K - 1 of channel c merged into (mean, m2, count), by the warp that owns c.
 template <int K>

@@ -86,8 +86,8 @@ def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invst
 
 
 def backward_channels_per_block(n: int, channels: int) -> int:
-    """The backward's most channels per block where the batch gives each SM BACKWARD_WIDE_IMAGES_PER_SM images in
-    each channel group, else the fewest: a block stages each image once for all its channels, which pays on long
+    """The backward's most channels per block where the batch's (image, channel group) pairs number at least
+    BACKWARD_WIDE_IMAGES_PER_SM per SM, else the fewest: a block stages each image once for all its channels, which pays on long
     parts, while on short ones the SM's four smaller blocks overlap their per-image chains of copies and
     barriers (docs/performance.md measures both). With 32 channels (the model's) a channel's sums are taken in
     the same order whatever the choice (backward_grid)."""
