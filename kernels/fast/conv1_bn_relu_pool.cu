@@ -386,7 +386,7 @@ __device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const u
 // grid (parts, ceil(C/CHANNELS)), grad_threads<CHANNELS> threads, dynamic shared memory
 // CONV1_GRAD_STAGES x grad_stage_bytes<CHANNELS>; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per group;
 // moments from conv1_image_moments_fast; argmax with NO_POSITION (conv1_bn_relu_pool_fast).
-static_assert(WINDOWS == CONV1_GRAD_ROWS * POOLED1 && POOLED1 % 2 == 0, "a row's windows in pairs");
+static_assert(POOLED1 % 2 == 0, "a row's windows in pairs");
 static_assert(CONV1_GRAD_CHANNEL_BYTES == WINDOWS * (sizeof(float) + 1) && CONV1_GRAD_CHANNEL_BYTES % 4 == 0,
               "a channel's gradients and positions in a stage");
 static_assert(CONV1_GRAD_STAGES >= 2, "one image ahead at least");

@@ -3,8 +3,9 @@ reductions cut into splits that splitk_reduce sums. Each product has a "tiled" f
 kernels/include/gemm_tile.cuh, any GPU); the forward and the input gradient also have a "wgmma" form
 (kernels/include/wgmma_tile.cuh), Hopper's warpgroup MMA, for kernels compiled for sm_90a. form=None takes
 the wgmma form for the input gradient in bf16, for batches of at least WG_MIN_BATCH: much faster at the
-largest batches, slightly slower at some middling ones (docs/performance.md, sections 3 and 6). The forward takes the tiled core at every batch: in bf16 the wgmma form's small gains
-at middling batches do not pay for its loss at large ones (docs/performance.md, section 3). form="tiled" or
+largest batches, slightly slower at some middling ones (docs/performance.md, sections 3 and 6). The
+forward takes the tiled core at every batch: in bf16 the wgmma form's small gains at middling batches do
+not pay for its loss at large ones (docs/performance.md, section 3). form="tiled" or
 "wgmma" forces one.
 
 precision: the step's precision (conv2_implicit_gemm.PRECISIONS). fc1 runs in 3xTF32 (float32's accuracy)
