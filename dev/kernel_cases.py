@@ -511,6 +511,19 @@ def positions_near_ties(windows, peak):
     return compare
 
 
+def values_at_positions(a_windows, z_windows, peak):
+    """A comparison for batchnorm_relu_maxpool_fast's x_at, a's value at the window's chosen position: where
+    the ReLU passed the window (peak above 1e-5), it must be exactly a's value at a position whose z is within
+    1e-5 of the peak (argmax_near_ties' rule). Blocked windows are not compared: their position is never read."""
+    def compare(got, want):
+        got = got.reshape(peak.shape).astype(np.float64)
+        passed = peak > 1e-5
+        near = np.abs(z_windows - peak[..., None]) <= 1e-5 * np.maximum(1.0, np.abs(peak))[..., None]
+        ok = ((a_windows == got[..., None]) & near).any(axis=-1)
+        return 0.0 if ok[passed].all() else float("inf")
+    return compare
+
+
 def _pool_reference(z):
     """relu then maxpool of float64 z: (pooled, argmax, windows)."""
     r = ref.relu_forward(z)
@@ -616,10 +629,14 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
             run = lambda: conv1.forward(xd, wd, train, moments, EPS, MOMENTUM, stats[0], stats[1], *running,
                                         stats[2], stats[3], N, K, y, am, per_block=per_block)
             work = (2.0 * a.size * 9, _bytes(xd) + pooled.nbytes / 2)
-        else:
-            run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am)
-            work = (3.0 * x.size, _bytes(x) + pooled.nbytes / 2 + argmax.nbytes)
-        return Prepared(run, outs, expected, work, compare={"argmax": compare})
+            return Prepared(run, outs, expected, work, compare={"argmax": compare})
+        a_windows = ref._pool_windows(x.astype(np.float64))
+        outs["x_at"] = _poison(pooled.shape)
+        expected["x_at"] = np.take_along_axis(a_windows, argmax.astype(np.int64)[..., None] % 4, -1)[..., 0]
+        run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am, outs["x_at"])
+        work = (3.0 * x.size, _bytes(x) + pooled.nbytes + argmax.nbytes)
+        return Prepared(run, outs, expected, work,
+                        compare={"argmax": compare, "x_at": values_at_positions(a_windows, ref._pool_windows(z), peak)})
     mode = "[train]" if train else "[eval]"
     if layer == 1:
         return Case(f"conv1_bn_relu_pool_fast<{per_block}>[block1]{mode}", make, ops=BLOCK1_OPS)
@@ -661,13 +678,16 @@ def block_backward_fast_case(layer, per_block=None):
         dx = _poison(x.shape)
         partial = _poison(bn_relu_pool.partial_size(K))
         pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
+        # x at the argmax, as the forward stores it (float32 values picked, so exact)
+        x_at = _dev(np.take_along_axis(ref._pool_windows(x), argmax.astype(np.int64)[..., None], -1)[..., 0])
 
         def run():
-            bn_relu_pool.backward_reduce(xd, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)
+            bn_relu_pool.backward_reduce(x_at, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)
             bn_relu_pool.backward_apply(xd, *common, gd, dg, db, *pooled_in, N, K, S, dx)
+        # reads: x and the pooled gradient, argmax twice and x_at once (float64 pooled: 8 bytes a value)
         return Prepared(run, {"dgamma": dg, "dbeta": db, "dx": dx, "counters": counters},
                         {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": np.zeros((2, K))},
-                        (8.0 * x.size, 2 * _bytes(x) + 3 * pooled.nbytes))
+                        (8.0 * x.size, 2 * _bytes(x) + 1.75 * pooled.nbytes))
     if layer == 1:
         return Case(f"conv1_backward_fast<{per_block}>[block1]", make, ops=BLOCK1_OPS)
     return Case("batchnorm_backward_reduce_fast+batchnorm_backward_apply_fast[block2]", make, ops=BLOCK2_OPS)

@@ -269,6 +269,7 @@ class FastNet(_Net):
         self.counters2 = cp.zeros((2, c2), cp.uint32)  # last-block counters: statistics, backward
         self.a2, self.d_a2 = cp.empty((B, c2, S2, S2), f32), cp.empty((B, c2, S2, S2), f32)
         self.out2, self.argmax2 = cp.empty((B, c2, S3, S3), f32), cp.empty((B, c2, S3, S3), cp.uint8)
+        self.a2_at = cp.empty((B, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
         self.d_out1 = cp.empty((B, c1, S2, S2), f32)
         self.w2_partial = cp.empty(conv2_implicit_gemm.weight_grad_partial_size(c1, c2), f32)
         # conv2's weights as its two image-tile products read them (stage_weights), the forward in its form for
@@ -315,7 +316,7 @@ class FastNet(_Net):
         else:
             bn_relu_pool.eval_stats(r["bn2.running_mean"], r["bn2.running_var"], EPS, c2, self.mean2, self.invstd2)
         bn_relu_pool.forward(self.a2, self.mean2, self.invstd2, p["bn2.weight"], p["bn2.bias"], n, c2, S2,
-                             self.out2, self.argmax2)
+                             self.out2, self.argmax2, self.a2_at)
         linear_splitk.forward(self.out2, p["fc1.weight"], p["fc1.bias"], self.fc1_partial, self.fc1_out, n, F, H,
                               self.precision)
         head.forward_backward(self.fc1_out, p["fc2.weight"], p["fc2.bias"], labels, n, H, train, self.logits,
@@ -347,7 +348,7 @@ class FastNet(_Net):
         self.side.run(lambda: self._fc1_weight_grad(n))
         linear_splitk.backward_input(self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden,
                                      precision=self.precision)
-        bn_relu_pool.backward_reduce(self.a2, self.mean2, self.invstd2, self.d_features, self.argmax2, n, c2, S2,
+        bn_relu_pool.backward_reduce(self.a2_at, self.mean2, self.invstd2, self.d_features, self.argmax2, n, c2, S2,
                                      self.partial2, self.counters2[1], g["bn2.weight"], g["bn2.bias"])
         bn_relu_pool.backward_apply(self.a2, self.mean2, self.invstd2, p["bn2.weight"], g["bn2.weight"],
                                     g["bn2.bias"], self.d_features, self.argmax2, n, c2, S2, self.d_a2)

@@ -81,11 +81,12 @@ extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, 
 }
 
 // pooled = maxpool2x2(relu(batchnorm(x))) with the window position, NO_POSITION where the ReLU blocked
-// the window (pool_position): the backward reads the position alone. One thread per pooled pixel,
-// reading its window as two float2 rows.
+// the window (pool_position), and x_at, x at that position: the backward reads the position alone, and
+// its reduction reads x_at instead of gathering x at the positions (a quarter of x's values, nearly all of
+// its sectors). One thread per pooled pixel, reading its window as two float2 rows.
 extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const float* mean, const float* invstd,
                                                        const float* gamma, const float* beta, int N, int C, int S,
-                                                       float* pooled, unsigned char* argmax) {
+                                                       float* pooled, unsigned char* argmax, float* x_at) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
@@ -98,49 +99,59 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const flo
                               batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
     pooled[idx] = v;
     argmax[idx] = pool_position(v, at);
+    x_at[idx] = at == 0 ? top.x : at == 1 ? top.y : at == 2 ? bottom.x : bottom.y;
 }
 
 // dbeta = sum dz, dgamma = sum dz*xhat, where dz (the gradient at BN's output) is nonzero only at each
-// window's argmax where the ReLU passed (argmax != NO_POSITION): the sums run over pooled pixels. A warp
-// owns a channel; each lane reads its pooled pixels' (argmax, gradient) for one image at once, then x at
-// the argmax positions: two memory latencies per image, whatever the ReLU let through.
-// grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; S*S/4 <= 32 * BN_POOLED_VALUES.
+// window's argmax where the ReLU passed (argmax != NO_POSITION): the sums run over pooled pixels, with x
+// at the argmax from the forward (x_at). A warp owns a channel; each lane loads its pooled pixels'
+// (gradient, argmax, x_at) for BN_REDUCE_IMAGES images at once: one memory latency for them all.
+// grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; So*So <= 32 * BN_POOLED_VALUES.
 #define BN_POOLED_VALUES 2  // per lane and image: 64 >= 49, conv2's 7x7 pooled pixels
+#define BN_REDUCE_IMAGES 2  // images whose loads a warp has in flight together
+
+// Images n0 .. n0 + K - 1 of channel c added to (sdz, sdzx) in image order, by the warp that owns c.
+template <int K>
+__device__ __forceinline__ void reduce_images(const float* x_at, const float* d_pooled, const unsigned char* argmax,
+                                              int n0, int C, int c, int pooled_hw, float mean, float invstd,
+                                              float* sdz, float* sdzx) {
+    const int lane = threadIdx.x % 32;
+    float dz[K][BN_POOLED_VALUES], xa[K][BN_POOLED_VALUES];
+    bool passed[K][BN_POOLED_VALUES];
+#pragma unroll
+    for (int j = 0; j < K; j++)
+#pragma unroll
+        for (int i = 0; i < BN_POOLED_VALUES; i++) {
+            const int t = lane + 32 * i, idx = ((n0 + j) * C + c) * pooled_hw + t;
+            const bool in = t < pooled_hw;
+            dz[j][i] = in ? d_pooled[idx] : 0.0f;
+            xa[j][i] = in ? x_at[idx] : 0.0f;
+            passed[j][i] = in && argmax[idx] != NO_POSITION;
+        }
+#pragma unroll
+    for (int j = 0; j < K; j++)
+#pragma unroll
+        for (int i = 0; i < BN_POOLED_VALUES; i++)
+            if (passed[j][i]) {
+                *sdz += dz[j][i];
+                *sdzx += dz[j][i] * (xa[j][i] - mean) * invstd;
+            }
+}
+
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
-batchnorm_backward_reduce_fast(const float* x, const float* save_mean, const float* save_invstd,
+batchnorm_backward_reduce_fast(const float* x_at, const float* save_mean, const float* save_invstd,
                                const float* d_pooled, const unsigned char* argmax, int N,
                                int C, int S, int imgs_per_block, float* partial, unsigned int* counter,
                                float* dgamma, float* dbeta) {
-    const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32, So = S / 2;
+    const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32, pooled_hw = (S / 2) * (S / 2);
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     float sdz = 0.0f, sdzx = 0.0f;
     if (c < C) {
         const float mean = save_mean[c], invstd = save_invstd[c];
-        for (int n = first; n < last; n++) {
-            float dz[BN_POOLED_VALUES], xa[BN_POOLED_VALUES];
-            int at[BN_POOLED_VALUES];
-            bool passed[BN_POOLED_VALUES];
-#pragma unroll
-            for (int i = 0; i < BN_POOLED_VALUES; i++) {
-                const int t = lane + 32 * i, idx = (n * C + c) * So * So + t;
-                const bool in = t < So * So;
-                dz[i] = in ? d_pooled[idx] : 0.0f;
-                at[i] = in ? argmax[idx] : NO_POSITION;
-                passed[i] = at[i] != NO_POSITION;
-            }
-#pragma unroll
-            for (int i = 0; i < BN_POOLED_VALUES; i++) {
-                const int t = lane + 32 * i;
-                const int h = 2 * (t / So) + at[i] / 2, w = 2 * (t % So) + at[i] % 2;
-                xa[i] = passed[i] ? x[((n * C + c) * S + h) * S + w] : 0.0f;
-            }
-#pragma unroll
-            for (int i = 0; i < BN_POOLED_VALUES; i++)
-                if (passed[i]) {
-                    sdz += dz[i];
-                    sdzx += dz[i] * (xa[i] - mean) * invstd;
-                }
-        }
+        int n = first;
+        for (; n + BN_REDUCE_IMAGES <= last; n += BN_REDUCE_IMAGES)
+            reduce_images<BN_REDUCE_IMAGES>(x_at, d_pooled, argmax, n, C, c, pooled_hw, mean, invstd, &sdz, &sdzx);
+        for (; n < last; n++) reduce_images<1>(x_at, d_pooled, argmax, n, C, c, pooled_hw, mean, invstd, &sdz, &sdzx);
     }
     sdz = warp_sum(sdz);
     sdzx = warp_sum(sdzx);

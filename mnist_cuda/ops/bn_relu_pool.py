@@ -35,19 +35,21 @@ def eval_stats(running_mean, running_var, eps: float, channels: int, mean, invst
     _eval_stats.launch_1d(channels, running_mean, running_var, F32(eps), I32(channels), mean, invstd)
 
 
-def forward(a, mean, invstd, gamma, beta, n: int, channels: int, size: int, pooled, argmax):
-    """pooled, argmax [n, channels, size/2, size/2] = maxpool(relu(bn(a))), a [n, channels, size, size];
-    argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window (pooled <= 0)."""
+def forward(a, mean, invstd, gamma, beta, n: int, channels: int, size: int, pooled, argmax, a_at):
+    """pooled, argmax, a_at [n, channels, size/2, size/2] with pooled = maxpool(relu(bn(a))), a [n, channels,
+    size, size]; argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window
+    (pooled <= 0); a_at is a at the window's position (backward_reduce reads it)."""
     _forward.launch_1d(n * channels * (size // 2) ** 2, a, mean, invstd, gamma, beta, I32(n), I32(channels),
-                       I32(size), pooled, argmax)
+                       I32(size), pooled, argmax, a_at)
 
 
-def backward_reduce(a, mean, invstd, d_pooled, argmax, n: int, channels: int, size: int, partial, counter, dgamma,
-                    dbeta):
-    """dgamma and dbeta from the pooled gradient and forward's argmax (with NO_POSITION: the pooled values
-    are not read). counter: one uint32 per channel group, zero, left zero."""
+def backward_reduce(a_at, mean, invstd, d_pooled, argmax, n: int, channels: int, size: int, partial, counter,
+                    dgamma, dbeta):
+    """dgamma and dbeta from the pooled gradient, forward's argmax (with NO_POSITION: the pooled values are
+    not read) and a_at, forward's a at the argmax; size is a's. counter: one uint32 per channel group, zero,
+    left zero."""
     parts, per_part = parts_of(n)
-    _backward_reduce.launch((parts, ceil_div(channels, BN_CHANNELS)), BN_THREADS, a, mean, invstd, d_pooled,
+    _backward_reduce.launch((parts, ceil_div(channels, BN_CHANNELS)), BN_THREADS, a_at, mean, invstd, d_pooled,
                             argmax, I32(n), I32(channels), I32(size), I32(per_part), partial, counter,
                             dgamma, dbeta)
 
