@@ -413,9 +413,13 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
     float acc[CONV1_GRAD_SUMS];  // sum dz, then E_t
 #pragma unroll
     for (int i = 0; i < CONV1_GRAD_SUMS; i++) acc[i] = 0.0f;
-    // dz at window position `at` of the window whose 4x4 patch starts at `window`, into the sums
+    // dz at window position `at` of the window whose 4x4 patch starts at `window`, into the sums. A blocked
+    // window (NO_POSITION) adds dz = 0 at position 0, which leaves every sum's bits as they are (the patch's
+    // values are finite): no branch, so the windows' loads and products are one straight run of code.
     const auto add = [&](float dz, int at, const float* window) {
-        if (at == NO_POSITION) return;
+        const bool passed = at != NO_POSITION;
+        dz = passed ? dz : 0.0f;
+        at = passed ? at : 0;
         const float* patch = window + (at / 2) * P1 + at % 2;  // the 3x3 input patch of the argmax
         acc[0] += dz;
 #pragma unroll
