@@ -286,7 +286,6 @@ class FastNet(_Net):
         self.d_pre = cp.empty((B, H), f32)  # the gradient at fc1's pre-activation
         self.head_partial = cp.empty(head.partial_size(B, H), f32)
         self.x = self.x_moments = None
-        self.fc1_w_splits = 1  # fc1's weight-gradient splits, set by each backward
 
     def prepare_batch(self, x, n: int, slot: int):
         """The image moments of the n images in device input buffer `slot`."""
@@ -328,9 +327,8 @@ class FastNet(_Net):
                        self.loss_log, self.loss_count)
 
     def _fc1_weight_grad(self, n):
-        self.fc1_w_splits = linear_splitk.backward_weight(self.out2, self.d_pre, self.g["fc1.weight"],
-                                                          self.fc1_w_partial, n, self.features, self.hidden,
-                                                          self.precision, sum_splits=False)
+        linear_splitk.backward_weight(self.out2, self.d_pre, self.g["fc1.weight"], self.fc1_w_partial, n,
+                                      self.features, self.hidden, self.precision, sum_splits=False)
 
     def _conv2_weight_grad(self, n):
         parts = conv2_implicit_gemm.backward_weight(self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2,
@@ -338,9 +336,10 @@ class FastNet(_Net):
         ops.splitk_reduce.splitk_reduce(self.w2_partial, parts, self.g["conv2.weight"])
         # fc1's weight-gradient splits are summed here, after fc1's products on `side` (joined): on `side` the
         # sum's blocks took the SMs just as conv2's gradients could start (docs/performance.md)
-        if self.fc1_w_splits > 1:
+        fc1_splits, _ = linear_splitk.weight_splits(n, self.features, self.hidden)
+        if fc1_splits > 1:
             self.side.join()
-            ops.splitk_reduce.splitk_reduce(self.fc1_w_partial, self.fc1_w_splits, self.g["fc1.weight"])
+            ops.splitk_reduce.splitk_reduce(self.fc1_w_partial, fc1_splits, self.g["fc1.weight"])
 
     def backward(self, n: int):
         p, g, c1, c2 = self.p, self.g, self.c1, self.c2

@@ -135,15 +135,19 @@ def backward_input(dy, w, dx, n: int, n_in: int, n_out: int, narrow: bool | None
     kernel.launch((ceil_div(n_in, width), rows), GEMM_THREADS, dy, w, dx, I32(n), I32(n_in), I32(n_out))
 
 
+def weight_splits(n: int, n_in: int, n_out: int) -> tuple[int, int]:
+    """backward_weight's (splits, k_per_split) for a batch of n: its reduction over the batch split_k's way."""
+    return split_k(n, ceil_div(n_in, TILE) * ceil_div(n_out, TILE))
+
+
 def backward_weight(x, dy, dw, partial, n: int, n_in: int, n_out: int, precision: str = "fp32",
-                    sum_splits: bool = True) -> int:
-    """dw [n_out, n_in] = dy^T x, the batch cut into splits through partial [weight_partial_size] (with one
-    split, straight into dw). Returns the splits; with sum_splits False, more than one are left in partial
-    for the caller to sum into dw (splitk_reduce), where the step has room for it."""
-    splits, k_per_split = split_k(n, ceil_div(n_in, TILE) * ceil_div(n_out, TILE))
+                    sum_splits: bool = True):
+    """dw [n_out, n_in] = dy^T x, the batch cut into weight_splits(n, n_in, n_out) splits through partial
+    [weight_partial_size] (with one split, straight into dw). With sum_splits False, more than one are left
+    in partial for the caller to sum into dw (splitk_reduce), where the step has room for it."""
+    splits, k_per_split = weight_splits(n, n_in, n_out)
     _kernel("backward_weight", precision).launch((ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits), GEMM_THREADS,
                                                  x, dy, dw if splits == 1 else partial, I32(n), I32(n_in), I32(n_out),
                                                  I32(k_per_split))
     if splits > 1 and sum_splits:
         splitk_reduce(partial, splits, dw)
-    return splits
