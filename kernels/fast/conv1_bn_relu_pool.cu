@@ -272,10 +272,12 @@ __device__ __forceinline__ void channel_stats(const double* moments, const float
 // 196 windows alone would leave the seventh warp with 4 threads doing a full warp's instructions, while
 // 196 x 8 items are exactly 7 per thread at 32 channels. An item loads its window's 4x4 patch (8 shared
 // loads for 4 x 36 multiply-adds) and each channel's mean, invstd, gamma and beta as one float4.
+// The kernel is bound by issuing its own instructions, so it is compiled for four blocks per SM (at most
+// 72 registers): with three, its warps left the schedulers idle more often (docs/performance.md).
 // grid (N, ceil(C/CHANNELS)), CONV1_THREADS threads.
 #define GROUP_CHANNELS 4
 template <int CHANNELS>
-__global__ void __launch_bounds__(CONV1_THREADS)
+__global__ void __launch_bounds__(CONV1_THREADS, 4)
 conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
                         float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
                         const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
