@@ -241,8 +241,8 @@ class FastNet(_Net):
     the tensor cores; the head is one kernel; the update zeroes the gradients.
 
     Two side streams carry work that nothing on the main path reads before the update (or, for conv2's
-    weight staging, before conv2): `side` takes the staging, the head's sums over its blocks and fc1's
-    weight-gradient products; `conv_side` takes conv2's weight gradient, which behind fc1's started late,
+    weight staging, before conv2): `side` takes the staging, fc1's weight-gradient products and the head's
+    sums over its blocks; `conv_side` takes conv2's weight gradient, which behind fc1's started late,
     then the sum of fc1's weight-gradient splits."""
 
     version = "fast"
@@ -343,8 +343,10 @@ class FastNet(_Net):
 
     def backward(self, n: int):
         p, g, c1, c2 = self.p, self.g, self.c1, self.c2
-        self.side.run(lambda: self._head_sums(n))
+        # fc1's weight-gradient products first: behind the head's sums they started only as BN2's backward
+        # apply did, and the two contended there (docs/performance.md)
         self.side.run(lambda: self._fc1_weight_grad(n))
+        self.side.run(lambda: self._head_sums(n))
         linear_splitk.backward_input(self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden,
                                      precision=self.precision)
         bn_relu_pool.backward_reduce(self.a2_at, self.mean2, self.invstd2, self.d_features, self.argmax2, n, c2, S2,
