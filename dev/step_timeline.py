@@ -194,7 +194,8 @@ def main(argv=None) -> int:
         table = []
         for i, (launch, blocks, s) in enumerate(in_step):
             got = [r[i] for r in rows if r[i] is not None]
-            first, last, end = (float(np.median([g[j] for g in got])) if got else float("nan") for j in range(3))
+            # None (null in the JSON) where no round recorded the launch, e.g. a side branch that outran the ring
+            first, last, end = (float(np.median([g[j] for g in got])) if got else None for j in range(3))
             table.append({"launch": launch, "stream": names[s], "blocks": blocks, "first_start_us": first,
                           "last_start_us": last, "end_us": end, "rounds": len(got)})
         period = float(np.median(periods))
@@ -203,8 +204,9 @@ def main(argv=None) -> int:
               f"{len(periods)} rounds); times in us after the step before ended")
         print(f"  {'launch':44s} {'stream':8s} {'blocks':>6s} {'first':>7s} {'last':>7s} {'end':>7s}")
         for r in table:
-            print(f"  {r['launch']:44s} {r['stream']:8s} {r['blocks']:6d} {r['first_start_us']:7.2f} "
-                  f"{r['last_start_us']:7.2f} {r['end_us']:7.2f}")
+            times = " ".join("      -" if r[k] is None else f"{r[k]:7.2f}"
+                             for k in ("first_start_us", "last_start_us", "end_us"))
+            print(f"  {r['launch']:44s} {r['stream']:8s} {r['blocks']:6d} {times}")
     if args.out:
         write_json(args.out, result)
     return 0

@@ -343,8 +343,8 @@ class FastNet(_Net):
 
     def backward(self, n: int):
         p, g, c1, c2 = self.p, self.g, self.c1, self.c2
-        # fc1's weight-gradient products first: behind the head's sums they started only as BN2's backward
-        # apply did, and the two contended there (docs/performance.md)
+        # fc1's weight-gradient products first: behind the head's sums they would start only as BN2's
+        # backward apply does, and contend with it (docs/performance.md)
         self.side.run(lambda: self._fc1_weight_grad(n))
         self.side.run(lambda: self._head_sums(n))
         linear_splitk.backward_input(self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden,

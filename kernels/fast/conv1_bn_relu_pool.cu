@@ -273,7 +273,7 @@ __device__ __forceinline__ void channel_stats(const double* moments, const float
 // 196 x 8 items are exactly 7 per thread at 32 channels. An item loads its window's 4x4 patch (8 shared
 // loads for 4 x 36 multiply-adds) and each channel's mean, invstd, gamma and beta as one float4.
 // The kernel is bound by issuing its own instructions, so it is compiled for four blocks per SM (at most
-// 72 registers): with three, its warps left the schedulers idle more often (docs/performance.md).
+// 72 registers): with three, its warps leave the schedulers idle more often (docs/performance.md).
 // grid (N, ceil(C/CHANNELS)), CONV1_THREADS threads.
 #define GROUP_CHANNELS 4
 template <int CHANNELS>
