@@ -144,13 +144,14 @@ def _check_precision(precision: str):
 # ---- conv2d ---------------------------------------------------------------------------------------
 
 
-def _weight_quads(wd, C, K, precision, forward="forward"):
+def _weight_quads(wd, C, K, precision, forward="forward", input_grad="backward_input"):
     """conv2's weights staged for both fast products by conv2_stage_weights_fast (once, as the step does
-    once per step; the timings of the products leave it out), the forward's for `forward`."""
+    once per step; the timings of the products leave it out), the forward's for `forward`, the input
+    gradient's for `input_grad`."""
     import cupy
     fq = cupy.full((conv2.weight_quads(C, K, precision, forward), 4), np.nan, cupy.float32)
-    gq = cupy.full((conv2.weight_quads(K, C, precision, "backward_input"), 4), np.nan, cupy.float32)
-    conv2.stage_weights(wd, C, K, fq, gq, precision, forward)
+    gq = cupy.full((conv2.weight_quads(K, C, precision, input_grad), 4), np.nan, cupy.float32)
+    conv2.stage_weights(wd, C, K, fq, gq, precision, forward, input_grad)
     return fq, gq
 
 
@@ -175,18 +176,22 @@ def round_bf16_bits(v: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32",
-                 forward: str = "forward") -> np.ndarray:
+def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32", product: str = "forward") -> np.ndarray:
     """What conv2_stage_weights_fast writes for one product, from w [K, C, 3, 3]
-    (fast/conv2_implicit_gemm.cu): float4s [tile][chunk][tap][quad][row] holding channels
-    chunk*8 + quad*4 + 0..3 of an output channel of the tile. In fp32 the rows hold the big TF32 parts of
-    the tile's channels, then their small parts: 64 channels (128 rows) for the forward "forward" (not
-    flipped), 32 (64 rows) for "forward_stacked" and the input gradient (flipped). With tf32: output
+    (fast/conv2_implicit_gemm.cu): the forward's (not flipped; `product` "forward" or "forward_stacked") or the
+    input gradient's (flipped; `product` "backward_input" or "backward_input_paired"). Float4s
+    [tile][chunk][tap][quad][row] holding channels chunk*8 + quad*4 + 0..3 of an output channel of the tile.
+    In fp32 the rows hold the big TF32 parts of the tile's channels, then their small parts: 64 channels (128
+    rows) for "forward", 32 (64 rows) for "forward_stacked" and "backward_input". "backward_input_paired" lays
+    out a kernel row's three taps together, [tile][chunk][kernel row][quad][192 rows]: runs of 32 rows holding
+    the small parts of column 0, the big parts of columns 0 and 1, the small parts of column 1, the big and
+    small parts of column 2. With tf32: output
     channel tile*64 + row, rounded to the nearest TF32. With bf16: quads of 8 bf16 values (channels
     chunk*16 + quad*8 + 0..7, as float32 bit patterns, 4 per quad) of output channel tile*64 + row."""
+    if flipped != product.startswith("backward_input"):
+        raise ValueError(f"{product!r} is not the {'input gradient' if flipped else 'forward'}")
     wt = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1] if flipped else w  # [out, in, 3, 3], taps flipped
     c_out, c_in = wt.shape[:2]
-    product = "backward_input" if flipped else forward
     tile, chunk = conv2.tile_channels(product, precision), conv2.chunk_channels(precision)
     tiles, chunks = ceil_div(c_out, tile), ceil_div(c_in, chunk)
     padded = np.zeros((tiles * tile, chunks * chunk, 9), np.float32)
@@ -198,25 +203,31 @@ def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32",
     if precision == "tf32":
         return round_tf32(v).reshape(-1, 4)
     big, small = split_tf32(v)
-    return np.concatenate([big, small], axis=4).reshape(-1, 4)
+    if product != "backward_input_paired":
+        return np.concatenate([big, small], axis=4).reshape(-1, 4)
+    big, small = (a.reshape(tiles, chunks, 3, 3, 2, tile, 4) for a in (big, small))  # taps as (row, column)
+    runs = (small[:, :, :, 0], big[:, :, :, 0], big[:, :, :, 1], small[:, :, :, 1], big[:, :, :, 2], small[:, :, :, 2])
+    return np.concatenate(runs, axis=4).reshape(-1, 4)
 
 
-def conv_stage_weights_case(precision="fp32", forward="forward"):
-    """conv2_stage_weights_fast, the forward's weights for `forward` ("forward", or "forward_stacked" in fp32)."""
+def conv_stage_weights_case(precision="fp32", forward="forward", input_grad="backward_input"):
+    """conv2_stage_weights_fast, the forward's weights for `forward` ("forward", or "forward_stacked" in fp32) and
+    the input gradient's for `input_grad` ("backward_input", or "backward_input_paired" in fp32)."""
     _check_precision(precision)
 
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
         w = _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
         fq = _poison((conv2.weight_quads(C, K, precision, forward), 4))
-        gq = _poison((conv2.weight_quads(K, C, precision, "backward_input"), 4))
+        gq = _poison((conv2.weight_quads(K, C, precision, input_grad), 4))
         wd = _dev(w)
-        run = lambda: conv2.stage_weights(wd, C, K, fq, gq, precision, forward)
+        run = lambda: conv2.stage_weights(wd, C, K, fq, gq, precision, forward, input_grad)
         return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
                         {"forward_quads": weight_quads(w, False, precision, forward),
-                         "input_grad_quads": weight_quads(w, True, precision)},
+                         "input_grad_quads": weight_quads(w, True, precision, input_grad)},
                         (0.0, _bytes(w, fq, gq)), compare={"forward_quads": _same_bits, "input_grad_quads": _same_bits})
-    suffix = " stacked forward" if forward == "forward_stacked" else ""
+    suffix = (" stacked forward" if forward == "forward_stacked" else "") + (
+        " paired input gradient" if input_grad == "backward_input_paired" else "")
     return Case(f"conv2_stage_weights_fast<{precision}>[conv2]{suffix}", make, ops=("conv2d",))
 
 
@@ -243,7 +254,10 @@ def conv_forward_case(layer, version="naive", forward="forward"):
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
 
 
-def conv_backward_input_case(version="naive"):
+def conv_backward_input_case(version="naive", product="backward_input"):
+    """conv2d_backward_input_naive, or conv2's fast input gradient `product` ("backward_input":
+    conv2_backward_input_fast, or "backward_input_paired": conv2_backward_input_paired_fast, fp32 only) at
+    precision `version`."""
     if version != "naive":
         _check_precision(version)
 
@@ -254,11 +268,12 @@ def conv_backward_input_case(version="naive"):
         if version == "naive":
             run = lambda: naive.conv2d_backward_input(dyd, wd, dx, N, C, K, S)
         else:
-            _, input_grad_quads = _weight_quads(wd, C, K, version)
-            run = lambda: conv2.backward_input(dyd, input_grad_quads, dx, N, C, K, version)
+            _, input_grad_quads = _weight_quads(wd, C, K, version, input_grad=product)
+            run = lambda: conv2.backward_input(dyd, input_grad_quads, dx, N, C, K, version, product)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
-    name = "conv2d_backward_input_naive" if version == "naive" else f"conv2_backward_input_fast<{version}>"
+    name = ("conv2d_backward_input_naive" if version == "naive" else "conv2_backward_input_paired_fast"
+            if product == "backward_input_paired" else f"conv2_backward_input_fast<{version}>")
     return Case(f"{name}[conv2]", make, _tol(version), ops=("conv2d",))
 
 
@@ -838,12 +853,14 @@ def conv2_product_cases(version: str) -> list[Case]:
     """conv2's three products at precision `version` (conv2_implicit_gemm.PRECISIONS): "fp32" (3xTF32),
     "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
     stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
+    paired = [conv_backward_input_case(version, "backward_input_paired")] if version == "fp32" else []
     return ([conv_forward_case(2, version)] + stacked
-            + [conv_backward_input_case(version), conv_backward_weight_case(2, version)])
+            + [conv_backward_input_case(version)] + paired + [conv_backward_weight_case(2, version)])
 
 
 def fast_cases() -> list[Case]:
     return ([conv_stage_weights_case(p) for p in conv2.PRECISIONS] + [conv_stage_weights_case("fp32", "forward_stacked")]
+            + [conv_stage_weights_case("fp32", input_grad="backward_input_paired")]
             + [case for p in conv2.PRECISIONS for case in conv2_product_cases(p)]
             + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case()]
             + [bn_relu_pool_fast_case(1, train, per_block) for train in (True, False)

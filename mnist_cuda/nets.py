@@ -272,13 +272,14 @@ class FastNet(_Net):
         self.a2_at = cp.empty((B, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
         self.d_out1 = cp.empty((B, c1, S2, S2), f32)
         self.w2_partial = cp.empty(conv2_implicit_gemm.weight_grad_partial_size(c1, c2), f32)
-        # conv2's weights as its two image-tile products read them (stage_weights), the forward in its form for
-        # batches of up to B images
+        # conv2's weights as its two image-tile products read them (stage_weights), the forward and the input
+        # gradient in their forms for batches of up to B images
         self.conv2_forward = conv2_implicit_gemm.forward_product(B, precision)
+        self.conv2_input_grad = conv2_implicit_gemm.input_grad_product(B, precision)
         self.forward_quads = cp.empty((conv2_implicit_gemm.weight_quads(c1, c2, precision, self.conv2_forward), 4),
                                       f32)
-        self.input_grad_quads = cp.empty((conv2_implicit_gemm.weight_quads(c2, c1, precision, "backward_input"),
-                                          4), f32)
+        self.input_grad_quads = cp.empty(
+            (conv2_implicit_gemm.weight_quads(c2, c1, precision, self.conv2_input_grad), 4), f32)
         # fc1 and the head
         self.fc1_out, self.d_features = cp.empty((B, H), f32), cp.empty((B, F), f32)
         self.fc1_partial = cp.empty(linear_splitk.forward_partial_size(B, F, H), f32)
@@ -293,7 +294,8 @@ class FastNet(_Net):
 
     def _stage_conv2_weights(self):
         conv2_implicit_gemm.stage_weights(self.p["conv2.weight"], self.c1, self.c2, self.forward_quads,
-                                          self.input_grad_quads, self.precision, self.conv2_forward)
+                                          self.input_grad_quads, self.precision, self.conv2_forward,
+                                          self.conv2_input_grad)
 
     def forward(self, x, labels, n: int, train: bool = True, slot: int = 0):
         """Logits of the n images x (bytes, device input buffer `slot`: its moments); in training also the
@@ -354,7 +356,8 @@ class FastNet(_Net):
         bn_relu_pool.backward_apply(self.a2, self.mean2, self.invstd2, p["bn2.weight"], g["bn2.weight"],
                                     g["bn2.bias"], self.d_features, self.argmax2, n, c2, S2, self.d_a2)
         self.conv_side.run(lambda: self._conv2_weight_grad(n))
-        conv2_implicit_gemm.backward_input(self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision)
+        conv2_implicit_gemm.backward_input(self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision,
+                                           self.conv2_input_grad)
         conv1_bn_relu_pool.backward(self.x, p["conv1.weight"], self.mean1, self.invstd1, p["bn1.weight"],
                                     self.x_moments, self.d_out1, self.argmax1, n, c1, self.partial1,
                                     self.counters1[1], g["bn1.weight"], g["bn1.bias"], g["conv1.weight"])

@@ -250,6 +250,25 @@ def test_conv2_forward_form_by_batch():
         conv2.forward(None, None, None, 1, 32, 64, "fp32", "backward_input")
 
 
+def test_conv2_input_grad_form_by_batch():
+    """conv2's 3xTF32 input gradient is stacked below PAIRED_INPUT_GRAD_MIN_BATCH and paired from it on (the same
+    32 output channels per block and the same staged size, in another layout); tf32 and bf16 have one form; the
+    paired form exists in fp32 only, and each launch names the form its weights were staged for."""
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+    limit = conv2.PAIRED_INPUT_GRAD_MIN_BATCH
+    assert conv2.input_grad_product(limit - 1, "fp32") == "backward_input"
+    assert conv2.input_grad_product(limit, "fp32") == "backward_input_paired"
+    assert conv2.input_grad_product(10 * limit, "tf32") == conv2.input_grad_product(10 * limit, "bf16") == "backward_input"
+    assert conv2.tile_channels("backward_input_paired", "fp32") == conv2.tile_channels("backward_input", "fp32") == 32
+    assert conv2.weight_quads(64, 32, "fp32", "backward_input") == conv2.weight_quads(64, 32, "fp32", "backward_input_paired")
+    with pytest.raises(ValueError, match="3xTF32"):
+        conv2.tile_channels("backward_input_paired", "bf16")
+    with pytest.raises(ValueError, match="unknown input gradient"):
+        conv2.backward_input(None, None, None, 1, 32, 64, "fp32", "forward")
+    with pytest.raises(ValueError, match="unknown input gradient"):
+        conv2.stage_weights(None, 32, 64, None, None, "fp32", "forward", "backward_weight")
+
+
 def test_conv1_backward_channels_by_batch(monkeypatch):
     """conv1's backward takes all 32 channels per block once the batch has 8 images per SM, fewer below; with the
     model's 32 channels the parts of the batch, and so each channel's sums, are the same whatever the choice."""
@@ -282,35 +301,41 @@ def test_fc1_form_by_product_and_batch(monkeypatch):
         fc1._form("wgmma", "backward_input", "bf16", 4096)
 
 
-def _staged_weight_quad(w, q, flipped, tile, rows, quads_per_chunk):
+def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
     """conv2_implicit_gemm.cu's stage_weight_quad<FLIPPED, Precision::Fp32, F> for quad q, in Python."""
     from kernel_cases import split_tf32
     c_out, c_in = (w.shape[1], w.shape[0]) if flipped else w.shape[:2]
-    chunks = -(-c_in // 8)
-    row, quad, tap = q % rows, q // rows % 2, q // (2 * rows) % 9
+    chunks, group_taps = -(-c_in // 8), 3 if paired else 1
+    rows = quads_per_chunk // (2 * 9 // group_taps)
+    row, quad, group = q % rows, q // rows % 2, q // (2 * rows) % (9 // group_taps)
     chunk, n = q // quads_per_chunk % chunks, q // (quads_per_chunk * chunks) * tile + row % tile
+    run = row // tile
+    tap = 3 * group + (0 if run < 2 else 1 if run < 4 else 2) if paired else group
+    small_part = run in (0, 3, 5) if paired else row >= tile
     v = np.zeros(4, np.float32)
     for i in range(4):
         c = chunk * 8 + quad * 4 + i
         if c < c_in and n < c_out:
             v[i] = w[c, n, 2 - tap // 3, 2 - tap % 3] if flipped else w[n, c, tap // 3, tap % 3]
     big, small = split_tf32(v)
-    return small if row >= tile else big
+    return small if small_part else big
 
 
 def test_conv2_weight_mirror_is_the_kernels_arithmetic():
     """dev/kernel_cases.weight_quads, the mirror the GPU tests compare conv2_stage_weights_fast with, holds
     what the kernel's index arithmetic (ported above) writes, in every 3xTF32 form, over partial tiles and
-    chunks: apart (the big parts of 64 output channels, then their small parts), stacked (32 and 32)."""
+    chunks: apart (the big parts of 64 output channels, then their small parts), stacked (32 and 32), paired
+    (32 channels, a kernel row's three taps in six runs of 32 rows)."""
     import kernel_cases as kc
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
     w = np.random.default_rng(0).standard_normal((70, 12, 3, 3)).astype(np.float32)  # K 70, C 12
-    for flipped, product in ((False, "forward"), (False, "forward_stacked"), (True, "backward_input")):
+    for product in ("forward", "forward_stacked", "backward_input", "backward_input_paired"):
+        flipped = product.startswith("backward_input")
         c_in, c_out = (70, 12) if flipped else (12, 70)
         tile, per_chunk = conv2.tile_channels(product, "fp32"), conv2.chunk_quads(product, "fp32")
-        want = np.array([_staged_weight_quad(w, q, flipped, tile, per_chunk // 18, per_chunk)
+        want = np.array([_staged_weight_quad(w, q, flipped, tile, per_chunk, product == "backward_input_paired")
                          for q in range(conv2.weight_quads(c_in, c_out, "fp32", product))])
-        got = kc.weight_quads(w, flipped, "fp32", "forward_stacked" if product == "forward_stacked" else "forward")
+        got = kc.weight_quads(w, flipped, "fp32", product)
         assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), product
 
 

@@ -34,16 +34,24 @@
 //   of one part, which would leave half of them zero. Rows c and c + 32 are added at the end. Small
 //   batches take the forward in this form too (conv2_forward_stacked_fast): twice the blocks, where 64
 //   channels per block would leave SMs idle.
+// - Large batches take the input gradient *paired* (conv2_backward_input_paired_fast): stacked, but a
+//   kernel row's three taps share their weights' layout, so that one product can hold the big parts of
+//   two taps, as rows 0-31 and 32-63, times B_small read from the first tap's pixel. Rows 32-63 then hold
+//   the second tap's big*small for the output pixel one to the left of their column; they go into a
+//   second set of accumulators, moved into place at the end. Five products per kernel row instead of six
+//   (the unneeded small*small is left out for two taps of three), but the second set of accumulators
+//   takes 56 more registers: three blocks per SM instead of four.
 //
 // On Hopper (sm_90a) a product is one warpgroup MMA (wgmma) of 64 rows x all the block's columns x
-// 8 k, both operands read by the tensor cores from shared memory: a chunk is 9, 18 or 27 instructions
+// 8 k, both operands read by the tensor cores from shared memory: a chunk is 9, 15, 18 or 27 instructions
 // with nothing between them, and the next chunk's image is fetched and staged while they run. On other
 // GPUs the same products are mma.sync (m16n8k8) with the fragments loaded from the same shared memory.
 //
 // Shared memory layouts are wgmma's "K-major, no swizzle": 8 rows x 16 bytes (4 k) core matrices.
 // B: a plane holds a channel quad's pixels at 16 bytes each, so core matrices are 8 consecutive pixels
 // (128 bytes apart along the columns) and the second quad is the next plane; a tap's shift moves the
-// start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4].
+// start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4], and in
+// the paired form [kernel row][channel quad][row][4].
 // Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py (NVRTC -D options): CONV2_SIZE (14, conv2's
 // images), CONV_THREADS (one warpgroup: 4 warps x 16 rows), CONV_TILE_CHANNELS output channels per block
 // (the forward in every precision; the input gradient in Precision::Tf32 and Bf16, a row per output
@@ -60,16 +68,17 @@
 #define CONV_PADDED 16  // the staged grid is 16 wide: the image with its zero border
 
 
-// How A holds the block's output channels (above): Apart and Stacked in 3xTF32 (Precision::Fp32), OnePart
-// (a row per channel, rounded) in the others.
-enum class TileForm { Apart, Stacked, OnePart };
+// How A holds the block's output channels (above): Apart, Stacked and Paired in 3xTF32 (Precision::Fp32),
+// OnePart (a row per channel, rounded) in the others.
+enum class TileForm { Apart, Stacked, Paired, OnePart };
 template <Precision PR, bool FLIPPED>  // FLIPPED: the input gradient
 constexpr TileForm tile_form =
     PR != Precision::Fp32 ? TileForm::OnePart : FLIPPED ? TileForm::Stacked : TileForm::Apart;
-// Output channels per block, rows of A (a row holds one part of one channel), weight quads per chunk,
-// buffers of them, and the products per k-step.
+// Output channels per block, rows of A per tap (a row holds one part of one channel), weight quads per
+// chunk, buffers of them, and the accumulator sets.
 template <TileForm F>
-constexpr int tile_channels = F == TileForm::Stacked ? CONV_TILE_CHANNELS_STACKED : CONV_TILE_CHANNELS;
+constexpr int tile_channels =
+    F == TileForm::Stacked || F == TileForm::Paired ? CONV_TILE_CHANNELS_STACKED : CONV_TILE_CHANNELS;
 template <TileForm F>
 constexpr int a_rows = F == TileForm::Apart ? 128 : 64;
 template <TileForm F>
@@ -77,14 +86,49 @@ constexpr int chunk_quads = CONV_CHUNK_QUADS / 64 * a_rows<F>;
 template <TileForm F>
 constexpr int weight_buffers = F == TileForm::Apart ? 1 : 2;
 template <TileForm F>
-constexpr int products = F == TileForm::Apart ? 3 : F == TileForm::Stacked ? 2 : 1;
-// Product i of a k-step multiplies A's 64 rows from row a_first_row(i) by B's part b_part(i) (0 big,
-// 1 small). The apart form takes the small terms first (they are the least significant); the stacked
-// form has both in every product.
+constexpr int accumulator_sets = F == TileForm::Paired ? 2 : 1;
+// A chunk's weights are laid out by groups of taps, [group][channel quad][group_rows]: a tap per group,
+// but a kernel row (three taps) in the paired form, whose products mix taps.
 template <TileForm F>
-__host__ __device__ constexpr int a_first_row(int i) { return F == TileForm::Apart && i == 0 ? 64 : 0; }
+constexpr int group_taps = F == TileForm::Paired ? 3 : 1;
 template <TileForm F>
-__host__ __device__ constexpr int b_part(int i) { return F == TileForm::Apart ? (i == 1 ? 1 : 0) : i; }
+constexpr int group_rows = a_rows<F> * group_taps<F>;
+// The paired form's 192 rows of a kernel row are six runs of 32 (a part of the 32 channels at one tap):
+// the small parts of column 0, the big parts of columns 0 and 1, the small parts of column 1, the big
+// and small parts of column 2. So each column's two parts are 64 consecutive rows, and so are the big
+// parts of columns 0 and 1.
+__host__ __device__ constexpr int paired_run_column(int run) { return run < 2 ? 0 : run < 4 ? 1 : 2; }
+__host__ __device__ constexpr bool paired_run_small(int run) { return run == 0 || run == 3 || run == 5; }
+// The products of a group, per k-step. Product i multiplies A's 64 rows from row product_a_row(i) of the
+// group by B's part product_b_part(i) (0 big, 1 small) from the staged pixel product_column(i) to the
+// right of the group's tap, into accumulator set product_set(i).
+// - Apart: small * B_big, big * B_small, big * B_big (the small terms first: they are the least significant).
+// - Stacked: A * B_big, A * B_small.
+// - Paired, per kernel row: each column's two parts * B_big (big*big and small*big, rows c and c + 32),
+//   column 2's two parts * B_small (big*small and the unneeded small*small), and the big parts of columns
+//   0 and 1 together * B_small from column 0, into the second set.
+// - One part: the one product.
+template <TileForm F>
+constexpr int group_products = F == TileForm::Apart ? 3 : F == TileForm::Stacked ? 2 : F == TileForm::Paired ? 5 : 1;
+template <TileForm F>
+__host__ __device__ constexpr int product_a_row(int i) {
+    return F == TileForm::Paired ? (i == 0 ? 0 : i == 1 ? 64 : i == 4 ? 32 : 128) : F == TileForm::Apart && i == 0 ? 64 : 0;
+}
+template <TileForm F>
+__host__ __device__ constexpr int product_b_part(int i) {
+    return F == TileForm::Paired ? (i >= 3 ? 1 : 0) : F == TileForm::Apart ? (i == 1 ? 1 : 0) : i;
+}
+template <TileForm F>
+__host__ __device__ constexpr int product_column(int i) {
+    return F == TileForm::Paired ? (i == 1 ? 1 : i == 2 || i == 3 ? 2 : 0) : 0;
+}
+template <TileForm F>
+__host__ __device__ constexpr int product_set(int i) { return F == TileForm::Paired && i == 4 ? 1 : 0; }
+// Where product i of group g reads B: the staged pixel of its tap, counted from the block's first column.
+template <TileForm F>
+__host__ __device__ constexpr int product_shift(int g, int i) {
+    return F == TileForm::Paired ? g * CONV_PADDED + product_column<F>(i) : (g / 3) * CONV_PADDED + g % 3;
+}
 // Input channels per chunk (two 16-byte quads of staged values per pixel).
 template <Precision PR>
 constexpr int chunk_channels = 2 * staged_values<PR>;
@@ -96,19 +140,22 @@ constexpr int image_planes_bytes = 2 * 4 * CONV_STAGED_PIXELS * 16;
 template <TileForm F>
 constexpr int image_tile_bytes = image_planes_bytes + weight_buffers<F> * chunk_quads<F> * 16;
 
-// Weight quad q (16 bytes) of a product with Cin input and Cout output channels: [tile][chunk][tap][quad][row],
-// row one of A's rows (a_rows), holding channels chunk * 8 + quad * 4 + 0..3 of output channel
-// tile * TILE + row % TILE (TILE: tile_channels), their big TF32 parts in rows < TILE and their small parts
-// in the others. Channels past Cin and past Cout are zeros. In plain TF32: output channel tile * 64 + row,
-// rounded to the nearest TF32. In bf16: channels chunk * 16 + quad * 8 + 0..7 of output
-// channel tile * 64 + row, rounded to the nearest bf16.
+// Weight quad q (16 bytes) of a product with Cin input and Cout output channels:
+// [tile][chunk][group][quad][row], row one of the group's rows (group_rows), holding channels
+// chunk * 8 + quad * 4 + 0..3 of output channel tile * TILE + row % TILE (TILE: tile_channels). In the apart
+// and stacked forms the group is a tap, with the big TF32 parts in rows < TILE and the small parts in the
+// others; in the paired form it is a kernel row, in the six runs of 32 rows above. Channels past Cin and
+// past Cout are zeros. In plain TF32: output channel tile * 64 + row, rounded to the nearest TF32. In bf16:
+// channels chunk * 16 + quad * 8 + 0..7 of output channel tile * 64 + row, rounded to the nearest bf16.
 template <bool FLIPPED, Precision PR, TileForm F>
 __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int Cout, float4* quads, int q) {
-    constexpr int TILE = tile_channels<F>, ROWS = a_rows<F>, QUADS = chunk_quads<F>;
+    constexpr int TILE = tile_channels<F>, ROWS = group_rows<F>, QUADS = chunk_quads<F>;
     constexpr int VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
-    const int chunks = CEIL_DIV(Cin, CHUNK), row = q % ROWS, quad = q / ROWS % 2, tap = q / (2 * ROWS) % 9;
+    const int chunks = CEIL_DIV(Cin, CHUNK), row = q % ROWS, quad = q / ROWS % 2, group = q / (2 * ROWS) % (9 / group_taps<F>);
     const int chunk = q / QUADS % chunks, tile = q / (QUADS * chunks);
-    const int n = tile * TILE + row % TILE;  // rows past the tile's channels hold the small parts
+    const int n = tile * TILE + row % TILE;
+    const int tap = F == TileForm::Paired ? 3 * group + paired_run_column(row / TILE) : group;
+    const bool small_part = F == TileForm::Paired ? paired_run_small(row / TILE) : row >= TILE;
     float v[VALUES];
 #pragma unroll
     for (int i = 0; i < VALUES; i++) {
@@ -118,7 +165,7 @@ __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int C
     }
     float4 big, small;
     stage16<PR>(v, &big, &small);
-    quads[q] = row >= TILE ? small : big;
+    quads[q] = small_part ? small : big;
 }
 
 template <Precision PR, TileForm FORM>
@@ -128,8 +175,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     constexpr int PLANE = CONV_STAGED_PIXELS * 4;                               // floats per (part, quad)
     constexpr int IN_PIXELS = (ROWS + 2) * S, IN_TASKS = 2 * IN_PIXELS;         // per chunk: (quad, pixel)
     constexpr int IN_PER_THREAD = CEIL_DIV(IN_TASKS, CONV_THREADS), ACC_STRIDE = N + 8;
-    constexpr int TILE = tile_channels<FORM>, A_ROWS = a_rows<FORM>, QUADS = chunk_quads<FORM>;
-    constexpr int PRODUCTS = products<FORM>;
+    constexpr int TILE = tile_channels<FORM>, GROUP_ROWS = group_rows<FORM>, QUADS = chunk_quads<FORM>;
+    constexpr int GROUPS = 9 / group_taps<FORM>, PRODUCTS = group_products<FORM>, SETS = accumulator_sets<FORM>;
     constexpr int VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
     static_assert((FORM == TileForm::OnePart) == (PR != Precision::Fp32), "two parts exactly in 3xTF32");
     static_assert(64 * ACC_STRIDE * 4 <= image_tile_bytes<FORM>, "the accumulators fit");
@@ -178,7 +225,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         }
     };
 
-    float acc[N / 2] = {};
+    float acc[SETS][N / 2] = {};
     fetch_image(0);
     fetch_weights(0);
     __syncthreads();  // the zeros are written before any stash
@@ -202,56 +249,53 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
         wgmma_fence();
 #pragma unroll
-        for (int s = 0; s < 9; s++) {  // tap s: A at a_chunk[s * 2 * A_ROWS], B from staged pixel shift(s)
-            const int shift = (s / 3) * P + s % 3;
+        for (int grp = 0; grp < GROUPS; grp++) {  // A at a_chunk[grp * 2 * GROUP_ROWS]
 #pragma unroll
             for (int i = 0; i < PRODUCTS; i++) {
-                const unsigned long long a = wgmma_descriptor(a_chunk + s * 2 * A_ROWS + a_first_row<FORM>(i),
-                                                              A_ROWS * 16, 128);
-                const unsigned long long b =
-                    wgmma_descriptor(b_planes + 2 * b_part<FORM>(i) * PLANE + shift * 4, PLANE * 4, 128);
-                if constexpr (PR == Precision::Bf16) wgmma_bf16<N>(acc, a, b);
-                else wgmma_tf32<N>(acc, a, b);
+                const unsigned long long a = wgmma_descriptor(
+                    a_chunk + grp * 2 * GROUP_ROWS + product_a_row<FORM>(i), GROUP_ROWS * 16, 128);
+                const unsigned long long b = wgmma_descriptor(
+                    b_planes + 2 * product_b_part<FORM>(i) * PLANE + product_shift<FORM>(grp, i) * 4, PLANE * 4, 128);
+                if constexpr (PR == Precision::Bf16) wgmma_bf16<N>(acc[product_set<FORM>(i)], a, b);
+                else wgmma_tf32<N>(acc[product_set<FORM>(i)], a, b);
             }
         }
         wgmma_commit();
         stage_next();
         wgmma_wait_all();
 #else
+        // this warp's 16 rows x all N columns, one mma per 8 columns, the products of B's big part first
+        const int lane = tid % 32;
 #pragma unroll
-        for (int s = 0; s < 9; s++) {  // this warp's 16 rows x all N columns, one mma per 8 columns and part
-            const int shift = (s / 3) * P + s % 3, lane = tid % 32;
-            // ldmatrix tile m = lane / 8, row lane % 8. A: tiles (quad 0, rows 0-7), (quad 0, rows 8-15),
-            // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows of each product are mma's a[0..3].
-            // A's 64-row blocks: one, or in the apart form two (the big parts, then the small)
-            unsigned a[A_ROWS / 64][4];
-#pragma unroll
-            for (int h = 0; h < A_ROWS / 64; h++)
-                ldmatrix_x4(a[h], reinterpret_cast<const float*>(a_chunk + s * 2 * A_ROWS) +
-                                      ((lane / 16) * A_ROWS + 64 * h + 16 * warp + lane % 16) * 4);
+        for (int grp = 0; grp < GROUPS; grp++)
 #pragma unroll
             for (int part = 0; part < (FORM == TileForm::OnePart ? 1 : 2); part++)
 #pragma unroll
-                for (int j = 0; j < N / 8; j += 2) {
-                    // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
-                    // b[0..1] of columns 8j.. and of 8j + 8..
-                    unsigned b[4];
-                    ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
-                                       (8 * (j + lane / 16) + lane % 8 + shift) * 4);
+                for (int i = 0; i < PRODUCTS; i++) {
+                    if (product_b_part<FORM>(i) != part) continue;
+                    // ldmatrix tile m = lane / 8, row lane % 8. A: tiles (quad 0, rows 0-7), (quad 0, rows 8-15),
+                    // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows of the product are mma's a[0..3].
+                    unsigned a[4];
+                    ldmatrix_x4(a, reinterpret_cast<const float*>(a_chunk + grp * 2 * GROUP_ROWS) +
+                                       ((lane / 16) * GROUP_ROWS + product_a_row<FORM>(i) + 16 * warp + lane % 16) * 4);
+                    float* d = acc[product_set<FORM>(i)];
+                    const int shift = product_shift<FORM>(grp, i);
 #pragma unroll
-                    for (int i = 0; i < PRODUCTS; i++) {
-                        if (b_part<FORM>(i) != part) continue;
-                        const unsigned* ai = a[a_first_row<FORM>(i) / 64];
+                    for (int j = 0; j < N / 8; j += 2) {
+                        // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
+                        // b[0..1] of columns 8j.. and of 8j + 8..
+                        unsigned b[4];
+                        ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
+                                           (8 * (j + lane / 16) + lane % 8 + shift) * 4);
                         if constexpr (PR == Precision::Bf16) {  // the same tiles: 16-byte rows of 8 k
-                            mma_bf16(acc + 4 * j, ai, b);
-                            mma_bf16(acc + 4 * j + 4, ai, b + 2);
+                            mma_bf16(d + 4 * j, a, b);
+                            mma_bf16(d + 4 * j + 4, a, b + 2);
                         } else {
-                            mma_tf32(acc + 4 * j, ai, b);
-                            mma_tf32(acc + 4 * j + 4, ai, b + 2);
+                            mma_tf32(d + 4 * j, a, b);
+                            mma_tf32(d + 4 * j + 4, a, b + 2);
                         }
                     }
                 }
-        }
         stage_next();
 #endif
         if (weight_buffers<FORM> == 1 && chunk + 1 < chunks) {
@@ -260,9 +304,30 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         }
     }
 
-    // Rows c and c + 32 in the stacked form (big and small parts of the weights; in the others, row c alone)
-    // added through shared memory, then written out coalesced:
-    // acc[4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2).
+    // acc[set][4j + r] = D(row 16 * warp + g + 8 * (r / 2), column 8j + 2t + r % 2). In the paired form the
+    // second set goes into the first: its rows 0-31 as they are, its rows 32-63 (warps 2 and 3) one column
+    // to the left, where their output pixels are: column 8j + 2t + 1 takes column 8j + 2t + 2 from the next
+    // lane (t = 3: column 8j + 8 from lane t = 0).
+    if constexpr (SETS == 2) {
+        if (warp < 2) {
+#pragma unroll
+            for (int e = 0; e < N / 2; e++) acc[0][e] += acc[1][e];
+        } else {
+#pragma unroll
+            for (int j = 0; j < N / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    const float next_j = j + 1 < N / 8 ? acc[1][4 * (j + 1) + 2 * h] : 0.0f;
+                    const float right = __shfl_sync(0xffffffffu, t == 0 ? next_j : acc[1][4 * j + 2 * h],
+                                                    (tid & 28) | ((t + 1) & 3));
+                    acc[0][4 * j + 2 * h] += acc[1][4 * j + 2 * h + 1];
+                    acc[0][4 * j + 2 * h + 1] += right;
+                }
+        }
+    }
+    // Rows c and c + 32 in the stacked and paired forms (both hold parts of channel c's sums; in the others,
+    // row c alone)
+    // added through shared memory, then written out coalesced.
     __syncthreads();  // every product is done: the staging slots are free
     float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
     // float2 stores start 8 banks apart (120 = -8 mod 32), so they have no bank conflicts
@@ -271,7 +336,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #pragma unroll
         for (int h = 0; h < 2; h++)
             *reinterpret_cast<float2*>(&acc_s[(16 * warp + g + 8 * h) * ACC_STRIDE + 8 * j + 2 * t]) =
-                make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+                make_float2(acc[0][4 * j + 2 * h], acc[0][4 * j + 2 * h + 1]);
     __syncthreads();
     float* y = out + (size_t)img * Cout * SS + r0 * S;
     for (int e = tid; e < TILE * ROWS * S; e += CONV_THREADS) {
@@ -279,7 +344,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         if (n0 + c >= Cout) continue;
         const float* d = acc_s + column;
         y[(n0 + c) * SS + p] =
-            FORM == TileForm::Stacked ? d[c * ACC_STRIDE] + d[(c + 32) * ACC_STRIDE] : d[c * ACC_STRIDE];
+            TILE == 32 ? d[c * ACC_STRIDE] + d[(c + 32) * ACC_STRIDE] : d[c * ACC_STRIDE];
     }
 }
 
@@ -529,19 +594,28 @@ __device__ __forceinline__ bool stage_product_quad(const float* w, int Cin, int 
     return q < 0;
 }
 
+// The input gradient's weights, quad q of them, in its 3xTF32 form: paired or stacked.
+template <bool PAIRED>
+__device__ __forceinline__ void stage_input_grad_quad(const float* w, int C, int K, float4* input_grad_quads, int& q) {
+    stage_product_quad<true, Precision::Fp32, PAIRED ? TileForm::Paired : TileForm::Stacked>(w, K, C, input_grad_quads, q);
+}
+
 // The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
 // first, in the stacked form if forward_stacked (3xTF32 only: conv2_forward_stacked_fast reads them), then
-// input_grad_quads (K in, C out; flipped).
+// input_grad_quads (K in, C out; flipped), in the paired form if input_grad_paired (3xTF32 only:
+// conv2_backward_input_paired_fast reads them).
 template <Precision PR>
 __device__ __forceinline__ void stage_weights(const float* w, int C, int K, float4* forward_quads,
-                                              float4* input_grad_quads, int forward_stacked) {
+                                              float4* input_grad_quads, int forward_stacked, int input_grad_paired) {
     int q = blockIdx.x * blockDim.x + threadIdx.x;
     if constexpr (PR == Precision::Fp32) {
-        if (forward_stacked) {
-            if (!stage_product_quad<false, PR, TileForm::Stacked>(w, C, K, forward_quads, q))
-                stage_product_quad<true, PR, tile_form<PR, true>>(w, K, C, input_grad_quads, q);
-            return;
-        }
+        const bool forward_done = forward_stacked
+                                      ? stage_product_quad<false, PR, TileForm::Stacked>(w, C, K, forward_quads, q)
+                                      : stage_product_quad<false, PR, TileForm::Apart>(w, C, K, forward_quads, q);
+        if (forward_done) return;
+        if (input_grad_paired) stage_input_grad_quad<true>(w, C, K, input_grad_quads, q);
+        else stage_input_grad_quad<false>(w, C, K, input_grad_quads, q);
+        return;
     }
     if (!stage_product_quad<false, PR, tile_form<PR, false>>(w, C, K, forward_quads, q))
         stage_product_quad<true, PR, tile_form<PR, true>>(w, K, C, input_grad_quads, q);
@@ -558,29 +632,41 @@ __device__ __forceinline__ void stage_weights(const float* w, int C, int K, floa
 
 template <Precision P>
 __global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
-                                         float4* input_grad_quads, int forward_stacked) {
-    stage_weights<P>(w, C, K, forward_quads, input_grad_quads, forward_stacked);
+                                         float4* input_grad_quads, int forward_stacked, int input_grad_paired) {
+    stage_weights<P>(w, C, K, forward_quads, input_grad_quads, forward_stacked, input_grad_paired);
 }
+
+// Image-tile blocks per SM the kernels are compiled for: four (at most 128 registers), but three for the
+// paired form, whose second set of accumulators takes 56 more registers (at most 168).
+template <TileForm F>
+constexpr int image_tile_blocks_per_sm = F == TileForm::Paired ? 3 : 4;
 
 // grid (N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory
 template <Precision P>
-__global__ void __launch_bounds__(CONV_THREADS, 4)
+__global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, false>>)
 conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
     conv3x3_image_tile<P, tile_form<P, false>>(x, forward_quads, y, C, K);
 }
 
 // The 3xTF32 forward in the input gradient's stacked form, 32 output channels per block: twice the blocks
 // of the form above, for small batches, where those leave SMs idle; weights staged with forward_stacked.
-extern "C" __global__ void __launch_bounds__(CONV_THREADS, 4)
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Stacked>)
 conv2_forward_stacked_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
     conv3x3_image_tile<Precision::Fp32, TileForm::Stacked>(x, forward_quads, y, C, K);
 }
 
 // grid (N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward
 template <Precision P>
-__global__ void __launch_bounds__(CONV_THREADS, 4)
+__global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, true>>)
 conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
     conv3x3_image_tile<P, tile_form<P, true>>(dy, input_grad_quads, dx, K, C);
+}
+
+// The 3xTF32 input gradient in the paired form, for large batches (five products per kernel row instead of
+// six, three blocks per SM instead of four); weights staged with input_grad_paired.
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Paired>)
+conv2_backward_input_paired_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
+    conv3x3_image_tile<Precision::Fp32, TileForm::Paired>(dy, input_grad_quads, dx, K, C);
 }
 
 // grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared

@@ -15,19 +15,24 @@ from .common import I32, precision_kernels, source
 PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
 CONV2_SIZE = 14
 # forward and input gradient: a block computes CONV_TILE_CHANNELS output channels (the forward; the input
-# gradient in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, and "forward_stacked") of
+# gradient in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, "backward_input_paired" and
+# "forward_stacked") of
 # CONV_ROWS image rows, one warpgroup of CONV_THREADS threads; the input passes through shared memory CONV_CHUNK
 # channels at a time (twice as many in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS pixels of each), with
 # CONV_CHUNK_QUADS weight quads of 16 bytes per chunk and 64 rows of A (the forward in fp32 has 128: both parts
 # of 64 channels, apart)
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED = 128, 64, 32
 CONV_CHUNK, CONV_CHUNK_QUADS, CONV_ROWS, CONV_STAGED_PIXELS = 8, 1152, 7, 146
-IMAGE_TILE_PRODUCTS = ("forward", "forward_stacked", "backward_input")
+IMAGE_TILE_PRODUCTS = ("forward", "forward_stacked", "backward_input", "backward_input_paired")
 # In fp32 the forward keeps the weights' two TF32 parts apart: 64 output channels per block, three products per
 # k-step. Up to this batch it stacks them as the input gradient does: 32 channels per block, two products per
 # k-step (a quarter of that tensor work is the unneeded small*small), but twice the blocks, where 64 channels
 # per block leave SMs idle (docs/performance.md)
 STACKED_FORWARD_MAX_BATCH = 96
+# In fp32 the input gradient takes the paired form from this batch on: a sixth less tensor work and fewer operand
+# bytes read from shared memory, but three blocks per SM instead of four; below it the step measured the same or
+# slower (docs/performance.md)
+PAIRED_INPUT_GRAD_MIN_BATCH = 2048
 # weight gradient: WGRAD_THREADS threads (three warpgroups) per block of WGRAD_OUT output and WGRAD_CHANNELS
 # input channels; k runs over pixels x WGRAD_IMAGES images (twice as many in bf16); WGRAD_X_SLOTS staged
 # rows of x
@@ -40,19 +45,23 @@ _src = source("fast/conv2_implicit_gemm.cu", CONV2_SIZE=CONV2_SIZE, CONV_THREADS
               WGRAD_CHANNELS=WGRAD_CHANNELS, WGRAD_IMAGES=WGRAD_IMAGES, WGRAD_X_SLOTS=WGRAD_X_SLOTS)
 _kernel = precision_kernels(_src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"),
                             PRECISIONS)
-_forward_stacked = _src.kernel("conv2_forward_stacked_fast")
+# the 3xTF32 forms that have a kernel of their own, and the product they are a form of
+_FP32_FORMS = {"forward_stacked": ("forward", _src.kernel("conv2_forward_stacked_fast")),
+               "backward_input_paired": ("backward_input", _src.kernel("conv2_backward_input_paired_fast"))}
 
 
 def _image_tile_kernel(product: str, precision: str):
-    """The kernel of an image-tile product: "forward", "forward_stacked" (fp32 only) or "backward_input"."""
+    """The kernel of an image-tile product: "forward", "forward_stacked" (fp32 only), "backward_input" or
+    "backward_input_paired" (fp32 only)."""
     if product not in IMAGE_TILE_PRODUCTS:
         raise ValueError(f"unknown product {product!r}; choose from {IMAGE_TILE_PRODUCTS}")
-    kernel = _kernel("forward" if product == "forward_stacked" else product, precision)  # checks the precision
-    if product != "forward_stacked":
+    base, form_kernel = _FP32_FORMS.get(product, (product, None))
+    kernel = _kernel(base, precision)  # checks the precision
+    if form_kernel is None:
         return kernel
     if precision != "fp32":
-        raise ValueError(f"the stacked forward is 3xTF32's (precision 'fp32'); got precision {precision!r}")
-    return _forward_stacked
+        raise ValueError(f"{product} is a 3xTF32 form (precision 'fp32'); got precision {precision!r}")
+    return form_kernel
 
 
 def forward_product(batch: int, precision: str) -> str:
@@ -62,9 +71,16 @@ def forward_product(batch: int, precision: str) -> str:
     return "forward_stacked" if precision == "fp32" and batch <= STACKED_FORWARD_MAX_BATCH else "forward"
 
 
+def input_grad_product(batch: int, precision: str) -> str:
+    """The input gradient's form for batches of `batch` images: "backward_input_paired" in fp32 from
+    PAIRED_INPUT_GRAD_MIN_BATCH, else "backward_input"."""
+    _kernel("backward_input", precision)
+    return "backward_input_paired" if precision == "fp32" and batch >= PAIRED_INPUT_GRAD_MIN_BATCH else "backward_input"
+
+
 def _stacked(product: str, precision: str) -> bool:
     _image_tile_kernel(product, precision)
-    return product == "forward_stacked" or (product, precision) == ("backward_input", "fp32")
+    return product in _FP32_FORMS or (product, precision) == ("backward_input", "fp32")
 
 
 def tile_channels(product: str, precision: str) -> int:
@@ -73,8 +89,9 @@ def tile_channels(product: str, precision: str) -> int:
 
 
 def chunk_quads(product: str, precision: str) -> int:
-    """Weight quads (16 bytes) per staged chunk of an image-tile product: 128 rows of A in the forward's fp32
-    form (the big TF32 parts of 64 channels, then their small parts), else 64."""
+    """Weight quads (16 bytes) per staged chunk of an image-tile product: 128 rows of A per tap in the forward's
+    fp32 form (the big TF32 parts of 64 channels, then their small parts), else 64 (the paired form lays out a
+    kernel row's three taps together, 192 rows)."""
     _image_tile_kernel(product, precision)
     return 2 * CONV_CHUNK_QUADS if (product, precision) == ("forward", "fp32") else CONV_CHUNK_QUADS
 
@@ -119,6 +136,11 @@ def _check_forward(product: str):
         raise ValueError(f"unknown forward {product!r}; choose from ('forward', 'forward_stacked')")
 
 
+def _check_input_grad(product: str):
+    if product not in ("backward_input", "backward_input_paired"):
+        raise ValueError(f"unknown input gradient {product!r}; choose from ('backward_input', 'backward_input_paired')")
+
+
 def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str):
     """A staged weight buffer must be sized for its product's form. (At the default channels both forward
     forms take the same size, so this cannot tell them apart: the caller keeps one form per buffer.)"""
@@ -129,16 +151,19 @@ def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str):
 
 
 def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, precision: str,
-                  forward_product: str = "forward"):
+                  forward_product: str = "forward", input_grad_product: str = "backward_input"):
     """w [c_out, c_in, 3, 3] as both products read it: forward_quads [weight_quads(c_in, c_out, precision,
     forward_product), 4] for the forward `forward_product` ("forward" or "forward_stacked") and the flipped
-    input_grad_quads [weight_quads(c_out, c_in, precision, "backward_input"), 4]."""
+    input_grad_quads [weight_quads(c_out, c_in, precision, input_grad_product), 4] for the input gradient
+    `input_grad_product` ("backward_input" or "backward_input_paired")."""
     _check_forward(forward_product)
+    _check_input_grad(input_grad_product)
     _check_quads(forward_quads, c_in, c_out, precision, forward_product)
-    _check_quads(input_grad_quads, c_out, c_in, precision, "backward_input")
+    _check_quads(input_grad_quads, c_out, c_in, precision, input_grad_product)
     _kernel("stage_weights", precision).launch_1d(forward_quads.shape[0] + input_grad_quads.shape[0], w, I32(c_in),
                                                   I32(c_out), forward_quads, input_grad_quads,
-                                                  I32(forward_product == "forward_stacked"))
+                                                  I32(forward_product == "forward_stacked"),
+                                                  I32(input_grad_product == "backward_input_paired"))
 
 
 def _image_tiles(name, precision, n, out_channels, *args):
@@ -155,10 +180,13 @@ def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, 
     _image_tiles(product, precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
 
-def backward_input(dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str):
-    """dx [n, c_in, 14, 14] from dy [n, c_out, 14, 14] and the flipped staged weights."""
-    _check_quads(input_grad_quads, c_out, c_in, precision, "backward_input")
-    _image_tiles("backward_input", precision, n, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
+def backward_input(dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str,
+                   product: str = "backward_input"):
+    """dx [n, c_in, 14, 14] from dy [n, c_out, 14, 14] by `product` ("backward_input" or "backward_input_paired"),
+    with the flipped weights staged for it by stage_weights."""
+    _check_input_grad(product)
+    _check_quads(input_grad_quads, c_out, c_in, precision, product)
+    _image_tiles(product, precision, n, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
 
 
 def weight_grad_partial_size(c_in: int, c_out: int) -> int:
