@@ -63,6 +63,10 @@ class Prepared:
 # 1e-6 to 1e-5; plain TF32 ones (conv2's <tf32> products, 10-bit mantissas) near 3e-4; bf16 ones (conv2's
 # and fc1's <bf16> products, 7-bit stored mantissas) near 3e-3 (docs/design.md).
 FP32_TOL, TF32_TOL, BF16_TOL = 1e-4, 1e-3, 1e-2
+# The paired input gradient (near 2e-6) is held closer: its second set of accumulators is moved one column
+# over by lane shuffles, and in a float64 model of it one lane's column taken wrong moves the result by ~6e-5,
+# which FP32_TOL would pass.
+PAIRED_TOL = 1e-5
 
 
 @dataclasses.dataclass
@@ -176,20 +180,19 @@ def round_bf16_bits(v: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def weight_quads(w: np.ndarray, flipped: bool, precision: str = "fp32", product: str = "forward") -> np.ndarray:
+def weight_quads(w: np.ndarray, product: str, precision: str = "fp32") -> np.ndarray:
     """What conv2_stage_weights_fast writes for one product, from w [K, C, 3, 3]
-    (fast/conv2_implicit_gemm.cu): the forward's (not flipped; `product` "forward" or "forward_stacked") or the
-    input gradient's (flipped; `product` "backward_input" or "backward_input_paired"). Float4s
+    (fast/conv2_implicit_gemm.cu): the forward's (`product` "forward" or "forward_stacked") or the input
+    gradient's (flipped; `product` "backward_input" or "backward_input_paired"). Float4s
     [tile][chunk][tap][quad][row] holding channels chunk*8 + quad*4 + 0..3 of an output channel of the tile.
     In fp32 the rows hold the big TF32 parts of the tile's channels, then their small parts: 64 channels (128
     rows) for "forward", 32 (64 rows) for "forward_stacked" and "backward_input". "backward_input_paired" lays
     out a kernel row's three taps together, [tile][chunk][kernel row][quad][192 rows]: runs of 32 rows holding
     the small parts of column 0, the big parts of columns 0 and 1, the small parts of column 1, the big and
-    small parts of column 2. With tf32: output
-    channel tile*64 + row, rounded to the nearest TF32. With bf16: quads of 8 bf16 values (channels
-    chunk*16 + quad*8 + 0..7, as float32 bit patterns, 4 per quad) of output channel tile*64 + row."""
-    if flipped != product.startswith("backward_input"):
-        raise ValueError(f"{product!r} is not the {'input gradient' if flipped else 'forward'}")
+    small parts of column 2. With tf32: output channel tile*64 + row, rounded to the nearest TF32. With bf16:
+    quads of 8 bf16 values (channels chunk*16 + quad*8 + 0..7, as float32 bit patterns, 4 per quad) of output
+    channel tile*64 + row."""
+    flipped = product.startswith("backward_input")
     wt = w.transpose(1, 0, 2, 3)[:, :, ::-1, ::-1] if flipped else w  # [out, in, 3, 3], taps flipped
     c_out, c_in = wt.shape[:2]
     tile, chunk = conv2.tile_channels(product, precision), conv2.chunk_channels(precision)
@@ -223,8 +226,8 @@ def conv_stage_weights_case(precision="fp32", forward="forward", input_grad="bac
         wd = _dev(w)
         run = lambda: conv2.stage_weights(wd, C, K, fq, gq, precision, forward, input_grad)
         return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
-                        {"forward_quads": weight_quads(w, False, precision, forward),
-                         "input_grad_quads": weight_quads(w, True, precision, input_grad)},
+                        {"forward_quads": weight_quads(w, forward, precision),
+                         "input_grad_quads": weight_quads(w, input_grad, precision)},
                         (0.0, _bytes(w, fq, gq)), compare={"forward_quads": _same_bits, "input_grad_quads": _same_bits})
     suffix = (" stacked forward" if forward == "forward_stacked" else "") + (
         " paired input gradient" if input_grad == "backward_input_paired" else "")
@@ -274,7 +277,8 @@ def conv_backward_input_case(version="naive", product="backward_input"):
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
     name = ("conv2d_backward_input_naive" if version == "naive" else "conv2_backward_input_paired_fast"
             if product == "backward_input_paired" else f"conv2_backward_input_fast<{version}>")
-    return Case(f"{name}[conv2]", make, _tol(version), ops=("conv2d",))
+    return Case(f"{name}[conv2]", make, PAIRED_TOL if product == "backward_input_paired" else _tol(version),
+                ops=("conv2d",))
 
 
 def conv_backward_weight_case(layer, version="naive"):

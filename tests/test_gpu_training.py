@@ -112,6 +112,19 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
     assert not params.grads.any()  # zero-grad cleared the flat buffer
 
 
+def test_paired_input_gradient_in_the_step(monkeypatch):
+    """FastNet with conv2's input gradient in its paired form (taken from PAIRED_INPUT_GRAD_MIN_BATCH, lowered
+    here to batch 64) stages its weights for that form and computes the step's gradients as the reference does."""
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+    monkeypatch.setattr(conv2, "PAIRED_INPUT_GRAD_MIN_BATCH", 64)
+    seed = int(np.random.default_rng().integers(1 << 30))
+    run = step_against_reference(64, (32, 64), 128, "fast", seed)
+    assert run.net.conv2_input_grad == "backward_input_paired"
+    for name, g in run.grads.items():
+        err = rel_err(run.net.params.g[name].get(), g)
+        assert err < step_tol("fast", name), (name, err, seed)
+
+
 @pytest.mark.parametrize("version", VERSIONS)
 def test_eval_forward_uses_running_stats(version):
     from mnist_cuda.step import Step

@@ -335,7 +335,7 @@ def test_conv2_weight_mirror_is_the_kernels_arithmetic():
         tile, per_chunk = conv2.tile_channels(product, "fp32"), conv2.chunk_quads(product, "fp32")
         want = np.array([_staged_weight_quad(w, q, flipped, tile, per_chunk, product == "backward_input_paired")
                          for q in range(conv2.weight_quads(c_in, c_out, "fp32", product))])
-        got = kc.weight_quads(w, flipped, "fp32", product)
+        got = kc.weight_quads(w, product, "fp32")
         assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), product
 
 

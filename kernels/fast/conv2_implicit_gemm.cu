@@ -39,8 +39,8 @@
 //   two taps, as rows 0-31 and 32-63, times B_small read from the first tap's pixel. Rows 32-63 then hold
 //   the second tap's big*small for the output pixel one to the left of their column; they go into a
 //   second set of accumulators, moved into place at the end. Five products per kernel row instead of six
-//   (the unneeded small*small is left out for two taps of three), but the second set of accumulators
-//   takes 56 more registers: three blocks per SM instead of four.
+//   (the unneeded small*small is left out for two taps of three), but the second set of 56 accumulators
+//   takes the kernel from 110 to 157 registers: three blocks per SM instead of four.
 //
 // On Hopper (sm_90a) a product is one warpgroup MMA (wgmma) of 64 rows x all the block's columns x
 // 8 k, both operands read by the tensor cores from shared memory: a chunk is 9, 15, 18 or 27 instructions
@@ -128,6 +128,14 @@ __host__ __device__ constexpr int product_set(int i) { return F == TileForm::Pai
 template <TileForm F>
 __host__ __device__ constexpr int product_shift(int g, int i) {
     return F == TileForm::Paired ? g * CONV_PADDED + product_column<F>(i) : (g / 3) * CONV_PADDED + g % 3;
+}
+// Whether product i reads B where the group's last product before it that reads the same part of B does
+// (mma.sync then keeps its fragments).
+template <TileForm F>
+__host__ __device__ constexpr bool reads_previous_b(int i) {
+    for (int k = i - 1; k >= 0; k--)
+        if (product_b_part<F>(k) == product_b_part<F>(i)) return product_column<F>(k) == product_column<F>(i);
+    return false;
 }
 // Input channels per chunk (two 16-byte quads of staged values per pixel).
 template <Precision PR>
@@ -267,35 +275,38 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         // this warp's 16 rows x all N columns, one mma per 8 columns, the products of B's big part first
         const int lane = tid % 32;
 #pragma unroll
-        for (int grp = 0; grp < GROUPS; grp++)
+        for (int grp = 0; grp < GROUPS; grp++) {
+            // ldmatrix tile m = lane / 8, row lane % 8. A: tiles (quad 0, rows 0-7), (quad 0, rows 8-15),
+            // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows of product i are mma's a[i][0..3]
+            unsigned a[PRODUCTS][4];
+#pragma unroll
+            for (int i = 0; i < PRODUCTS; i++)
+                ldmatrix_x4(a[i], reinterpret_cast<const float*>(a_chunk + grp * 2 * GROUP_ROWS) +
+                                      ((lane / 16) * GROUP_ROWS + product_a_row<FORM>(i) + 16 * warp + lane % 16) * 4);
 #pragma unroll
             for (int part = 0; part < (FORM == TileForm::OnePart ? 1 : 2); part++)
 #pragma unroll
-                for (int i = 0; i < PRODUCTS; i++) {
-                    if (product_b_part<FORM>(i) != part) continue;
-                    // ldmatrix tile m = lane / 8, row lane % 8. A: tiles (quad 0, rows 0-7), (quad 0, rows 8-15),
-                    // (quad 1, rows 0-7), (quad 1, rows 8-15) of the warp's 16 rows of the product are mma's a[0..3].
-                    unsigned a[4];
-                    ldmatrix_x4(a, reinterpret_cast<const float*>(a_chunk + grp * 2 * GROUP_ROWS) +
-                                       ((lane / 16) * GROUP_ROWS + product_a_row<FORM>(i) + 16 * warp + lane % 16) * 4);
-                    float* d = acc[product_set<FORM>(i)];
-                    const int shift = product_shift<FORM>(grp, i);
+                for (int j = 0; j < N / 8; j += 2) {
+                    // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
+                    // b[0..1] of columns 8j.. and of 8j + 8..
+                    unsigned b[4];
 #pragma unroll
-                    for (int j = 0; j < N / 8; j += 2) {
-                        // B: tiles (quad 0, columns 8j..), (quad 1, 8j..), (quad 0, 8j + 8..), (quad 1, 8j + 8..):
-                        // b[0..1] of columns 8j.. and of 8j + 8..
-                        unsigned b[4];
-                        ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
-                                           (8 * (j + lane / 16) + lane % 8 + shift) * 4);
+                    for (int i = 0; i < PRODUCTS; i++) {
+                        if (product_b_part<FORM>(i) != part) continue;
+                        if (!reads_previous_b<FORM>(i))
+                            ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
+                                               (8 * (j + lane / 16) + lane % 8 + product_shift<FORM>(grp, i)) * 4);
+                        float* d = acc[product_set<FORM>(i)];
                         if constexpr (PR == Precision::Bf16) {  // the same tiles: 16-byte rows of 8 k
-                            mma_bf16(d + 4 * j, a, b);
-                            mma_bf16(d + 4 * j + 4, a, b + 2);
+                            mma_bf16(d + 4 * j, a[i], b);
+                            mma_bf16(d + 4 * j + 4, a[i], b + 2);
                         } else {
-                            mma_tf32(d + 4 * j, a, b);
-                            mma_tf32(d + 4 * j + 4, a, b + 2);
+                            mma_tf32(d + 4 * j, a[i], b);
+                            mma_tf32(d + 4 * j + 4, a[i], b + 2);
                         }
                     }
                 }
+        }
         stage_next();
 #endif
         if (weight_buffers<FORM> == 1 && chunk + 1 < chunks) {
@@ -326,8 +337,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         }
     }
     // Rows c and c + 32 in the stacked and paired forms (both hold parts of channel c's sums; in the others,
-    // row c alone)
-    // added through shared memory, then written out coalesced.
+    // row c alone) added through shared memory, then written out coalesced.
     __syncthreads();  // every product is done: the staging slots are free
     float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
     // float2 stores start 8 banks apart (120 = -8 mod 32), so they have no bank conflicts
@@ -594,12 +604,6 @@ __device__ __forceinline__ bool stage_product_quad(const float* w, int Cin, int 
     return q < 0;
 }
 
-// The input gradient's weights, quad q of them, in its 3xTF32 form: paired or stacked.
-template <bool PAIRED>
-__device__ __forceinline__ void stage_input_grad_quad(const float* w, int C, int K, float4* input_grad_quads, int& q) {
-    stage_product_quad<true, Precision::Fp32, PAIRED ? TileForm::Paired : TileForm::Stacked>(w, K, C, input_grad_quads, q);
-}
-
 // The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
 // first, in the stacked form if forward_stacked (3xTF32 only: conv2_forward_stacked_fast reads them), then
 // input_grad_quads (K in, C out; flipped), in the paired form if input_grad_paired (3xTF32 only:
@@ -613,8 +617,8 @@ __device__ __forceinline__ void stage_weights(const float* w, int C, int K, floa
                                       ? stage_product_quad<false, PR, TileForm::Stacked>(w, C, K, forward_quads, q)
                                       : stage_product_quad<false, PR, TileForm::Apart>(w, C, K, forward_quads, q);
         if (forward_done) return;
-        if (input_grad_paired) stage_input_grad_quad<true>(w, C, K, input_grad_quads, q);
-        else stage_input_grad_quad<false>(w, C, K, input_grad_quads, q);
+        if (input_grad_paired) stage_product_quad<true, PR, TileForm::Paired>(w, K, C, input_grad_quads, q);
+        else stage_product_quad<true, PR, TileForm::Stacked>(w, K, C, input_grad_quads, q);
         return;
     }
     if (!stage_product_quad<false, PR, tile_form<PR, false>>(w, C, K, forward_quads, q))
@@ -637,7 +641,7 @@ __global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* f
 }
 
 // Image-tile blocks per SM the kernels are compiled for: four (at most 128 registers), but three for the
-// paired form, whose second set of accumulators takes 56 more registers (at most 168).
+// paired form, whose second set of 56 accumulators needs more than 128 (at most 168).
 template <TileForm F>
 constexpr int image_tile_blocks_per_sm = F == TileForm::Paired ? 3 : 4;
 

@@ -15,12 +15,11 @@ from .common import I32, precision_kernels, source
 PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
 CONV2_SIZE = 14
 # forward and input gradient: a block computes CONV_TILE_CHANNELS output channels (the forward; the input
-# gradient in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, "backward_input_paired" and
-# "forward_stacked") of
-# CONV_ROWS image rows, one warpgroup of CONV_THREADS threads; the input passes through shared memory CONV_CHUNK
-# channels at a time (twice as many in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS pixels of each), with
-# CONV_CHUNK_QUADS weight quads of 16 bytes per chunk and 64 rows of A (the forward in fp32 has 128: both parts
-# of 64 channels, apart)
+# gradient in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, in both its forms, and
+# "forward_stacked") of CONV_ROWS image rows, one warpgroup of CONV_THREADS threads; the input passes through
+# shared memory CONV_CHUNK channels at a time (twice as many in bf16: 8 values in 16 bytes; CONV_STAGED_PIXELS
+# pixels of each), with CONV_CHUNK_QUADS weight quads of 16 bytes per chunk and 64 rows of A per tap (the forward
+# in fp32 has 128: both parts of 64 channels, apart)
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED = 128, 64, 32
 CONV_CHUNK, CONV_CHUNK_QUADS, CONV_ROWS, CONV_STAGED_PIXELS = 8, 1152, 7, 146
 IMAGE_TILE_PRODUCTS = ("forward", "forward_stacked", "backward_input", "backward_input_paired")
@@ -72,7 +71,7 @@ def forward_product(batch: int, precision: str) -> str:
 
 
 def input_grad_product(batch: int, precision: str) -> str:
-    """The input gradient's form for batches of `batch` images: "backward_input_paired" in fp32 from
+    """The input gradient's form for batches of up to `batch` images: "backward_input_paired" in fp32 from
     PAIRED_INPUT_GRAD_MIN_BATCH, else "backward_input"."""
     _kernel("backward_input", precision)
     return "backward_input_paired" if precision == "fp32" and batch >= PAIRED_INPUT_GRAD_MIN_BATCH else "backward_input"
@@ -84,7 +83,7 @@ def _stacked(product: str, precision: str) -> bool:
 
 
 def tile_channels(product: str, precision: str) -> int:
-    """Output channels per block of an image-tile product ("forward", "forward_stacked", "backward_input")."""
+    """Output channels per block of an image-tile product (one of IMAGE_TILE_PRODUCTS)."""
     return CONV_TILE_CHANNELS_STACKED if _stacked(product, precision) else CONV_TILE_CHANNELS
 
 
@@ -143,7 +142,8 @@ def _check_input_grad(product: str):
 
 def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str):
     """A staged weight buffer must be sized for its product's form. (At the default channels both forward
-    forms take the same size, so this cannot tell them apart: the caller keeps one form per buffer.)"""
+    forms take the same size, and the input gradient's two forms always do, so this cannot tell them apart:
+    the caller keeps one form per buffer.)"""
     want = weight_quads(c_in, c_out, precision, product)
     if tuple(quads.shape) != (want, 4):
         raise ValueError(f"{product}'s staged weights are {tuple(quads.shape)}; {c_in} -> {c_out} channels in "
