@@ -130,14 +130,13 @@ def weight_grad_shared_bytes() -> int:
     return WGRAD_X_SLOTS * 16 * 2 * WGRAD_CHANNELS * 16 + 2 * CONV2_SIZE * 2 * WGRAD_OUT * 16
 
 
-def _check_forward(product: str):
-    if product not in ("forward", "forward_stacked"):
-        raise ValueError(f"unknown forward {product!r}; choose from ('forward', 'forward_stacked')")
-
-
-def _check_input_grad(product: str):
-    if product not in ("backward_input", "backward_input_paired"):
-        raise ValueError(f"unknown input gradient {product!r}; choose from ('backward_input', 'backward_input_paired')")
+def _check_form(product: str, of: str):
+    """`product` must be a form of the image-tile product `of` ("forward" or "backward_input"): itself or one of
+    its 3xTF32 forms (_FP32_FORMS)."""
+    forms = (of,) + tuple(form for form, (base, _) in _FP32_FORMS.items() if base == of)
+    if product not in forms:
+        name = {"forward": "forward", "backward_input": "input gradient"}[of]
+        raise ValueError(f"unknown {name} {product!r}; choose from {forms}")
 
 
 def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str):
@@ -156,8 +155,8 @@ def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, pre
     forward_product), 4] for the forward `forward_product` ("forward" or "forward_stacked") and the flipped
     input_grad_quads [weight_quads(c_out, c_in, precision, input_grad_product), 4] for the input gradient
     `input_grad_product` ("backward_input" or "backward_input_paired")."""
-    _check_forward(forward_product)
-    _check_input_grad(input_grad_product)
+    _check_form(forward_product, "forward")
+    _check_form(input_grad_product, "backward_input")
     _check_quads(forward_quads, c_in, c_out, precision, forward_product)
     _check_quads(input_grad_quads, c_out, c_in, precision, input_grad_product)
     _kernel("stage_weights", precision).launch_1d(forward_quads.shape[0] + input_grad_quads.shape[0], w, I32(c_in),
@@ -175,7 +174,7 @@ def _image_tiles(name, precision, n, out_channels, *args):
 def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, product: str = "forward"):
     """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
     weights staged for it by stage_weights."""
-    _check_forward(product)
+    _check_form(product, "forward")
     _check_quads(forward_quads, c_in, c_out, precision, product)
     _image_tiles(product, precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
@@ -184,7 +183,7 @@ def backward_input(dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, prec
                    product: str = "backward_input"):
     """dx [n, c_in, 14, 14] from dy [n, c_out, 14, 14] by `product` ("backward_input" or "backward_input_paired"),
     with the flipped weights staged for it by stage_weights."""
-    _check_input_grad(product)
+    _check_form(product, "backward_input")
     _check_quads(input_grad_quads, c_out, c_in, precision, product)
     _image_tiles(product, precision, n, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
 
