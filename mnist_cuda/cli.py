@@ -24,11 +24,23 @@ def prog_name(module: str) -> str:
     return started_as if started_as.startswith("mnist-cuda-") else f"python -m {module}"
 
 
+class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Ends a flag's help with its default only where the help does not already say it and there is one to
+    say (not None, not an empty string, not a switch's False)."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        nothing = action.default is None or action.default is False or action.default == ""
+        if "default" in text.lower() or nothing:
+            return text
+        return super()._get_help_string(action)
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: the usage block of a long command buries the message."""
 
     def __init__(self, *args, **kwargs):
-        kwargs.setdefault("formatter_class", argparse.ArgumentDefaultsHelpFormatter)
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
 
     def error(self, message):

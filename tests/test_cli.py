@@ -173,6 +173,19 @@ def test_every_flag_has_help_text(module):
         assert action.help and len(action.help) > 10, (module, action.option_strings or action.dest)
 
 
+def test_help_states_each_default_once():
+    """A default is appended where the help does not state one already, and only where there is one to state."""
+    from mnist_cuda.cli import Parser
+    p = Parser(prog="x")
+    p.add_argument("--said", type=int, default=5, help="already says it (default: 5)")
+    p.add_argument("--unsaid", type=int, default=0, help="says nothing of it")
+    p.add_argument("--unset", default=None, help="has none")
+    p.add_argument("--switch", action="store_true", help="a switch")
+    text = " ".join(p.format_help().split())
+    assert text.count("(default: 5)") == 1 and "says nothing of it (default: 0)" in text
+    assert "(default: None)" not in text and "(default: False)" not in text
+
+
 def test_console_script_names_itself():
     code = ("import sys; sys.argv[0] = '/venv/bin/mnist-cuda-train'; from mnist_cuda.train import main; "
             "sys.exit(main(['--help']))")
