@@ -50,7 +50,7 @@ def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("ops", nargs="*", metavar="OP",
                    help=f"op families to check and time, any of: {', '.join(kc.OPS)} (default: all of them)")
-    p.add_argument("--batch-sizes", type=batch_sizes, default=[64, 512],
+    p.add_argument("--batch-sizes", type=batch_sizes, default="64,512",
                    help="comma-separated batch sizes (default: 64,512)")
     p.add_argument("--filter", default="", metavar="TEXT",
                    help="only cases whose name contains TEXT, e.g. fast, naive or tf32 (default: every case)")

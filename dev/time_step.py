@@ -21,9 +21,9 @@ WINDOW = 10
 
 
 def main(argv=None) -> int:
-    p = Parser(description=__doc__.split("\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (else the cache or a download)")
-    p.add_argument("--batch-sizes", type=batch_sizes, default=[64, 512], help="comma-separated")
+    p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated")
     p.add_argument("--steps", type=int, default=500, help="timed steps per batch size (a multiple of 10)")
     p.add_argument("--warmup-seconds", type=float, default=1.0, help="untimed steps for at least this long first")
     p.add_argument("--kernels", choices=("naive", "fast"), default="fast", help="kernel version")

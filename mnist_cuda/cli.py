@@ -25,13 +25,15 @@ def prog_name(module: str) -> str:
 
 
 class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Ends a flag's help with its default only where the help does not already say it and there is one to
-    say (not None, not an empty string, not a switch's False)."""
+    """Ends a flag's help with "(default: X)" only where the help does not already state its default
+    ("(default" or "default:") and there is one to state: not None, not an empty string, and not for a
+    switch (a flag that takes no value: its default is the other switch's, or off)."""
 
     def _get_help_string(self, action):
         text = action.help or ""
-        nothing = action.default is None or action.default is False or action.default == ""
-        if "default" in text.lower() or nothing:
+        stated = "(default" in text or "default:" in text
+        nothing = action.default is None or action.default == "" or action.nargs == 0
+        if stated or nothing:
             return text
         return super()._get_help_string(action)
 

@@ -181,9 +181,13 @@ def test_help_states_each_default_once():
     p.add_argument("--unsaid", type=int, default=0, help="says nothing of it")
     p.add_argument("--unset", default=None, help="has none")
     p.add_argument("--switch", action="store_true", help="a switch")
+    p.add_argument("--mode", default="fast", help="works as PyTorch does by default")
+    p.add_argument("--slow", dest="mode", action="store_const", const="slow", help="the same as --mode slow")
+    p.set_defaults(mode="fast")
     text = " ".join(p.format_help().split())
     assert text.count("(default: 5)") == 1 and "says nothing of it (default: 0)" in text
     assert "(default: None)" not in text and "(default: False)" not in text
+    assert "by default (default: fast)" in text and "--mode slow (default" not in text
 
 
 def test_console_script_names_itself():
