@@ -399,7 +399,8 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
                     int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                     float* dbeta, float* dw) {
     constexpr int THREADS = grad_threads<CHANNELS>, STAGE_BYTES = grad_stage_bytes<CHANNELS>;
-    static_assert(CONV1_GRAD_SM_CHANNELS % CHANNELS == 0 && CHANNELS % 4 == 0, "blocks per SM, and 16-byte aligned stages");
+    static_assert(CONV1_GRAD_SM_CHANNELS % CHANNELS == 0 && CHANNELS % 4 == 0,
+                  "blocks per SM, and 16-byte aligned stages");
     static_assert(THREADS * CONV1_GRAD_SUMS * sizeof(float) <= CONV1_GRAD_STAGES * STAGE_BYTES,
                   "the block's sums fit in the ring");
     static_assert(CHANNELS * CONV1_GRAD_SUMS <= THREADS && CONV1_MOMENTS <= THREADS, "a thread per channel and sum, and per moment");
@@ -462,7 +463,8 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
 #pragma unroll
     for (int i = 0; i < CONV1_GRAD_SUMS; i++) red[tid * CONV1_GRAD_SUMS + i] = acc[i];
     __syncthreads();
-    const int sum_channel = tid / CONV1_GRAD_SUMS, k = tid % CONV1_GRAD_SUMS, c = c0 + sum_channel;  // thread's channel and sum
+    // this thread's channel and sum
+    const int sum_channel = tid / CONV1_GRAD_SUMS, k = tid % CONV1_GRAD_SUMS, c = c0 + sum_channel;
     if (tid < CHANNELS * CONV1_GRAD_SUMS && sum_channel < channels) {
         const float* from = red + sum_channel * CONV1_GRAD_SUMS + k;
         float sum = 0.0f;

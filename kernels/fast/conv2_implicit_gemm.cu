@@ -112,7 +112,8 @@ template <TileForm F>
 constexpr int group_products = F == TileForm::Apart ? 3 : F == TileForm::Stacked ? 2 : F == TileForm::Paired ? 5 : 1;
 template <TileForm F>
 __host__ __device__ constexpr int product_a_row(int i) {
-    return F == TileForm::Paired ? (i == 0 ? 0 : i == 1 ? 64 : i == 4 ? 32 : 128) : F == TileForm::Apart && i == 0 ? 64 : 0;
+    return F == TileForm::Paired ? (i == 0 ? 0 : i == 1 ? 64 : i == 4 ? 32 : 128)
+                                 : F == TileForm::Apart && i == 0 ? 64 : 0;
 }
 template <TileForm F>
 __host__ __device__ constexpr int product_b_part(int i) {
@@ -159,7 +160,8 @@ template <bool FLIPPED, Precision PR, TileForm F>
 __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int Cout, float4* quads, int q) {
     constexpr int TILE = tile_channels<F>, ROWS = group_rows<F>, QUADS = chunk_quads<F>;
     constexpr int VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
-    const int chunks = CEIL_DIV(Cin, CHUNK), row = q % ROWS, quad = q / ROWS % 2, group = q / (2 * ROWS) % (9 / group_taps<F>);
+    const int chunks = CEIL_DIV(Cin, CHUNK), row = q % ROWS, quad = q / ROWS % 2;
+    const int group = q / (2 * ROWS) % (9 / group_taps<F>);
     const int chunk = q / QUADS % chunks, tile = q / (QUADS * chunks);
     const int n = tile * TILE + row % TILE;
     const int tap = F == TileForm::Paired ? 3 * group + paired_run_column(row / TILE) : group;

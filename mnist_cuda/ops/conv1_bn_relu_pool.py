@@ -19,8 +19,8 @@ CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for th
 CONV1_GRAD_CHANNEL_BYTES = 196 * 5  # a channel's part of a ring stage: 196 float gradients, then 196 byte positions
 
 _src = source("fast/conv1_bn_relu_pool.cu", CONV1_THREADS=CONV1_THREADS, CONV1_MOMENTS=CONV1_MOMENTS,
-              CONV1_GRAD_ROWS=CONV1_GRAD_ROWS, CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES=CONV1_GRAD_STAGES,
-              CONV1_GRAD_SUMS=CONV1_GRAD_SUMS, CONV1_GRAD_CHANNEL_BYTES=CONV1_GRAD_CHANNEL_BYTES)
+              CONV1_GRAD_ROWS=CONV1_GRAD_ROWS, CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS,
+              CONV1_GRAD_STAGES=CONV1_GRAD_STAGES, CONV1_GRAD_SUMS=CONV1_GRAD_SUMS, CONV1_GRAD_CHANNEL_BYTES=CONV1_GRAD_CHANNEL_BYTES)
 _moments = _src.kernel("conv1_image_moments_fast")
 _forward = {c: _src.kernel(f"conv1_bn_relu_pool_fast<{c}>") for c in FORWARD_CHANNELS}
 _backward = {c: _src.kernel(f"conv1_backward_fast<{c}>") for c in BACKWARD_CHANNELS}
@@ -87,10 +87,10 @@ def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invst
 
 def backward_channels_per_block(n: int, channels: int) -> int:
     """The backward's most channels per block where the batch's (image, channel group) pairs number at least
-    BACKWARD_WIDE_IMAGES_PER_SM per SM, else the fewest: a block stages each image once for all its channels, which pays on long
-    parts, while on short ones the SM's four smaller blocks overlap their per-image chains of copies and
-    barriers (docs/performance.md measures both). With 32 channels (the model's) a channel's sums are taken in
-    the same order whatever the choice (backward_grid)."""
+    BACKWARD_WIDE_IMAGES_PER_SM per SM, else the fewest: a block stages each image once for all its channels,
+    which pays on long parts, while on short ones the SM's four smaller blocks overlap their per-image chains
+    of copies and barriers (docs/performance.md measures both). With 32 channels (the model's) a channel's sums
+    are taken in the same order whatever the choice (backward_grid)."""
     return _most_channels(BACKWARD_CHANNELS, n, channels, BACKWARD_WIDE_IMAGES_PER_SM * sm_count())
 
 
@@ -112,6 +112,6 @@ def backward(x, w, mean, invstd, gamma, moments, d_pooled, argmax, n: int, chann
     per_block: channels per block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice)."""
     per_block = per_block or backward_channels_per_block(n, channels)
     grid, per_part = backward_grid(n, channels, per_block)
-    _backward[per_block].launch(grid, CONV1_GRAD_ROWS * per_block, x, w, mean, invstd, gamma, moments, d_pooled, argmax, I32(n),
-                                I32(channels), I32(per_part), partial, counter, dgamma, dbeta, dw,
+    _backward[per_block].launch(grid, CONV1_GRAD_ROWS * per_block, x, w, mean, invstd, gamma, moments, d_pooled,
+                                argmax, I32(n), I32(channels), I32(per_part), partial, counter, dgamma, dbeta, dw,
                                 shared_mem=CONV1_GRAD_STAGES * per_block * CONV1_GRAD_CHANNEL_BYTES)
