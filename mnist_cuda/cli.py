@@ -11,6 +11,8 @@ import argparse
 import json
 import math
 import os
+import re
+import stat
 import sys
 import tempfile
 from pathlib import Path
@@ -38,12 +40,19 @@ class DefaultsHelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
+# A value that starts with "-" but is a number (-1e-3, -.5, -inf) is a value, not a flag: argparse's own
+# pattern knows only -5 and -0.5, and says "expected one argument" for the rest.
+NEGATIVE_NUMBER = re.compile(r"^-(\d+\.?\d*|\.\d+)(e[-+]?\d+)?$|^-(inf|infinity|nan)$", re.IGNORECASE)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: the usage block of a long command buries the message."""
+    """argparse with one-line errors (the usage block of a long command buries the message) that reads
+    negative numbers as values, so a range check can say what is wrong with them."""
 
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
         super().__init__(*args, **kwargs)
+        self._negative_number_matcher = NEGATIVE_NUMBER
 
     def error(self, message):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -80,11 +89,30 @@ def int_at_least(minimum: int):
         try:
             value = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {shorten(text)!r}") from None
         if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {shorten(text)}")
         return value
     return parse
+
+
+def int_in_range(minimum: int, maximum: int, why: str = ""):
+    """An argparse type: a whole number from minimum to maximum (a size the machine can hold); why, if given,
+    says where the maximum comes from."""
+    at_least = int_at_least(minimum)
+
+    def parse(text):
+        value = at_least(text)
+        if value > maximum:
+            because = f" ({why})" if why else ""
+            raise argparse.ArgumentTypeError(f"must be at most {maximum}{because}, got {shorten(text)}")
+        return value
+    return parse
+
+
+def shorten(text: str) -> str:
+    """A value as an error message quotes it: at most 24 characters of it."""
+    return text if len(text) <= 24 else f"{text[:12]}...({len(text)} characters)"
 
 
 def seed(text):
@@ -95,39 +123,80 @@ def seed(text):
     return value
 
 
-def positive_number(text):
+# The kernels take rates and factors as float32: a larger value would reach them as infinity.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _number(text) -> float:
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text}")
+        raise argparse.ArgumentTypeError(f"expected a number, got {shorten(text)!r}") from None
+
+
+def _float32(value: float, text: str) -> float:
+    if value > FLOAT32_MAX:
+        raise argparse.ArgumentTypeError(f"must be at most {FLOAT32_MAX:.4g} (the kernels take it as a float32), "
+                                         f"got {shorten(text)}")
     return value
+
+
+def positive_number(text):
+    """A finite number > 0 that a float32 holds."""
+    value = _number(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {shorten(text)}")
+    return _float32(value, text)
 
 
 learning_rate = positive_number
 
 
 def non_negative(text):
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    """A finite number >= 0 that a float32 holds."""
+    value = _number(text)
     if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
-    return value
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {shorten(text)}")
+    return _float32(value, text)
+
+
+def non_negative_at_most(maximum: float):
+    """An argparse type: a finite number from 0 to maximum."""
+    def parse(text):
+        value = non_negative(text)
+        if value > maximum:
+            raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {shorten(text)}")
+        return value
+    return parse
 
 
 def batch_sizes(text: str) -> list[int]:
-    """--batch-sizes: positive whole numbers separated by commas."""
+    """--batch-sizes: whole numbers from 1 to the largest training set (sizes.MAX_BATCH), separated by commas."""
+    from .sizes import MAX_BATCH
     try:
         sizes = [int(b) for b in text.split(",")]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
         raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas (e.g. 64,512), "
-                                         f"got {text!r}")
+                                         f"got {shorten(text)!r}")
+    if max(sizes) > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"{max(sizes)} is larger than any training set ({MAX_BATCH} samples)")
     return sizes
+
+
+def kind_of(path) -> str:
+    """What is at path: "missing", "folder", "file", "other" (a device, a pipe, a socket) or "unreachable" (a
+    folder on the way may not be searched: a permission error, which Path.exists raises rather than answers)."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return "missing"
+    except NotADirectoryError:
+        return "missing"
+    except OSError:
+        return "unreachable"
+    return "folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
 
 
 def output_path(text: str) -> Path:
@@ -136,37 +205,128 @@ def output_path(text: str) -> Path:
     path = Path(text)
     folder = path.parent if str(path.parent) else Path(".")
     if not text or text.endswith(os.sep):
-        raise argparse.ArgumentTypeError(f"{text!r} names no file")
-    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{shorten(text)!r} names no file")
+    kind, folder_kind = kind_of(path), kind_of(folder)
+    if "unreachable" in (kind, folder_kind):
+        raise argparse.ArgumentTypeError(f"{text} cannot be reached (permission denied on a folder on the way)")
+    if kind == "folder":
         raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it")
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"the folder {folder} does not exist" if not folder.exists()
+    if folder_kind != "folder":
+        raise argparse.ArgumentTypeError(f"the folder {folder} does not exist" if folder_kind == "missing"
                                          else f"{folder} is not a folder")
-    if path.exists() and not path.is_file():
+    if kind == "other":
         raise argparse.ArgumentTypeError(f"{text} is not a regular file (a device or a pipe?); name a file")
-    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+    if not os.access(folder, os.W_OK | os.X_OK) or (kind == "file" and not os.access(path, os.W_OK)):
         raise argparse.ArgumentTypeError(f"{text} is not writable")
     return path
 
 
 def input_file(text: str) -> Path:
-    """A file to read: it exists, is a file and is readable."""
-    path = Path(text)
-    if not path.exists():
+    """A file to read: it exists, is a regular file and is readable."""
+    kind = kind_of(text)
+    if kind == "missing":
         raise argparse.ArgumentTypeError(f"{text} does not exist")
-    if path.is_dir():
+    if kind == "unreachable":
+        raise argparse.ArgumentTypeError(f"{text} cannot be reached (permission denied on a folder on the way)")
+    if kind == "folder":
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
-    if not os.access(path, os.R_OK):
+    if kind == "other":
+        raise argparse.ArgumentTypeError(f"{text} is not a regular file (a device or a pipe?); name a file")
+    if not os.access(text, os.R_OK):
         raise argparse.ArgumentTypeError(f"{text} is not readable")
-    return path
+    return Path(text)
 
 
 def existing_dir(text: str) -> Path:
-    path = Path(text)
-    if not path.is_dir():
-        raise argparse.ArgumentTypeError(f"the folder {text} does not exist" if not path.exists()
-                                         else f"{text} is not a folder")
-    return path
+    """A folder to read: it exists and may be listed and searched."""
+    kind = kind_of(text)
+    if kind == "missing":
+        raise argparse.ArgumentTypeError(f"the folder {text} does not exist")
+    if kind == "unreachable":
+        raise argparse.ArgumentTypeError(f"the folder {text} cannot be reached (permission denied on a folder "
+                                         f"on the way)")
+    if kind != "folder":
+        raise argparse.ArgumentTypeError(f"{text} is not a folder")
+    if not os.access(text, os.R_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"the folder {text} cannot be read (permission denied)")
+    return Path(text)
+
+
+def same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path after links are resolved, or one file (one inode)
+    reached through a hard link."""
+    a, b = Path(a), Path(b)
+    try:
+        if os.path.samefile(a, b):
+            return True
+    except OSError:  # one of them does not exist yet
+        pass
+    return a.resolve() == b.resolve()
+
+
+def refuse_clashes(parser: Parser, inputs=(), outputs=(), allowed=()):
+    """A usage error where an output would replace an input (or another output): (flag, path) pairs, a path
+    None where the flag is not given, or a list of paths for a flag that takes several. allowed: (output
+    flag, input flag) pairs that may name one file (a checkpoint continued and replaced in place)."""
+    def each(pairs):
+        for flag, value in pairs:
+            for path in (value if isinstance(value, (list, tuple)) else [value]):
+                if path is not None:
+                    yield flag, Path(path)
+    outs, ins = list(each(outputs)), list(each(inputs))
+    for i, (flag, path) in enumerate(outs):
+        for other, other_path in ins + outs[:i]:
+            if (flag, other) not in allowed and same_file(path, other_path):
+                what = "read as" if (other, other_path) in ins else "also written as"
+                parser.fail(flag, f"{path} is the file {what} {other}; writing it would destroy that: name "
+                                  f"another file")
+
+
+def fail_on(parser: Parser, problem) -> None:
+    """A usage error for a (flag, message) that mnist_cuda.sizes found, if any."""
+    if problem:
+        parser.fail(*problem)
+
+
+def model_fits_or_fail(parser: Parser, channels, hidden, batch: int, kernels=("naive", "fast"),
+                       batch_flag: str = "--batch-size", initialise: bool = True) -> None:
+    """The model and batch size within what the kernels take and, where its weights are to be drawn
+    (initialise), the host's memory: checked before anything is allocated."""
+    from . import sizes
+    fail_on(parser, sizes.model_problem(channels, hidden))
+    fail_on(parser, sizes.batch_problem(channels, hidden, batch, batch_flag, kernels))
+    if initialise:
+        fail_on(parser, sizes.host_problem(channels, hidden))
+
+
+def fits_host_or_fail(parser: Parser, flag: str, need: int, what: str) -> None:
+    """A usage error where `what` needs more than the host's available memory (need bytes)."""
+    from . import sizes
+    available = sizes.available_host_bytes()
+    if available is not None and need > available:
+        parser.fail(flag, f"{what} needs about {need / 1e9:.1f} GB of memory; this machine has "
+                          f"{available / 1e9:.1f} GB available")
+
+
+def fits_gpu_or_exit(parser: Parser, channels, hidden, batch: int, kernels: str, precision: str, momentum: bool = False,
+                     augment: bool = False, batch_flag: str = "--batch-size") -> None:
+    """Once the GPU is known and before the first buffer: the net's buffers fit its free memory and, where a
+    buffer holds a part per SM, the 32-bit indexing on this GPU."""
+    from . import cuda, sizes
+    cp = cuda.require_gpu()
+    free, _ = cp.cuda.Device().mem_info
+    fail_on(parser, sizes.device_problem(channels, hidden, batch, kernels, precision, momentum, augment, free,
+                                         cuda.sm_count(), batch_flag))
+
+
+def data_inputs(dataset: str, data_dir=None, test_only: bool = False) -> list:
+    """(label, files) of a data set's files where a run reads them, for refuse_clashes: the named folder's
+    (--data-dir, else $MNIST_DATA_DIR), else the cache's."""
+    from . import data
+    named = data_dir if data_dir is not None else os.environ.get("MNIST_DATA_DIR") or None
+    folder = Path(named) if named else data.default_cache_dir()
+    label = ("--data-dir" if data_dir is not None else "$MNIST_DATA_DIR") if named else f"the {dataset} cache"
+    return [(label, data.present_files(dataset, folder, test_only))]
 
 
 def write_atomic(path: Path, write) -> None:

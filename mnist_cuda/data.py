@@ -21,6 +21,7 @@ import dataclasses
 import gzip
 import hashlib
 import os
+import sys
 import tempfile
 import time
 import zlib
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 import numpy as np
+
+from .cli import kind_of
 
 MEAN, STD = 0.1307, 0.3081  # the usual MNIST normalisation: (x/255 - MEAN) / STD
 IMAGE_SIZE = 28
@@ -206,17 +209,22 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
     if data_dir is not None:
         return _from_named_dir(spec, dataset, data_dir)
     tried: list[str] = []
-    found = [p for p in _candidates(cache_dir, dataset, spec.name) if p.is_file()]
+    candidates = _candidates(cache_dir, dataset, spec.name)
+    found = [p for p in candidates if kind_of(p) == "file"]
+    tried += [f"cache: cannot read {p} (permission denied on a folder on the way)"
+              for p in candidates if kind_of(p) == "unreachable"][:1]
     for path in found:
         try:
             return verify(path.read_bytes(), spec, str(path))
-        except (DataError, OSError) as e:
+        except DataError as e:
             tried.append(f"cache: {e}")
+        except OSError as e:
+            tried.append(f"cache: cannot read {path}: {e.strerror}")
     if not found:
         tried.append(f"cache: {spec.name}[.gz] not found in {cache_dir} or {cache_dir / dataset}")
 
     target_dir = cache_dir / dataset
-    created = [d for d in (target_dir, cache_dir) if not d.exists()]  # removed again if nothing lands
+    created = [d for d in (target_dir, cache_dir) if kind_of(d) == "missing"]  # removed again if nothing lands
     try:
         target_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -243,20 +251,38 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
 
 def named_dir(dataset: str, data_dir=None, test_only: bool = False) -> Path | None:
     """The folder the user named (data_dir, else $MNIST_DATA_DIR), checked for the dataset's four files (the
-    two test files with test_only) without reading them (DataDirError naming what is missing), or None
-    when no folder is named."""
+    two test files with test_only) without reading them (DataDirError naming what is missing or cannot be
+    read), or None when no folder is named."""
     if data_dir is None and os.environ.get("MNIST_DATA_DIR"):
         data_dir = os.environ["MNIST_DATA_DIR"]
     if data_dir is None:
         return None
     data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise DataDirError(f"the data folder {data_dir} does not exist" if not data_dir.exists()
-                           else f"the data folder {data_dir} is not a folder")
+    _check_named_folder(data_dir)
     for spec in DATASETS[dataset].files[2 if test_only else 0:]:
-        if not any(p.is_file() for p in _candidates(data_dir, dataset, spec.name)):
+        kinds = [kind_of(p) for p in _candidates(data_dir, dataset, spec.name)]
+        if "file" not in kinds:
+            if "unreachable" in kinds:
+                raise DataDirError(f"the data folder {data_dir / dataset} cannot be read (permission denied)")
             raise _missing(spec, dataset, data_dir)
     return data_dir
+
+
+def _check_named_folder(data_dir: Path) -> None:
+    kind = kind_of(data_dir)
+    if kind == "unreachable":
+        raise DataDirError(f"the data folder {data_dir} cannot be reached (permission denied on a folder on the way)")
+    if kind != "folder":
+        raise DataDirError(f"the data folder {data_dir} does not exist" if kind == "missing"
+                           else f"the data folder {data_dir} is not a folder")
+    if not os.access(data_dir, os.R_OK | os.X_OK):
+        raise DataDirError(f"the data folder {data_dir} cannot be read (permission denied)")
+
+
+def present_files(dataset: str, folder: Path, test_only: bool = False) -> list[Path]:
+    """The dataset's files that lie in folder (flat or in its per-dataset subfolder), the ones a run reads."""
+    return [p for spec in DATASETS[dataset].files[2 if test_only else 0:]
+            for p in _candidates(Path(folder), dataset, spec.name) if kind_of(p) == "file"]
 
 
 def _missing(spec: FileSpec, dataset: str, data_dir: Path) -> DataDirError:
@@ -266,7 +292,7 @@ def _missing(spec: FileSpec, dataset: str, data_dir: Path) -> DataDirError:
 
 
 def _from_named_dir(spec: FileSpec, dataset: str, data_dir: Path) -> np.ndarray:
-    found = [p for p in _candidates(data_dir, dataset, spec.name) if p.is_file()]
+    found = [p for p in _candidates(data_dir, dataset, spec.name) if kind_of(p) == "file"]
     problems = []
     for path in found:
         try:
@@ -292,9 +318,8 @@ def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
     if data_dir is None and os.environ.get("MNIST_DATA_DIR"):
         data_dir = os.environ["MNIST_DATA_DIR"]
     data_dir = Path(data_dir) if data_dir is not None else None
-    if data_dir is not None and not data_dir.is_dir():
-        raise DataDirError(f"the data folder {data_dir} does not exist" if not data_dir.exists()
-                           else f"the data folder {data_dir} is not a folder")
+    if data_dir is not None:
+        _check_named_folder(data_dir)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     mirrors = spec.mirrors if mirrors is None else tuple(mirrors)
     arrays = [None if test_only and i < 2 else fetch_file(f, spec.name, data_dir, cache_dir, mirrors, progress, **fetch_kw)
@@ -391,3 +416,64 @@ def gather(x: np.ndarray, y: np.ndarray, idx: np.ndarray, out_x: np.ndarray, out
     np.take(x, idx, axis=0, out=out_x[:n])
     np.take(y, idx, axis=0, out=out_y[:n])
     return n
+
+
+# ----------------------------------------------------------------------------------------------
+# The command: fetch and verify a data set without a GPU
+
+
+def build_parser():
+    from . import cli
+    p = cli.Parser(prog=cli.prog_name("mnist_cuda.data"),
+                   description="Check that a data set's four IDX files are where a run would read them and match "
+                               "their published SHA-256, or (--download) fetch the missing ones first. No GPU needed.")
+    p.add_argument("--dataset", choices=sorted(DATASETS), default="mnist", help="which data set")
+    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
+                   help="the folder to check, or with --download to fetch into (as the cache: the files land in "
+                        "DIR/<dataset>/) (default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>)")
+    p.add_argument("--download", action="store_true",
+                   help="fetch each file that is missing or does not verify from the download mirrors, verify it, "
+                        "then move it into place")
+    p.add_argument("--quiet", action="store_true", help="no download progress bars")
+    return p
+
+
+def main(argv=None) -> int:
+    from . import cli
+    return cli.run(build_parser(), _check_or_download, argv)
+
+
+def _check_or_download(args, parser) -> int:
+    spec = DATASETS[args.dataset]
+    named = args.data_dir if args.data_dir is not None else os.environ.get("MNIST_DATA_DIR") or None
+    try:
+        if args.download:
+            folder = Path(named) if named is not None else default_cache_dir()
+            if kind_of(folder) not in ("folder", "missing"):
+                parser.fail("--data-dir", f"{folder} is not a folder")
+            arrays = [fetch_file(f, spec.name, None, folder, spec.mirrors, progress=not args.quiet) for f in spec.files]
+            where = folder / spec.name
+        else:
+            folder = named_dir(spec.name, named)
+            arrays = load_arrays(spec.name, folder, mirrors=(), progress=False)
+            where = folder if folder is not None else default_cache_dir() / spec.name
+    except DataDirError as e:
+        print(f"{parser.prog}: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except DataError as e:
+        hint = "" if args.download else " (--download fetches it)"
+        print(f"{parser.prog}: {_one_line(e)}{hint}", file=sys.stderr)
+        return 1
+    print(f"{spec.name}: the four files verified (SHA-256) in {where}: {len(arrays[0]):,} training and "
+          f"{len(arrays[2]):,} test images")
+    return 0
+
+
+def _one_line(error: Exception) -> str:
+    """A DataError's message ("could not get X. Tried:" and a line per source) as one line."""
+    first, *rest = [line.strip(" -") for line in str(error).splitlines() if line.strip()]
+    return f"{first} {'; '.join(rest)}" if rest else first
+
+
+if __name__ == "__main__":
+    sys.exit(main())

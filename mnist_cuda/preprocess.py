@@ -39,9 +39,12 @@ The result is uint8 like the MNIST IDX bytes: 0 is background, 255 is ink.
 """
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
+
+from .cli import kind_of
 
 FIELD = 28  # the MNIST image side
 BOX = 20  # the side of the square the digit's ink box is fitted into
@@ -91,20 +94,30 @@ def _read_grayscale(path) -> np.ndarray:
     transparency over white. Every way the file can fail becomes a one-line ImageError."""
     from PIL import Image, ImageOps, UnidentifiedImageError  # optional extra: imported only when used
 
-    file = Path(path)
-    if not file.exists():
+    file, kind = Path(path), kind_of(path)
+    if kind == "missing":
         raise ImageError(f"{path}: no such file")
-    if file.is_dir():
+    if kind == "unreachable":
+        raise ImageError(f"{path}: permission denied (a folder on the way cannot be searched)")
+    if kind == "folder":
         raise ImageError(f"{path}: is a folder, not an image file")
+    if kind == "other":
+        raise ImageError(f"{path}: not a regular file (a device or a pipe?)")
     if file.stat().st_size == 0:
         raise ImageError(f"{path}: empty file (0 bytes)")
     try:
-        with Image.open(file) as image:
-            image.load()  # Image.open reads only the header; the decoding errors come from here
-            upright = ImageOps.exif_transpose(image)  # a copy, usable after the file is closed
+        with warnings.catch_warnings():
+            # Pillow's notes on a file it decodes anyway (a damaged EXIF block, a palette's transparency) are not
+            # the user's concern; its warning of a decompression bomb becomes ours, in one line
+            warnings.simplefilter("ignore")
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(file) as image:
+                image.load()  # Image.open reads only the header; the decoding errors come from here
+                upright = ImageOps.exif_transpose(image)  # a copy, usable after the file is closed
+                gray = _to_grayscale(upright)
     except PermissionError:
         raise ImageError(f"{path}: permission denied (cannot read the file)") from None
-    except Image.DecompressionBombError as e:
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise ImageError(f"{path}: image too large to process ({_one_line(e)})") from None
     except UnidentifiedImageError:
         raise ImageError(f"{path}: not an image file (Pillow cannot identify its format)") from None
@@ -113,7 +126,7 @@ def _read_grayscale(path) -> np.ndarray:
         # EOFError...); none of them should reach the user as a traceback.
         raise ImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {_one_line(e)})") \
             from None
-    return _to_grayscale(upright)
+    return gray
 
 
 def _to_grayscale(image) -> np.ndarray:
