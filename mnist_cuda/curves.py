@@ -9,8 +9,12 @@ so one file draws the whole run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
+import math
 import sys
+import warnings
+from array import array
 from pathlib import Path
 
 import numpy as np
@@ -18,11 +22,23 @@ import numpy as np
 from . import cli
 
 SMOOTH_STEPS = 50  # the loss of one batch is noisy; the curve also shows its running mean over this many
+# host memory a drawn step takes at most: its step and loss as float64 while they are read, and matplotlib's
+# copies of the points as it draws the line and the running mean
+BYTES_PER_POINT = 64
+SHORTEST_RECORD = 36  # bytes of the shortest step record the trainer writes, '{"step": 1, "epoch": 1, "loss": 1.0}'
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """The records of a metrics file; ValueError naming the line for anything else."""
-    records = []
+@dataclasses.dataclass
+class Curves:
+    """A run's curves: every step's loss and each epoch's test accuracy, as (step, epoch, accuracy)."""
+    steps: np.ndarray
+    losses: np.ndarray
+    evals: list
+
+
+def read_metrics(path: Path) -> Curves:
+    """The curves of a metrics file; ValueError naming the line for anything else."""
+    steps, losses, evals = array("q"), array("d"), []
     with open(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -33,29 +49,48 @@ def read_metrics(path: Path) -> list[dict]:
                 assert type(record.get("epoch")) is int
                 assert ("loss" in record) != ("test_accuracy" in record)
                 assert all(type(record.get(k, 0.0)) in (int, float) for k in ("loss", "test_accuracy"))
+                # a loss is finite and >= 0 (the trainer stops before it writes another), an accuracy a fraction
+                assert math.isfinite(record.get("loss", 0.0)) and record.get("loss", 0.0) >= 0
+                assert 0 <= record.get("test_accuracy", 0.0) <= 1
             except (json.JSONDecodeError, AssertionError):
                 raise ValueError(f"{path} line {n} is not a metrics record of mnist_cuda.train --metrics") from None
-            records.append(record)
-    if not any("loss" in r for r in records):
+            if "loss" in record:
+                steps.append(record["step"])
+                losses.append(record["loss"])
+            else:
+                evals.append((record["step"], record["epoch"], record["test_accuracy"]))
+    if not steps:
         raise ValueError(f"{path} holds no step losses (is it a --metrics file of mnist_cuda.train?)")
-    return records
+    return Curves(np.frombuffer(steps, np.int64), np.frombuffer(losses, np.float64), evals)
 
 
-def plot_training(records: list[dict], path: Path, title: str | None = None) -> None:
+def plot_bytes(points: int) -> int:
+    """Host memory that drawing `points` steps takes at most."""
+    return BYTES_PER_POINT * points
+
+
+def plot_training(curves: Curves, path: Path, title: str | None = None) -> None:
     """Two panels, the loss per step (log scale, with its running mean) and the test accuracy per epoch."""
+    with warnings.catch_warnings():
+        # matplotlib's notes on what it draws anyway (a layout that does not quite fit, a log scale with nothing
+        # above 0 to show) are not the user's concern
+        warnings.simplefilter("ignore", UserWarning)
+        _draw(curves, path, title)
+
+
+def _draw(curves: Curves, path: Path, title: str | None) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    steps = np.array([r["step"] for r in records if "loss" in r])
-    losses = np.array([r["loss"] for r in records if "loss" in r], dtype=np.float64)
-    evals = [(r["step"], r["epoch"], r["test_accuracy"]) for r in records if "test_accuracy" in r]
+    steps, losses, evals = curves.steps, np.asarray(curves.losses, dtype=np.float64), curves.evals
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     ax_loss.plot(steps, losses, lw=0.5, alpha=0.35, color="tab:blue", label="loss of each batch")
     if len(losses) >= SMOOTH_STEPS:
         mean = np.convolve(losses, np.ones(SMOOTH_STEPS) / SMOOTH_STEPS, mode="valid")
         ax_loss.plot(steps[SMOOTH_STEPS - 1:], mean, color="tab:blue", label=f"mean of the last {SMOOTH_STEPS}")
-    ax_loss.set_yscale("log")
+    if (losses > 0).any():  # (a loss of exactly 0 everywhere has no log scale)
+        ax_loss.set_yscale("log")
     ax_loss.set_xlabel("step")
     ax_loss.set_ylabel("training loss (NLL)")
     ax_loss.legend(loc="upper right")
@@ -94,19 +129,22 @@ def main(argv=None) -> int:
 
 def draw(args, p) -> int:
     default = args.metrics.with_name(args.metrics.name + ".png") if args.metrics.suffix == ".png" \
-        else args.metrics.with_suffix(".png")  # never the metrics file itself
+        else args.metrics.with_suffix(".png")  # never the metrics file itself (but maybe a link to it)
     try:
         out = args.out or cli.output_path(str(default))
     except argparse.ArgumentTypeError as e:
         p.fail("--out", f"the default {e}")
+    cli.refuse_clashes(p, inputs=[("METRICS", args.metrics)], outputs=[("--out", out)])
     cli.require_matplotlib(p, "--out")
+    cli.fits_host_or_fail(p, "METRICS", plot_bytes(args.metrics.stat().st_size // SHORTEST_RECORD + 1),
+                          f"drawing {args.metrics} ({args.metrics.stat().st_size / 1e9:.1f} GB of records)")
     try:
-        records = read_metrics(args.metrics)
+        curves = read_metrics(args.metrics)
     except UnicodeDecodeError:
         p.error(f"{args.metrics} is not a text file (a --metrics file of mnist_cuda.train is JSON lines)")
     except ValueError as e:
         p.error(str(e))
-    plot_training(records, out, args.title or args.metrics.name)
+    plot_training(curves, out, args.title or args.metrics.name)
     print(f"plot: {out}")
     return 0
 

@@ -13,10 +13,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import warnings
 
 import numpy as np
 
-from . import checkpoint, cli, cuda, data
+from . import checkpoint, cli, cuda, data, sizes
 from .nets import KERNEL_VERSIONS, PRECISIONS
 
 WORST = 16  # misclassified test images in the --png grid
@@ -82,6 +83,13 @@ def format_report(r: dict, header: str) -> str:
 
 def plot_report(r: dict, images: np.ndarray, path, title: str) -> None:
     """The confusion matrix beside a grid of the WORST most confidently misclassified images."""
+    with warnings.catch_warnings():
+        # matplotlib's notes on what it draws anyway (a layout that does not quite fit) are not the user's concern
+        warnings.simplefilter("ignore", UserWarning)
+        _draw_report(r, images, path, title)
+
+
+def _draw_report(r: dict, images: np.ndarray, path, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -124,7 +132,7 @@ def build_parser() -> cli.Parser:
                    help="the folder holding the IDX files, the only place looked in when given (default: "
                         "$MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download); "
                         "only the two test files are needed")
-    p.add_argument("--batch-size", type=cli.int_at_least(1), default=None,
+    p.add_argument("--batch-size", type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"), default=None,
                    help=f"samples per evaluation batch {from_ckpt}")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None, help=f"kernel version {from_ckpt}")
     cli.add_precision_arguments(p, from_ckpt.strip("()"))
@@ -142,7 +150,8 @@ def resolve(args, parser, meta: dict) -> dict:
            "kernels": pick(args.kernels, "kernels", "fast"), "precision": args.precision or cli.precision_of(meta)}
     if out["dataset"] not in data.DATASETS:
         parser.fail("CHECKPOINT", f"it names an unknown dataset {out['dataset']!r}; give --dataset")
-    if out["kernels"] not in KERNEL_VERSIONS or not isinstance(out["batch_size"], int) or out["batch_size"] < 1:
+    if out["kernels"] not in KERNEL_VERSIONS or type(out["batch_size"]) is not int or \
+            not 1 <= out["batch_size"] <= sizes.MAX_BATCH:
         parser.fail("CHECKPOINT", "its metadata names no valid kernel version and batch size; give --kernels "
                                   "and --batch-size")
     if out["precision"] not in PRECISIONS:
@@ -150,6 +159,16 @@ def resolve(args, parser, meta: dict) -> dict:
     if out["precision"] != "fp32" and out["kernels"] != "fast":
         parser.fail("--precision", f"{out['precision']} needs --kernels fast (the naive kernels compute in plain fp32)")
     return out
+
+
+def fits_or_fail(parser, run: dict, channels, hidden) -> None:
+    """The checkpoint's model at the evaluation batch size within what the kernels take (its weights are read
+    already), before any data or GPU work."""
+    cli.model_fits_or_fail(parser, channels, hidden, run["batch_size"], (run["kernels"],), initialise=False)
+
+
+def fits_gpu_or_exit(parser, run: dict, channels, hidden) -> None:
+    cli.fits_gpu_or_exit(parser, channels, hidden, run["batch_size"], run["kernels"], run["precision"])
 
 
 def load_checkpoint_or_fail(parser, path):
@@ -166,10 +185,14 @@ def main(argv=None) -> int:
 def evaluate(args, parser) -> int:
     state, meta, channels, hidden, _ = load_checkpoint_or_fail(parser, args.checkpoint)
     run = resolve(args, parser, meta)
+    fits_or_fail(parser, run, channels, hidden)
+    cli.refuse_clashes(parser, inputs=[("CHECKPOINT", args.checkpoint)]
+                       + cli.data_inputs(run["dataset"], args.data_dir, test_only=True), outputs=[("--png", args.png)])
     if args.png is not None:
         cli.require_matplotlib(parser, "--png")
     cli.check_data_dir_or_exit(parser.prog, run["dataset"], args.data_dir, test_only=True)
     cli.gpu_or_exit(parser.prog)  # before a download
+    fits_gpu_or_exit(parser, run, channels, hidden)
     arrays = cli.load_data_or_exit(parser.prog, run["dataset"], args.data_dir, args.quiet or args.json, test_only=True)
     test_x, test_y = arrays[2], arrays[3].astype(np.int32)
     host = data.host_data(run["dataset"], arrays, empty=cuda.pinned_empty)

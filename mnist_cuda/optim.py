@@ -153,32 +153,59 @@ def add_arguments(parser):
     from . import cli
     g = parser.add_argument_group("optimizer (torch.optim.SGD's options; the defaults are plain SGD)")
     g.add_argument("--momentum", type=cli.non_negative, default=None, help="momentum factor (default: 0)")
-    g.add_argument("--dampening", type=cli.non_negative, default=None, help="dampening of the momentum (default: 0)")
+    g.add_argument("--dampening", type=cli.non_negative, default=None,
+                   help="dampening of the momentum (needs --momentum > 0; default: 0)")
     g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
                    help="Nesterov momentum (needs --momentum > 0 and no dampening; default: off)")
-    g.add_argument("--weight-decay", type=cli.non_negative, default=None, help="L2 penalty added to the gradient (default: 0)")
+    g.add_argument("--weight-decay", type=cli.non_negative, default=None,
+                   help="L2 penalty added to the gradient (default: 0)")
     g.add_argument("--schedule", choices=SCHEDULES, default=None,
                    help="learning-rate schedule over the run's steps, computed on the GPU: constant, step "
                         "(x --gamma every --step-size steps), cosine (to 0 at the last step), onecycle (warm up "
                         "from lr/25 to lr over --pct-start of the steps, then anneal to lr/25e4) (default: constant)")
-    g.add_argument("--step-size", type=cli.int_at_least(1), default=None, help="the step schedule's period in steps")
-    g.add_argument("--gamma", type=cli.positive_number, default=None, help="the step schedule's factor (default: 0.1)")
+    g.add_argument("--step-size", type=cli.int_in_range(1, 2 ** 31 - 1), default=None,
+                   help="the step schedule's period in steps (needs --schedule step)")
+    g.add_argument("--gamma", type=cli.positive_number, default=None,
+                   help="the step schedule's factor (needs --schedule step; default: 0.1)")
     g.add_argument("--pct-start", type=cli.positive_number, default=None,
-                   help="onecycle: the share of the steps that warm up (default: 0.3)")
-    g.add_argument("--anneal", choices=ANNEALS, default=None, help="onecycle: the annealing curve (default: cos)")
+                   help="the share of the steps that warm up (needs --schedule onecycle; default: 0.3)")
+    g.add_argument("--anneal", choices=ANNEALS, default=None,
+                   help="the annealing curve (needs --schedule onecycle; default: cos)")
 
 
 ARGUMENTS = ("momentum", "dampening", "nesterov", "weight_decay", "schedule", "step_size", "gamma", "pct_start",
              "anneal")
 SCHEDULE_ARGUMENTS = ("step_size", "gamma", "pct_start", "anneal", "schedule_total")  # belong to one schedule
+# The flags that act only beside another: given without it, such a flag would change nothing, and that is a
+# usage error naming what it needs (the README's rule for every command).
+NEEDS = {"dampening": ("--momentum > 0", lambda v: (v.get("momentum") or 0) > 0),
+         "step_size": ("--schedule step", lambda v: v.get("schedule") == "step"),
+         "gamma": ("--schedule step", lambda v: v.get("schedule") == "step"),
+         "pct_start": ("--schedule onecycle", lambda v: v.get("schedule") == "onecycle"),
+         "anneal": ("--schedule onecycle", lambda v: v.get("schedule") == "onecycle")}
+
+
+def unused(values: dict, keys=None) -> str | None:
+    """The first of `keys` (default: all of NEEDS) whose value is set in `values` but changes nothing beside
+    the others, as a message naming what it needs; None where every one acts."""
+    for key in NEEDS if keys is None else keys:
+        if key in NEEDS and values.get(key) is not None:
+            needs, acts = NEEDS[key]
+            if not acts(values):
+                return f"--{key.replace('_', '-')} needs {needs} (without it, it changes nothing)"
+    return None
 
 
 def options_from(values: dict, lr: float, total_steps: int) -> SGDOptions:
-    """SGDOptions from the flags' values (None: the default); ValueError names what does not fit."""
+    """SGDOptions from the flags' values (None: the default); ValueError names what does not fit, or a value
+    that would change nothing (unused)."""
     v = {k: values.get(k) for k in ARGUMENTS}
     kind = v["schedule"] or "constant"
     if kind == "step" and v["step_size"] is None:
         raise ValueError("--schedule step needs --step-size")
+    problem = unused(v)
+    if problem:
+        raise ValueError(problem)
     schedule = Schedule(kind, total=total_steps, step_size=v["step_size"] or 1,
                         gamma=0.1 if v["gamma"] is None else v["gamma"],
                         pct_start=0.3 if v["pct_start"] is None else v["pct_start"], anneal=v["anneal"] or "cos")

@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from . import cli, data
-from .evaluate import Inference, load_checkpoint_or_fail, log_softmax, resolve
+from . import cli, data, sizes
+from .evaluate import Inference, fits_gpu_or_exit, fits_or_fail, load_checkpoint_or_fail, log_softmax, resolve
 from .nets import KERNEL_VERSIONS
 
 
@@ -28,7 +28,8 @@ def build_parser() -> cli.Parser:
     p.add_argument("images", type=cli.input_file, nargs="+", metavar="IMAGE", help="image files to classify")
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default=None,
                    help=f"whose class names to print {from_ckpt}")
-    p.add_argument("--batch-size", type=cli.int_at_least(1), default=None, help=f"images per batch {from_ckpt}")
+    p.add_argument("--batch-size", type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"), default=None,
+                   help=f"images per batch {from_ckpt}")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None, help=f"kernel version {from_ckpt}")
     cli.add_precision_arguments(p, from_ckpt.strip("()"))
     p.add_argument("--json", action="store_true", help="print one JSON object: every image's class and probabilities")
@@ -62,8 +63,10 @@ def main(argv=None) -> int:
 def predict(args, parser) -> int:
     state, meta, channels, hidden, _ = load_checkpoint_or_fail(parser, args.checkpoint)
     run = resolve(args, parser, meta)
+    fits_or_fail(parser, run, channels, hidden)
     x = read_images(parser, args.images)
     cli.gpu_or_exit(parser.prog)
+    fits_gpu_or_exit(parser, run, channels, hidden)
     from . import cuda
     pinned = cuda.pinned_empty(x.shape, np.uint8)
     pinned[...] = x

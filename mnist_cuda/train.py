@@ -17,10 +17,11 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
-from . import checkpoint, cli, cuda, data, optim, reference
+from . import checkpoint, cli, cuda, curves, data, optim, reference, sizes
 from . import nets
 from .nets import KERNEL_VERSIONS
 
@@ -67,13 +68,18 @@ class Chunk:
     end: Position
 
 
-def plan(n_samples: int, batch_size: int, seed: int, shuffle: bool, start: Position, steps: int) -> list[Chunk]:
-    """The batches of `steps` steps from `start`, one chunk per epoch touched. An epoch's order is a
-    permutation seeded by (seed, epoch) (data.epoch_order) and drops its partial last batch, so a run
-    continued from a checkpoint trains the same batches as one run that never stopped."""
+def plan(n_samples: int, batch_size: int, seed: int, shuffle: bool, start: Position, steps: int) -> Iterator[Chunk]:
+    """The batches of `steps` steps from `start`, one chunk per epoch touched, each made as it is asked for
+    (a long run holds one epoch's order at a time). An epoch's order is a permutation seeded by (seed, epoch)
+    (data.epoch_order) and drops its partial last batch, so a run continued from a checkpoint trains the same
+    batches as one run that never stopped."""
     if batch_size > n_samples:
         raise ValueError(f"batch size {batch_size} is larger than the training set ({n_samples} samples)")
-    chunks, epoch, sample, step, left = [], start.epoch, start.sample, start.step, steps
+    return _chunks(n_samples, batch_size, seed, shuffle, start, steps)
+
+
+def _chunks(n_samples, batch_size, seed, shuffle, start: Position, steps: int) -> Iterator[Chunk]:
+    epoch, sample, step, left = start.epoch, start.sample, start.step, steps
     while left > 0:
         order = data.epoch_order(n_samples, seed, epoch, shuffle)
         batches = list(data.batch_indices(order[sample:], batch_size, drop_last=True))[:left]
@@ -86,8 +92,7 @@ def plan(n_samples: int, batch_size: int, seed: int, shuffle: bool, start: Posit
         sample += len(batches) * batch_size
         if sample + batch_size > n_samples:  # the epoch is done: its partial last batch is dropped
             epoch, sample = epoch + 1, 0
-        chunks.append(Chunk(this_epoch, batches, Position(step, epoch, sample)))
-    return chunks
+        yield Chunk(this_epoch, batches, Position(step, epoch, sample))
 
 
 def run_chunk(step, ds, chunk: Chunk, first_step: int, on_progress=None, phase_events=None) -> np.ndarray:
@@ -128,7 +133,11 @@ def _channels(text):
     except ValueError:
         c = ()
     if len(c) != 2 or min(c) < 1:
-        raise argparse.ArgumentTypeError(f"expected two positive whole numbers C1,C2 (e.g. 32,64), got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected two positive whole numbers C1,C2 (e.g. 32,64), got "
+                                         f"{cli.shorten(text)!r}")
+    if max(c) > sizes.MAX_CHANNELS:
+        raise argparse.ArgumentTypeError(f"at most {sizes.MAX_CHANNELS:,} channels (BatchNorm's groups of 8 channels "
+                                         f"fill at most 65535 rows of CUDA's grid), got {cli.shorten(text)}")
     return c
 
 
@@ -137,6 +146,9 @@ def percent(text):
     if value > 100:
         raise argparse.ArgumentTypeError(f"a percentage is at most 100, got {text}")
     return value
+
+
+STEP_COUNTER = "the GPU's step counter is 32-bit"
 
 
 def build_parser() -> cli.Parser:
@@ -154,7 +166,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--data-dir", type=cli.existing_dir, default=None, metavar="DIR",
                    help="the folder holding the four IDX files (.gz or raw), the only place looked in when given "
                         "(default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download)")
-    p.add_argument("--epochs", type=cli.int_at_least(1), default=None,
+    p.add_argument("--epochs", type=cli.int_in_range(1, sizes.MAX_STEPS, STEP_COUNTER), default=None,
                    help=f"epochs to train in this run, counted from where --init stopped (default: {d['epochs']})")
     p.add_argument("--recipe", choices=sorted(RECIPES), default=None,
                    help="a named set of the flags below (batch size, lr, epochs, SGD's options, schedule; given "
@@ -163,7 +175,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--target-accuracy", type=percent, default=None, metavar="PERCENT",
                    help="stop after the first epoch whose test accuracy reaches PERCENT and report the training "
                         "time to there (evaluation timed apart)")
-    p.add_argument("--batch-size", type=cli.int_at_least(1), default=None,
+    p.add_argument("--batch-size", type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"), default=None,
                    help=f"samples per training step; evaluation uses the same (default: {d['batch_size']}{from_init})")
     p.add_argument("--lr", type=cli.learning_rate, default=None,
                    help=f"SGD learning rate (default: {d['lr']}{from_init})")
@@ -171,7 +183,8 @@ def build_parser() -> cli.Parser:
                    help=f"seeds the initialisation and the shuffling; 0 to {cli.SEED_MAX} (default: {d['seed']}{from_init})")
     p.add_argument("--channels", type=_channels, default=None, metavar="C1,C2",
                    help="output channels of conv1 and conv2 (default: 32,64, or the --init checkpoint's)")
-    p.add_argument("--hidden", type=cli.int_at_least(1), default=None,
+    p.add_argument("--hidden", type=cli.int_in_range(1, sizes.MAX_HIDDEN, "fc1's weight gradient in tiles of 64 "
+                                                     "outputs fills at most 65535 rows of CUDA's grid"), default=None,
                    help=f"fc1 width (default: {d['hidden']}, or the --init checkpoint's)")
     p.add_argument("--save", type=cli.output_path, default=None, metavar="PATH",
                    help="write a checkpoint (.npz) here after every epoch, replacing the last one atomically")
@@ -180,14 +193,16 @@ def build_parser() -> cli.Parser:
     p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
                    help="a new permutation of the training set every epoch; --no-shuffle: file order "
                         "(default: shuffle, or the --init checkpoint's)")
-    p.add_argument("--steps", type=cli.int_at_least(0), default=None, metavar="N",
+    p.add_argument("--steps", type=cli.int_in_range(0, sizes.MAX_STEPS, STEP_COUNTER), default=None, metavar="N",
                    help="train N steps instead of --epochs (0: only write the initial checkpoint to --save)")
     p.add_argument("--metrics", type=cli.output_path, default=None, metavar="PATH",
                    help="JSON lines: every step's loss, every epoch's test accuracy (appended to with --init, "
                         "so one file holds a continued run)")
     p.add_argument("--plot", type=cli.output_path, default=None, metavar="PNG",
                    help="draw this run's loss per step and test accuracy per epoch here (needs matplotlib)")
-    p.add_argument("--augment", type=cli.int_at_least(0), default=None, metavar="PIXELS",
+    p.add_argument("--augment", type=cli.int_in_range(0, data.IMAGE_SIZE - 1, "more moves every image out of its "
+                                                      "28x28 field; a few (1-3) is the usual"),
+                   default=None, metavar="PIXELS",
                    help="move each training image by up to PIXELS pixels each way, offsets drawn per step from "
                         "the seed and done on the GPU as the batch is loaded (default: 0, or the --init checkpoint's)")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None,
@@ -221,8 +236,21 @@ class Setup:
     buffers: dict  # momentum buffers from --init
 
 
+@dataclasses.dataclass
+class Resumed:
+    """What an --init checkpoint brings: its state, the flags it recorded and where it stopped."""
+    state: dict | None = None
+    buffers: dict = dataclasses.field(default_factory=dict)
+    flags: dict = dataclasses.field(default_factory=dict)  # RESUMED's keys that the record holds
+    optimizer: dict = dataclasses.field(default_factory=dict)
+    start: Position = Position()
+
+
 def check(args, parser: cli.Parser) -> Setup:
-    """Every user mistake as a usage error (exit 2), before any data, GPU or training work."""
+    """Every user mistake as a usage error (exit 2), before any data, GPU or training work: flags that cannot
+    work together or change nothing, sizes the kernels or the machine cannot take, outputs that would replace
+    an input."""
+    given = {k: v for k, v in vars(args).items() if v is not None and v is not False}  # before a recipe fills the rest
     if args.recipe and args.init:
         parser.fail("--recipe", "starts a run; a run continued with --init takes its settings from the checkpoint")
     for key, value in RECIPES.get(args.recipe, {}).items():  # a recipe fills the flags not given
@@ -230,39 +258,85 @@ def check(args, parser: cli.Parser) -> Setup:
             setattr(args, key, value)
     if args.epochs is None:
         args.epochs = DEFAULTS["epochs"]
-    resumed, start, state, buffers, resumed_optimizer = {}, Position(), None, {}, {}
-    if args.init is not None:
-        try:
-            state, meta, channels, hidden, buffers = checkpoint.load_model(args.init)
-        except checkpoint.CheckpointError as e:
-            parser.fail("--init", str(e))
-        for flag, value, theirs in (("--channels", args.channels, channels), ("--hidden", args.hidden, hidden)):
-            if value is not None and value != theirs:
-                parser.fail(flag, f"the --init checkpoint {args.init} holds a model with --channels "
-                                  f"{channels[0]},{channels[1]} --hidden {hidden}; leave {flag} out to use it")
-        args.channels, args.hidden = channels, hidden
-        resumed = {k: meta[k] for k in RESUMED if k in meta}
-        problem = _bad_record(resumed, meta)
-        if problem is None and "tf32" in meta:  # a checkpoint from before --precision
-            resumed["precision"] = cli.precision_of(meta)
-        if problem:
-            parser.fail("--init", f"{args.init}'s record of the run is damaged ({problem}); start from a checkpoint "
-                                  f"that --save wrote, or without --init")
-        resumed_optimizer = meta.get("optimizer", {})
-        start = _position(meta, resumed.get("batch_size", DEFAULTS["batch_size"]),
-                          data.TRAIN_SAMPLES[resumed.get("dataset", DEFAULTS["dataset"])])
+    _refuse_flags_without_effect(parser, args, given)
+    r = _resume(args, parser) if args.init is not None else Resumed()
     explicit = {"dataset": args.dataset, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
                 "kernels": args.kernels, "precision": args.precision, "shuffle": args.shuffle,
                 "augment": args.augment}
-    value = {k: explicit[k] if explicit[k] is not None else resumed.get(k, DEFAULTS[k]) for k in RESUMED}
-    if start.sample:  # inside an epoch: its order must stay the one the checkpoint was trained on
-        for k, flag in (("seed", "--seed"), ("shuffle", "--shuffle"), ("dataset", "--dataset")):
-            if value[k] != resumed.get(k, DEFAULTS[k]):
-                parser.fail(flag, f"the --init checkpoint stopped inside epoch {start.epoch + 1}; another {k} would "
-                                  f"splice two sample orders: continue with the checkpoint's, or from one that "
-                                  f"ends an epoch")
+    value = {k: explicit[k] if explicit[k] is not None else r.flags.get(k, DEFAULTS[k]) for k in RESUMED}
+    _check_flags(args, parser, r, value)
     channels = args.channels or DEFAULTS["channels"]
     hidden = args.hidden or DEFAULTS["hidden"]
+    train_samples, batch = data.TRAIN_SAMPLES[value["dataset"]], value["batch_size"]
+    if batch > train_samples:
+        parser.fail("--batch-size", f"{batch} is larger than the training set ({train_samples} samples)")
+    cli.model_fits_or_fail(parser, channels, hidden, batch, (value["kernels"],), initialise=r.state is None)
+    steps_per_epoch = train_samples // batch
+    steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
+    planned = steps or args.epochs * steps_per_epoch  # (--steps 0 records the schedule of a run of --epochs)
+    by_epochs = args.steps is None or args.steps == 0  # (--steps 0 plans a run of --epochs for the schedule)
+    cli.fail_on(parser, sizes.steps_problem(r.start.step, planned, "--epochs" if by_epochs else "--steps",
+                                            steps_per_epoch if by_epochs else None))
+    if args.plot is not None:
+        cli.require_matplotlib(parser, "--plot")
+        cli.fits_host_or_fail(parser, "--plot", curves.plot_bytes(steps),
+                              f"drawing {steps:,} steps (the plot keeps every step's loss)")
+    state = r.state if r.state is not None else reference.init_state_dict(value["seed"], channels, hidden)
+    options = _optimizer(args, parser, r, given, value["lr"], start_step=r.start.step, steps=steps, planned=planned)
+    return Setup(channels=tuple(channels), hidden=hidden, state=state, start=r.start, steps=steps, optimizer=options,
+                 buffers=r.buffers if options.momentum else {}, **value)
+
+
+# flags that change nothing with --steps 0, which only writes the initial checkpoint
+NOT_WITH_STEPS_0 = ("metrics", "plot", "target_accuracy", "eager", "data_dir")
+
+
+def _refuse_flags_without_effect(parser, args, given: dict):
+    """A flag that cannot change anything with the other flags given is a usage error (the README's rule)."""
+    if args.steps == 0:
+        for key in NOT_WITH_STEPS_0:
+            if key in given:
+                parser.fail(_flag(key), "changes nothing with --steps 0, which only writes the initial checkpoint")
+    if args.steps and "epochs" in given:
+        parser.fail("--epochs", f"changes nothing with --steps {args.steps}, which trains {args.steps} steps "
+                                f"instead; give one of them")
+
+
+def _flag(key: str) -> str:
+    return "--" + key.replace("_", "-")
+
+
+def _resume(args, parser) -> Resumed:
+    """The --init checkpoint, checked: its model against --channels and --hidden, its record of the run."""
+    try:
+        state, meta, channels, hidden, buffers = checkpoint.load_model(args.init)
+    except checkpoint.CheckpointError as e:
+        parser.fail("--init", str(e))
+    for flag, value, theirs in (("--channels", args.channels, channels), ("--hidden", args.hidden, hidden)):
+        if value is not None and value != theirs:
+            parser.fail(flag, f"the --init checkpoint {args.init} holds a model with --channels "
+                              f"{channels[0]},{channels[1]} --hidden {hidden}; leave {flag} out to use it")
+    args.channels, args.hidden = channels, hidden
+    resumed = {k: meta[k] for k in RESUMED if k in meta}
+    problem = _bad_record(resumed, meta)
+    if problem is None and "tf32" in meta:  # a checkpoint from before --precision
+        resumed["precision"] = cli.precision_of(meta)
+    if problem:
+        parser.fail("--init", f"{args.init}'s record of the run is damaged ({problem}); start from a checkpoint "
+                              f"that --save wrote, or without --init")
+    start = _position(meta, resumed.get("batch_size", DEFAULTS["batch_size"]),
+                      data.TRAIN_SAMPLES[resumed.get("dataset", DEFAULTS["dataset"])])
+    return Resumed(state, buffers, resumed, meta.get("optimizer", {}), start)
+
+
+def _check_flags(args, parser, r: Resumed, value: dict):
+    """The resolved flags against each other, the checkpoint and the files."""
+    if r.start.sample:  # inside an epoch: its order must stay the one the checkpoint was trained on
+        for k in ("seed", "shuffle", "dataset"):
+            if value[k] != r.flags.get(k, DEFAULTS[k]):
+                parser.fail(_flag(k), f"the --init checkpoint stopped inside epoch {r.start.epoch + 1}; another {k} "
+                                      f"would splice two sample orders: continue with the checkpoint's, or from one "
+                                      f"that ends an epoch")
     if value["dataset"] not in data.DATASETS:
         parser.fail("--init", f"the checkpoint names an unknown dataset {value['dataset']!r}; give --dataset")
     if value["augment"] >= data.IMAGE_SIZE:
@@ -272,43 +346,40 @@ def check(args, parser: cli.Parser) -> Setup:
         parser.fail("--precision", f"{value['precision']} needs --kernels fast (the naive kernels compute in plain fp32)")
     if args.steps == 0 and args.save is None:
         parser.fail("--steps", "0 only writes the initial checkpoint, so it needs --save")
-    files = [(flag, path) for flag, path in (("--init", args.init), ("--save", args.save), ("--metrics", args.metrics),
-                                               ("--plot", args.plot)) if path is not None]
-    for i, (flag, path) in enumerate(files):
-        for other, other_path in files[i + 1:]:
-            if path.resolve() == other_path.resolve() and (flag, other) != ("--init", "--save"):
-                parser.fail(other, f"{other_path} is also the {flag} file; name another file")
-    train_samples, batch = data.TRAIN_SAMPLES[value["dataset"]], value["batch_size"]
-    if batch > train_samples:
-        parser.fail("--batch-size", f"{batch} is larger than the training set ({train_samples} samples)")
-    if batch * max(channels) * data.IMAGE_SIZE ** 2 >= 2 ** 31:
-        parser.fail("--batch-size", f"{batch} with {max(channels)} channels is too large for the kernels' "
-                                    f"32-bit indexing (batch x channels x 784 must stay below 2^31)")
-    if args.plot is not None:
-        cli.require_matplotlib(parser, "--plot")
-    if state is None:
-        state = reference.init_state_dict(value["seed"], channels, hidden)
-    steps_per_epoch = train_samples // batch
-    steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
-    given = {k: getattr(args, k) for k in optim.ARGUMENTS}
-    if given["schedule"] not in (None, resumed_optimizer.get("schedule")):  # a new schedule: none of the old one's
-        resumed_optimizer = {k: v for k, v in resumed_optimizer.items() if k not in optim.SCHEDULE_ARGUMENTS}
-    values = {k: given[k] if given[k] is not None else resumed_optimizer.get(k) for k in optim.ARGUMENTS}
+    cli.refuse_clashes(parser, inputs=[("--init", args.init)] + cli.data_inputs(value["dataset"], args.data_dir),
+                       outputs=[("--save", args.save), ("--metrics", args.metrics), ("--plot", args.plot)],
+                       allowed=[("--save", "--init")])
+
+
+def _optimizer(args, parser, r: Resumed, given: dict, lr: float, start_step: int, steps: int,
+               planned: int) -> optim.SGDOptions:
+    """SGD's options from the flags given, the recipe and the checkpoint's record; a flag given that changes
+    nothing is a usage error, a recorded value that changes nothing under the new flags is dropped."""
+    flags = {k: getattr(args, k) for k in optim.ARGUMENTS}
+    resumed = r.optimizer
+    if flags["schedule"] not in (None, resumed.get("schedule")):  # a new schedule: none of the old one's
+        resumed = {k: v for k, v in resumed.items() if k not in optim.SCHEDULE_ARGUMENTS}
+    values = {k: flags[k] if flags[k] is not None else resumed.get(k) for k in optim.ARGUMENTS}
+    problem = optim.unused(values, [k for k in optim.ARGUMENTS if k in given])
+    if problem:
+        parser.error(problem)
+    values = {k: None if optim.unused(values, [k]) else v for k, v in values.items()}
     # a schedule continued from --init keeps its length; a new one spans the steps trained so far and this run's
-    keep_total = values["schedule"] == resumed_optimizer.get("schedule") and given["schedule"] is None
-    planned = steps or args.epochs * steps_per_epoch  # (--steps 0 records the schedule of a run of --epochs)
-    total = resumed_optimizer.get("schedule_total", 0) if keep_total else start.step + planned
+    keep_total = values["schedule"] == resumed.get("schedule") and flags["schedule"] is None
+    total = resumed.get("schedule_total", 0) if keep_total else start_step + planned
     try:
-        options = optim.options_from(values, value["lr"], total)
+        options = optim.options_from(values, lr, total)
     except (ValueError, TypeError) as e:
         parser.error(str(e))
-    if options.schedule.kind in ("cosine", "onecycle") and start.step + steps > total:
+    if options.schedule.kind in ("cosine", "onecycle") and start_step + steps > total:
         parser.fail("--epochs" if args.steps is None else "--steps",
                     f"the {options.schedule.kind} schedule of {args.init} ends at step {total}; this run would train "
-                    f"to step {start.step + steps}: train at most {total - start.step} steps more, or give "
+                    f"to step {start_step + steps}: train at most {total - start_step} steps more, or give "
                     f"--schedule to start a new one")
-    return Setup(channels=tuple(channels), hidden=hidden, state=state, start=start, steps=steps, optimizer=options,
-                 buffers=buffers if options.momentum else {}, **value)
+    if args.steps == 0 and "epochs" in given and (keep_total or options.schedule.kind not in ("cosine", "onecycle")):
+        parser.fail("--epochs", "changes nothing with --steps 0 unless it sets the length of a new cosine or "
+                                "onecycle schedule")
+    return options
 
 
 def _bad_record(resumed: dict, meta: dict) -> str | None:
@@ -370,6 +441,8 @@ def train(args, parser) -> int:
         return 0
     cli.check_data_dir_or_exit(prog, s.dataset, args.data_dir)
     cli.gpu_or_exit(prog)  # before a download
+    cli.fits_gpu_or_exit(parser, s.channels, s.hidden, s.batch_size, s.kernels, s.precision,
+                         momentum=s.optimizer.momentum > 0, augment=s.augment > 0)
     arrays = cli.load_data_or_exit(prog, s.dataset, args.data_dir, args.quiet)
     from .nets import Parameters, make_net
     from .step import PHASES, Step, phase_times_ms
@@ -386,8 +459,10 @@ def train(args, parser) -> int:
     metrics = open(args.metrics, "a" if args.init else "w") if args.metrics else None
     from tqdm import tqdm
 
-    phase_events = []  # one list of len(PHASES) + 1 events per sampled step
-    records = []  # what --metrics writes, for --plot
+    phase_events = []  # one list of len(PHASES) + 1 events per sampled step of the chunk in progress
+    phase_sum, phase_count = np.zeros(len(PHASES)), 0  # the sampled steps' phase times so far, ms
+    plotted = []  # (steps, losses) of each chunk, for --plot
+    evals = []  # (step, epoch, test accuracy) of each epoch, for --plot
     at, saved = s.start, None  # where training stands; the last checkpoint written
     epoch = s.start.epoch  # the epoch in progress
     reached = None  # (epoch, training seconds, evaluation seconds) when --target-accuracy was reached
@@ -406,6 +481,9 @@ def train(args, parser) -> int:
                 bar.update(done - bar.n)
             losses = run_chunk(step, ds, chunk, first, progress, phase_events)
             epoch_seconds = time.perf_counter() - t0
+            times = phase_times_ms(phase_events)  # (the chunk's steps are done: this waits for nothing)
+            phase_sum, phase_count = phase_sum + times.sum(axis=0), phase_count + len(times)
+            phase_events.clear()
             train_seconds += epoch_seconds
             bar.close()
             at = chunk.end
@@ -415,7 +493,8 @@ def train(args, parser) -> int:
             lines = [{"step": first + j + 1, "epoch": chunk.epoch + 1, "loss": float(v)} for j, v in enumerate(losses)]
             lines.append({"step": at.step, "epoch": chunk.epoch + 1, "test_accuracy": accuracy})
             if args.plot:
-                records += lines
+                plotted.append((np.arange(first + 1, first + len(losses) + 1), losses))
+                evals.append((at.step, chunk.epoch + 1, accuracy))
             if metrics:
                 metrics.write("".join(json.dumps(d) + "\n" for d in lines))
                 metrics.flush()
@@ -439,8 +518,7 @@ def train(args, parser) -> int:
             metrics.close()
 
     done = at.step - s.start.step
-    times = phase_times_ms(phase_events)
-    phases = dict(zip(PHASES, times.mean(axis=0).tolist())) if len(times) else {}
+    phases = dict(zip(PHASES, (phase_sum / phase_count).tolist())) if phase_count else {}
     print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps{f' (step {at.step} in all)' if s.start.step else ''} "
           f"({s.dataset}, batch {s.batch_size}, lr {s.lr}{_optimizer_words(s.optimizer)}, seed {s.seed}"
           f"{f', images shifted by up to {s.augment} px' if s.augment else ''}"
@@ -448,7 +526,7 @@ def train(args, parser) -> int:
     print(f"training wall time {train_seconds:.2f} s, {done * s.batch_size / train_seconds:,.0f} img/s "
           f"({'eager launches' if args.eager else 'CUDA graph per step'}); evaluation {eval_seconds:.2f} s")
     if phases:
-        print(f"per-phase mean, {len(phase_events)} sampled steps, eager launches with CUDA events: "
+        print(f"per-phase mean, {phase_count} sampled steps, eager launches with CUDA events: "
               + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items())
               + (" (fast kernels: zero-grad is fused into the update)" if s.kernels == "fast" else ""))
     if args.target_accuracy is not None:
@@ -458,25 +536,29 @@ def train(args, parser) -> int:
     if args.save:
         print(f"checkpoint: {args.save}")
     if args.plot:
-        from . import curves
-        curves.plot_training(records, args.plot, title=f"{s.dataset}, batch {s.batch_size}, lr {s.lr}, seed {s.seed}")
+        run = curves.Curves(np.concatenate([st for st, _ in plotted]), np.concatenate([ls for _, ls in plotted]), evals)
+        curves.plot_training(run, args.plot, title=f"{s.dataset}, batch {s.batch_size}, lr {s.lr}, seed {s.seed}")
         print(f"plot: {args.plot}")
     return 0
 
 
 def _keep_metrics_until(path: Path, step: int):
     """A continued run appends to its metrics file: first drop the records of steps after the checkpoint (an
-    earlier continuation, or an epoch interrupted after its records were written), atomically."""
+    earlier continuation, or an epoch interrupted after its records were written), atomically, a line at a
+    time (the file may be long)."""
     if not path.is_file():
         return
-    kept = []
-    for line in path.read_text(errors="replace").splitlines(keepends=True):
-        try:
-            if json.loads(line)["step"] <= step:
-                kept.append(line)
-        except (ValueError, KeyError, TypeError):
-            kept.append(line)  # not ours to judge: leave it
-    cli.write_atomic(path, lambda f: f.write("".join(kept).encode()))
+
+    def copy_kept(out):
+        with open(path, errors="replace") as lines:
+            for line in lines:
+                try:
+                    keep = json.loads(line)["step"] <= step
+                except (ValueError, KeyError, TypeError):
+                    keep = True  # not ours to judge: leave it
+                if keep:
+                    out.write(line.encode())
+    cli.write_atomic(path, copy_kept)
 
 
 def _optimizer_words(o: optim.SGDOptions) -> str:

@@ -30,8 +30,23 @@ def one_line_usage_error(r, *words):
 @pytest.mark.parametrize("args,words", [
     (["--batch-size", "0"], ["--batch-size", "at least 1"]),
     (["--batch-size", "x"], ["--batch-size", "whole number"]),
-    (["--batch-size", "60001"], ["--batch-size", "larger than the training set"]),
-    (["--channels", "32,50000"], ["--batch-size", "32-bit indexing"]),
+    (["--batch-size", "60001"], ["--batch-size", "at most 60000 (the largest training set)"]),
+    (["--channels", "32,600000"], ["--channels", "at most 524,280"]),
+    (["--channels", "20000,20000"], ["--channels", "conv2's weight", "32-bit indexing"]),
+    (["--hidden", "1000000"], ["--hidden", "fc1's weight", "at most --hidden 684,784"]),
+    (["--batch-size", "50000"], ["--batch-size", "32-bit indexing", "at most batch 42,799"]),
+    (["--channels", "32,2000", "--batch-size", "2000"], ["--channels", "32-bit indexing"]),
+    (["--epochs", "3000000"], ["--epochs", "32-bit step counter", "at most 2,291,871 epochs"]),
+    (["--steps", str(2 ** 31)], ["--steps", "step counter is 32-bit"]),
+    (["--epochs", "40000", "--batch-size", "1"], ["--epochs", "32-bit step counter", "at most 35,791 epochs"]),
+    (["--lr", "-1e-3"], ["--lr", "positive"]),
+    (["--lr", "1e39"], ["--lr", "float32"]),
+    (["--epochs", "10", "--steps", "5"], ["--epochs", "changes nothing with --steps 5"]),
+    (["--gamma", "0.5"], ["--gamma needs --schedule step"]),
+    (["--schedule", "cosine", "--step-size", "3"], ["--step-size needs --schedule step"]),
+    (["--anneal", "linear"], ["--anneal needs --schedule onecycle"]),
+    (["--pct-start", "0.2", "--schedule", "cosine"], ["--pct-start needs --schedule onecycle"]),
+    (["--dampening", "0.1"], ["--dampening needs --momentum > 0"]),
     (["--lr", "-1"], ["--lr"]),
     (["--lr", "nan"], ["--lr"]),
     (["--lr", "inf"], ["--lr"]),
@@ -72,8 +87,8 @@ def test_damaged_records_and_clashes_with_init(tmp_path):
         path = checkpoint.save_checkpoint(tmp_path / "bad.npz", state, meta)
         one_line_usage_error(run_train("--init", str(path)), "--init", "damaged", word)
     ck = str(checkpoint.save_checkpoint(tmp_path / "ck.npz", state, {"step": 0}))
-    one_line_usage_error(run_train("--init", ck, "--metrics", ck), "--metrics", "also the --init file")
-    one_line_usage_error(run_train("--init", ck, "--plot", ck), "--plot", "also the --init file")
+    one_line_usage_error(run_train("--init", ck, "--metrics", ck), "--metrics", "is the file read as --init")
+    one_line_usage_error(run_train("--init", ck, "--plot", ck), "--plot", "is the file read as --init")
     one_line_usage_error(run_train("--save", "/dev/null"), "--save", "not a regular file")
 
 
@@ -147,7 +162,7 @@ def test_output_paths_that_are_folders_or_clash(tmp_path):
     (tmp_path / "file").write_text("")
     one_line_usage_error(run_train("--save", str(tmp_path / "file" / "m.npz")), "--save", "not a folder")
     same = str(tmp_path / "run.out")
-    one_line_usage_error(run_train("--save", same, "--metrics", same), "--metrics", "also the --save file")
+    one_line_usage_error(run_train("--save", same, "--metrics", same), "--metrics", "also written as --save")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")
@@ -253,15 +268,15 @@ def test_plan_continues_as_one_run():
     from mnist_cuda.train import Position, plan
     n, b = 1000, 64  # 15 steps per epoch, 40 samples dropped
     whole = [c.batches for c in plan(n, b, 3, True, Position(), 150)]
-    first = plan(n, b, 3, True, Position(), 60)
-    rest = plan(n, b, 3, True, first[-1].end, 90)
+    first = list(plan(n, b, 3, True, Position(), 60))
+    rest = list(plan(n, b, 3, True, first[-1].end, 90))
     assert first[-1].end == Position(60, 4, 0)
     flat = lambda chunks: np.concatenate([np.concatenate(c) for c in chunks])
     assert np.array_equal(flat(whole), flat([c.batches for c in first + rest]))
-    mid = plan(n, b, 3, True, Position(), 7)
+    mid = list(plan(n, b, 3, True, Position(), 7))
     assert mid[-1].end == Position(7, 0, 7 * b) and len(mid) == 1
     assert np.array_equal(flat(whole[:1])[:7 * b], flat([mid[0].batches]))
-    assert np.array_equal(flat(whole), flat([c.batches for c in mid + plan(n, b, 3, True, mid[-1].end, 143)]))
+    assert np.array_equal(flat(whole), flat([c.batches for c in mid + list(plan(n, b, 3, True, mid[-1].end, 143))]))
 
 
 def test_steps_zero_writes_the_initial_checkpoint(tmp_path):
