@@ -21,7 +21,8 @@ import numpy as np
 import kernel_cases as kc  # dev/kernel_cases.py: this file's folder is first on sys.path when run as a script
 from mnist_cuda import cuda
 
-from mnist_cuda.cli import Parser, batch_sizes, int_at_least, output_path, write_json
+from mnist_cuda.cli import Parser, batch_sizes, int_in_range, output_path, write_json
+from mnist_cuda.sizes import MAX_TIMED
 
 PROG = "bench_kernels.py"
 PER_GRAPH = 20  # launches per timed graph: Python's launch overhead stays out of the figure
@@ -54,8 +55,9 @@ def build_parser() -> Parser:
                    help="comma-separated batch sizes (default: 64,512)")
     p.add_argument("--filter", default="", metavar="TEXT",
                    help="only cases whose name contains TEXT, e.g. fast, naive or tf32 (default: every case)")
-    p.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed graph replays before timing (default: 5)")
-    p.add_argument("--repeat", type=int_at_least(1), default=200,
+    p.add_argument("--warmup", type=int_in_range(0, MAX_TIMED), default=5,
+                   help="untimed graph replays before timing (default: 5)")
+    p.add_argument("--repeat", type=int_in_range(1, MAX_TIMED), default=200,
                    help=f"timed runs per case and batch size, in graphs of {PER_GRAPH} (default: 200)")
     p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="also write the rows here")
     return p

@@ -17,13 +17,13 @@ section 5), batch 64, the shuffled batches of train.plan.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 
 from mnist_cuda import data, reference
-from mnist_cuda.cli import (Parser, int_at_least, learning_rate, load_data_or_exit, output_path, seed,
-                            write_json)
+from mnist_cuda.cli import (SEED_MAX, Parser, data_inputs, existing_dir, int_in_range, learning_rate, load_data_or_exit,
+                            output_path, refuse_clashes, seed, write_json)
+from mnist_cuda.sizes import MAX_BATCH, MAX_TIMED
 
 PROG = "bf16_distance.py"
 FIRST = 50  # the parity run's first window
@@ -31,11 +31,12 @@ FIRST = 50  # the parity run's first window
 
 def build_parser():
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (else $MNIST_DATA_DIR, ./data)")
-    p.add_argument("--steps", type=int_at_least(1), default=200, help="training steps per run")
-    p.add_argument("--batch-size", type=int_at_least(2), default=64, help="samples per step")
+    p.add_argument("--data-dir", type=existing_dir, default=None,
+                   help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)")
+    p.add_argument("--steps", type=int_in_range(1, MAX_TIMED), default=200, help="training steps per run")
+    p.add_argument("--batch-size", type=int_in_range(2, MAX_BATCH), default=64, help="samples per step")
     p.add_argument("--lr", type=learning_rate, default=0.002, help="plain SGD's learning rate")
-    p.add_argument("--seeds", type=int_at_least(1), default=3, help="seeds 0.. to run")
+    p.add_argument("--seeds", type=int_in_range(1, 1000), default=3, help="how many seeds to run, from --first-seed on")
     p.add_argument("--first-seed", type=seed, default=0, help="the first seed")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     return p
@@ -69,7 +70,11 @@ def distance(a, b) -> dict:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.first_seed + args.seeds - 1 > SEED_MAX:
+        parser.fail("--seeds", f"{args.seeds} seeds from {args.first_seed} pass the last seed, {SEED_MAX}")
+    refuse_clashes(parser, inputs=data_inputs("mnist", args.data_dir), outputs=[("--out", args.out)])
     try:
         import torch
     except ImportError:

@@ -29,7 +29,8 @@ import sys
 
 import numpy as np
 
-from mnist_cuda.cli import Parser, int_at_least, output_path, write_json, gpu_or_exit
+from mnist_cuda.cli import Parser, int_in_range, output_path, write_json, gpu_or_exit
+from mnist_cuda.sizes import MAX_BLOCK_THREADS, MAX_TIMED
 
 PROG = "grid_barrier.py"
 SOURCE = r"""
@@ -131,9 +132,10 @@ extern "C" __global__ void cooperative_rounds(unsigned rounds, unsigned* sync, u
 
 def build_parser():
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--rounds", type=int_at_least(10), default=2000, help="barriers per timed kernel")
-    p.add_argument("--repeats", type=int_at_least(1), default=15, help="timed kernels per design; the median counts")
-    p.add_argument("--threads", type=int_at_least(32), default=256,
+    p.add_argument("--rounds", type=int_in_range(10, MAX_TIMED), default=2000, help="barriers per timed kernel")
+    p.add_argument("--repeats", type=int_in_range(1, MAX_TIMED), default=15,
+                   help="timed kernels per design; the median counts")
+    p.add_argument("--threads", type=int_in_range(32, MAX_BLOCK_THREADS), default=256,
                    help="threads per block: a multiple of 32, at most 1024 (two blocks per SM must fit at once)")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     return p

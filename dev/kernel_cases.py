@@ -10,6 +10,8 @@ unwritten element fails, and returns a Prepared:
     expected   {name: float64 / integer host array} from mnist_cuda.reference,
     work       (flops, bytes): the floor's two numbers, for the benchmark.
 
+Run as a script, it lists the cases by op family (python dev/kernel_cases.py [--family F]); no GPU needed.
+
 A case's name is the kernel it checks (several joined by "+"), with conv2's precision in angle brackets
 as in the kernel's template instantiation ("conv2_forward_fast<tf32>") and the layer whose geometry it
 takes in square brackets. Case.ops names the op families the case covers; OPS groups the cases by them.
@@ -17,6 +19,7 @@ takes in square brackets. Case.ops names the op families the case covers; OPS gr
 from __future__ import annotations
 
 import dataclasses
+import sys
 from typing import Callable
 
 import numpy as np
@@ -924,3 +927,20 @@ def check(prepared: Prepared) -> dict[str, float]:
         else:
             errors[name] = rel_err(got, want)
     return errors
+
+
+def main(argv=None) -> int:
+    from mnist_cuda.cli import Parser
+    p = Parser(prog="kernel_cases.py",
+               description="List the kernel cases (every kernel against the float64 reference) by op family. "
+                           "tests/test_gpu_kernels.py runs them on a GPU; dev/bench_kernels.py times them.")
+    p.add_argument("--family", choices=FAMILIES, default=None, help="list this op family's cases only")
+    args = p.parse_args(argv)
+    for family, cases in OPS.items():
+        if args.family in (None, family):
+            print(f"{family}: " + ", ".join(c.name + (" (sm_90a)" if c.sm90a else "") for c in cases))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

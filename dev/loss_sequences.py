@@ -13,12 +13,13 @@ hidden 33) for each version, which exercises partial tiles and odd batch sizes.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+from mnist_cuda.cli import Parser, existing_dir, input_file, output_path, refuse_clashes, write_atomic
 
 VERSIONS = {"naive": ["--kernels", "naive"], "fast": ["--kernels", "fast"],
             "tf32": ["--kernels", "fast", "--tf32"], "bf16": ["--kernels", "fast", "--precision", "bf16"]}
@@ -52,6 +53,10 @@ def record(out_dir: Path, data_dir: Path | None, only: str) -> int:
     return 1 if failed else 0
 
 
+class NotARecording(Exception):
+    pass
+
+
 def load(recording: Path) -> dict[str, bytes]:
     """{run file name: its bytes} of a recording folder, or of a bundle written by `bundle`."""
     if recording.is_dir():
@@ -60,7 +65,7 @@ def load(recording: Path) -> dict[str, bytes]:
         runs = [json.loads(line) for line in recording.read_text().splitlines() if line.strip()]
         return {r["run"]: r["metrics"].encode() for r in runs}
     except (ValueError, KeyError, TypeError, UnicodeDecodeError):
-        raise SystemExit(f"loss_sequences: {recording} is neither a recording folder nor a bundle") from None
+        raise NotARecording(f"{recording} is neither a recording folder nor a bundle") from None
 
 
 def bundle(folder: Path, out: Path) -> int:
@@ -68,7 +73,8 @@ def bundle(folder: Path, out: Path) -> int:
     if not runs:
         print(f"loss_sequences: no .jsonl files in {folder}", file=sys.stderr)
         return 2
-    out.write_text("".join(json.dumps({"run": name, "metrics": text.decode()}) + "\n" for name, text in runs.items()))
+    text = "".join(json.dumps({"run": name, "metrics": text.decode()}) + "\n" for name, text in runs.items())
+    write_atomic(out, lambda f: f.write(text.encode()))
     print(f"{len(runs)} runs bundled in {out}")
     return 0
 
@@ -91,32 +97,39 @@ def compare(before: Path, after: Path) -> int:
     return 1 if differ else 0
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    sub = p.add_subparsers(dest="command", required=True)
+def recording(text: str) -> Path:
+    """A recording folder or a bundle file."""
+    return existing_dir(text) if Path(text).is_dir() else input_file(text)
+
+
+def build_parser() -> Parser:
+    p = Parser(prog="loss_sequences.py", description=__doc__.split("\n")[0])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=Parser)
     r = sub.add_parser("record", help="run every case and write DIR/<case>.jsonl")
     r.add_argument("dir", type=Path, help="folder for the metrics files (created)")
-    r.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (passed to the trainer)")
+    r.add_argument("--data-dir", type=existing_dir, default=None, help="the MNIST files (passed to the trainer)")
     r.add_argument("--only", default="", help="only the cases whose name contains this")
     c = sub.add_parser("compare", help="compare the metrics files of two recordings byte for byte")
-    c.add_argument("before", type=Path, help="a recording folder or bundle")
-    c.add_argument("after", type=Path, help="a recording folder or bundle")
+    c.add_argument("before", type=recording, help="a recording folder or bundle")
+    c.add_argument("after", type=recording, help="a recording folder or bundle")
     b = sub.add_parser("bundle", help="write the runs of a recording folder into one file")
-    b.add_argument("dir", type=Path, help="a recording folder")
-    b.add_argument("file", type=Path, help="the bundle to write (.jsonl)")
+    b.add_argument("dir", type=existing_dir, help="a recording folder")
+    b.add_argument("file", type=output_path, help="the bundle to write (.jsonl)")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if args.command == "record":
         return record(args.dir, args.data_dir, args.only)
-    if args.command == "bundle":
-        if not args.dir.is_dir():
-            p.error(f"{args.dir} is not a folder")
-        if not args.file.parent.is_dir():
-            p.error(f"the folder {args.file.parent} does not exist")
-        return bundle(args.dir, args.file)
-    for d in (args.before, args.after):
-        if not d.exists():
-            p.error(f"{d} does not exist")
-    return compare(args.before, args.after)
+    try:
+        if args.command == "bundle":
+            refuse_clashes(p, inputs=[("DIR", sorted(args.dir.glob("*.jsonl")))], outputs=[("FILE", args.file)])
+            return bundle(args.dir, args.file)
+        return compare(args.before, args.after)
+    except NotARecording as e:
+        p.error(str(e))
 
 
 if __name__ == "__main__":

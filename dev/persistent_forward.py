@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from mnist_cuda.cli import (Parser, gpu_or_exit, int_at_least, load_data_or_exit, non_negative, output_path, seed,
-                            write_json)
+from mnist_cuda.cli import (Parser, data_inputs, existing_dir, gpu_or_exit, int_in_range, load_data_or_exit,
+                            non_negative_at_most, output_path, refuse_clashes, seed, write_json)
+from mnist_cuda.sizes import MAX_SECONDS, MAX_TIMED
 
 PROG = "persistent_forward.py"
 BATCH = 64
@@ -44,10 +44,13 @@ STAGES = ("setup: BN1 statistics, the image", "conv1 (first form only)", "conv2 
 
 def build_parser():
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (else the cache or a download)")
+    p.add_argument("--data-dir", type=existing_dir, default=None,
+                   help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)")
     p.add_argument("--seed", type=seed, default=0, help="the initial weights (reference.init_state_dict)")
-    p.add_argument("--windows", type=int_at_least(5), default=50, help="timed windows of 10 replays per graph")
-    p.add_argument("--warmup-seconds", type=non_negative, default=1.0, help="untimed replays for at least this long first")
+    p.add_argument("--windows", type=int_in_range(5, MAX_TIMED), default=50,
+                   help="timed windows of 10 replays per graph")
+    p.add_argument("--warmup-seconds", type=non_negative_at_most(MAX_SECONDS), default=1.0,
+                   help="untimed replays for at least this long first")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     return p
 
@@ -109,7 +112,9 @@ def rel_err(got, want) -> float:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    refuse_clashes(parser, inputs=data_inputs("mnist", args.data_dir), outputs=[("--out", args.out)])
     gpu_or_exit(PROG)
     train_x, train_y, _, _ = load_data_or_exit(PROG, "mnist", args.data_dir, quiet=True)
     images_u8 = np.ascontiguousarray(train_x[:BATCH]).reshape(BATCH, 1, 28, 28)

@@ -17,7 +17,8 @@ import numpy as np
 from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
-from mnist_cuda.cli import Parser, add_precision_arguments, int_at_least
+from mnist_cuda.cli import Parser, add_precision_arguments, int_in_range
+from mnist_cuda.sizes import MAX_BATCH, MAX_TIMED
 from mnist_cuda.train import DEFAULTS
 
 PROG = "profile_step.py"
@@ -25,8 +26,8 @@ PROG = "profile_step.py"
 
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
-    p.add_argument("--batch-size", type=int_at_least(1), default=64, help="samples per step")
-    p.add_argument("--steps", type=int_at_least(1), default=10, help="training steps to run")
+    p.add_argument("--batch-size", type=int_in_range(1, MAX_BATCH), default=64, help="samples per step")
+    p.add_argument("--steps", type=int_in_range(1, MAX_TIMED), default=10, help="training steps to run")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="kernel version")
     add_precision_arguments(p, "default: fp32")
     return p

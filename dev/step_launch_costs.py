@@ -24,7 +24,8 @@ from mnist_cuda import cuda, data, reference
 from mnist_cuda.nets import Parameters, make_net
 from mnist_cuda.step import SLOTS, Step
 
-from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_at_least, output_path, write_json
+from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_in_range, output_path, write_json
+from mnist_cuda.sizes import MAX_TIMED
 
 PROG = "step_launch_costs.py"
 COPY = "load (host-to-device copy)"
@@ -141,7 +142,7 @@ def random_batches(step: Step):
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
-    p.add_argument("--reps", type=int_at_least(10), default=200, help="graph replays per timing round")
+    p.add_argument("--reps", type=int_in_range(10, MAX_TIMED), default=200, help="graph replays per timing round")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     add_precision_arguments(p, "default: fp32")
     return p

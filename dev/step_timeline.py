@@ -24,7 +24,8 @@ import numpy as np
 
 from mnist_cuda import cuda
 from mnist_cuda.step import SLOTS, Step
-from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_at_least, output_path, write_json
+from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_in_range, output_path, write_json
+from mnist_cuda.sizes import MAX_TIMED
 # (dev/step_launch_costs.py: this file's folder is first on sys.path when run as a script)
 from step_launch_costs import default_params, fast_nets, gpu_or_exit, random_batches
 
@@ -120,8 +121,10 @@ def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
     add_precision_arguments(p, "default: fp32")
-    p.add_argument("--rounds", type=int_at_least(1), default=20, help="bursts of steps; the figures are medians")
-    p.add_argument("--steps", type=int_at_least(4), default=12, help="step graphs replayed back to back per round")
+    p.add_argument("--rounds", type=int_in_range(1, MAX_TIMED), default=20,
+                   help="bursts of steps; the figures are medians")
+    p.add_argument("--steps", type=int_in_range(4, MAX_TIMED), default=12,
+                   help="step graphs replayed back to back per round")
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     return p
 

@@ -11,25 +11,35 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, output_path, write_json
+from mnist_cuda.cli import (Parser, add_precision_arguments, batch_sizes, data_inputs, existing_dir, int_in_range,
+                            non_negative_at_most, output_path, refuse_clashes, write_json)
+from mnist_cuda.sizes import MAX_SECONDS, MAX_TIMED
 
 WINDOW = 10
 
 
-def main(argv=None) -> int:
-    p = Parser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (else the cache or a download)")
+def build_parser() -> Parser:
+    p = Parser(prog="time_step.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", type=existing_dir, default=None,
+                   help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)")
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated")
-    p.add_argument("--steps", type=int, default=500, help="timed steps per batch size (a multiple of 10)")
-    p.add_argument("--warmup-seconds", type=float, default=1.0, help="untimed steps for at least this long first")
+    p.add_argument("--steps", type=int_in_range(WINDOW, MAX_TIMED), default=500,
+                   help="timed steps per batch size (whole windows of 10 are timed)")
+    p.add_argument("--warmup-seconds", type=non_negative_at_most(MAX_SECONDS), default=1.0,
+                   help="untimed steps for at least this long first")
     p.add_argument("--kernels", choices=("naive", "fast"), default="fast", help="kernel version")
     add_precision_arguments(p, "default: fp32")
     p.add_argument("--json", type=output_path, default=None, help="also write the medians here")
+    return p
+
+
+def main(argv=None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
+    refuse_clashes(p, inputs=data_inputs("mnist", args.data_dir), outputs=[("--json", args.json)])
     from mnist_cuda import cuda, data, reference
     try:
         cp = cuda.require_gpu()

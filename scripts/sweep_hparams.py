@@ -13,12 +13,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-from mnist_cuda import cuda, data, reference, train
-from mnist_cuda.cli import Parser, int_at_least, learning_rate, output_path, write_json
+from mnist_cuda import cuda, data, reference, sizes, train
+from mnist_cuda.cli import (Parser, shorten, data_inputs, existing_dir, fail_on, fits_gpu_or_exit, int_in_range,
+                            learning_rate, output_path, refuse_clashes, seed, write_json)
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
 
@@ -31,21 +31,19 @@ def parse_configs(text):
     """BATCH:LR pairs, each checked as the trainer checks --batch-size and --lr."""
     try:
         pairs = [c.split(":") for c in text.split(",")]
-        return [(int_at_least(1)(b), learning_rate(lr)) for b, lr in pairs]
+        return [(int_in_range(1, sizes.MAX_BATCH)(b), learning_rate(lr)) for b, lr in pairs]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BATCH:LR pairs like 64:0.05,32:0.02, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected BATCH:LR pairs like 64:0.05,32:0.02, got "
+                                         f"{shorten(text)!r}") from None
     except argparse.ArgumentTypeError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: {e}") from None
+        raise argparse.ArgumentTypeError(f"{shorten(text)!r}: {e}") from None
 
 
 def parse_seeds(text):
     try:
-        seeds = [int(s) for s in text.split(",")]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected whole numbers like 0,1,2, got {text!r}") from None
-    if min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"seeds must be >= 0, got {text!r}")
-    return seeds
+        return [seed(s) for s in text.split(",")]
+    except argparse.ArgumentTypeError as e:
+        raise argparse.ArgumentTypeError(f"{shorten(text)!r}: {e}") from None
 
 
 def run(ds, batch, lr, seed, epochs, version) -> list[float]:
@@ -66,34 +64,44 @@ def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--configs", type=parse_configs, default=f"{D['batch_size']}:{D['lr']}", metavar="B:LR,...",
                    help="comma-separated BATCH:LR settings to train")
-    p.add_argument("--epochs", type=int_at_least(1), default=D["epochs"], help="epochs per run")
+    p.add_argument("--epochs", type=int_in_range(1, sizes.MAX_STEPS), default=D["epochs"], help="epochs per run")
     p.add_argument("--seeds", type=parse_seeds, default="0,1,2", metavar="S,...",
                    help="comma-separated seeds: one run of each setting per seed (initialisation and shuffling)")
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default=D["dataset"], help="dataset to train on")
-    p.add_argument("--data-dir", type=Path, default=None,
+    p.add_argument("--data-dir", type=existing_dir, default=None,
                    help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="kernel version")
     p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="also write the accuracies here")
     return p
 
 
+def check(p: Parser, args) -> None:
+    """Every setting checked before any work: a usage error now, not after the other settings' runs."""
+    train_samples = data.TRAIN_SAMPLES[args.dataset]
+    for batch, _ in args.configs:
+        if batch > train_samples:
+            p.fail("--configs", f"batch size {batch} is larger than the training set ({train_samples})")
+        fail_on(p, sizes.batch_problem(CHANNELS, HIDDEN, batch, "--configs", (args.kernels,)))
+        fail_on(p, sizes.steps_problem(0, args.epochs * (train_samples // batch), "--epochs", train_samples // batch))
+    refuse_clashes(p, inputs=data_inputs(args.dataset, args.data_dir), outputs=[("--json", args.json)])
+
+
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    check(p, args)
     try:
         cuda.require_gpu()
-        ds = data.load(args.dataset, args.data_dir, empty=cuda.pinned_empty, progress=False)
-    except (cuda.GPUUnavailable, data.DataError) as e:
+    except cuda.GPUUnavailable as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
-    params = Parameters(CHANNELS, HIDDEN)
-    for batch, _ in args.configs:  # a usage error now, not after the other settings' runs
-        if batch > len(ds.train_x):
-            p.error(f"argument --configs: batch size {batch} is larger than the training set ({len(ds.train_x)})")
-        try:
-            make_net(params, batch, args.kernels)
-        except ValueError as e:
-            p.error(f"argument --configs: {e}")
+    for batch, _ in args.configs:
+        fits_gpu_or_exit(p, CHANNELS, HIDDEN, batch, args.kernels, "fp32", batch_flag="--configs")
+    try:
+        ds = data.load(args.dataset, args.data_dir, empty=cuda.pinned_empty, progress=False)
+    except data.DataError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
     results = []
     for batch, lr in args.configs:
         t0 = time.perf_counter()

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
 from mnist_cuda import cuda, data, optim, reference, train
-from mnist_cuda.cli import Parser, output_path, write_json
+from mnist_cuda.cli import Parser, data_inputs, existing_dir, output_path, refuse_clashes, write_json
 from mnist_cuda.nets import Parameters, make_net
 from mnist_cuda.step import Step
 
@@ -75,14 +74,17 @@ def time_to(r: dict, target: float):
 
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=Path, default=None, help="the MNIST files (else the cache or a download)")
+    p.add_argument("--data-dir", type=existing_dir, default=None,
+                   help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)")
     p.add_argument("--which", choices=("fast", "best", "both"), default="both", help="which recipe to search")
     p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="write every run's figures here")
     return p
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    refuse_clashes(parser, inputs=data_inputs("mnist", args.data_dir), outputs=[("--json", args.json)])
     try:
         cuda.require_gpu()
         ds = data.load("mnist", args.data_dir, empty=cuda.pinned_empty, progress=False)
