@@ -13,9 +13,13 @@ mnist_cuda/ops' business.
 """
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import functools
+import os
 import re
+import sys
+import threading
 from pathlib import Path
 from typing import Callable
 
@@ -138,6 +142,10 @@ class Source:
             self.kernels[name] = Kernel(self, name)
         return self.kernels[name]
 
+    def loaded(self) -> bool:
+        """Whether this source's module and every kernel of it are loaded."""
+        return self._module is not None and all(k._fn is not None for k in self.kernels.values())
+
     def module(self):
         if self._module is None:
             cupy = require_gpu()
@@ -191,12 +199,41 @@ def use_arch_specific(on: bool):
         s._module = None
 
 
-def preload():
-    """Compile and load every declared kernel now (before timing, and before a graph capture, during
-    which loading a module is not allowed)."""
-    for s in _sources.values():
-        for k in s.kernels.values():
-            k.function()
+# Loading a cubin from CuPy's kernel cache takes milliseconds; compiling takes seconds. Where loading takes
+# longer than this, the kernels are being compiled (a first run, or a new CuPy or CUDA), and one line says so.
+COMPILE_NOTICE_SECONDS = 0.5
+
+
+def preload(sources=None):
+    """Compile and load the kernels of `sources` (default: every declared source) now: before timing, and
+    before a graph capture, during which loading a module is not allowed. The sources not loaded yet compile
+    side by side in threads, up to one per CPU (NVRTC's compile releases the GIL); where that takes a while,
+    one line on stderr says what is happening."""
+    todo = [s for s in (_sources.values() if sources is None else sources) if not s.loaded()]
+    if not todo:
+        return
+    cupy = require_gpu()
+    device = cupy.cuda.Device()
+    arch = device.compute_capability + ("a" if _arch_options(cupy) else "")
+
+    def load(source):
+        with cupy.cuda.Device(device.id):
+            cupy.cuda.runtime.free(0)  # makes the device's context current in this thread: modules load into it
+            for k in source.kernels.values():
+                k.function()
+
+    kernels = sum(len(s.kernels) for s in todo)
+    notice = threading.Timer(COMPILE_NOTICE_SECONDS, print, (f"compiling {kernels} CUDA kernels ({len(todo)} sources) "
+                                                             f"for sm_{arch} (first run only; cached after)",),
+                             {"file": sys.stderr, "flush": True})
+    notice.daemon = True
+    notice.start()
+    try:
+        workers = max(2, min(len(todo), os.cpu_count() or 1))
+        with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+            list(pool.map(load, todo))
+    finally:
+        notice.cancel()
 
 
 # ---- launches -----------------------------------------------------------------------------------
@@ -301,10 +338,11 @@ class SideStream:
             self.pending = False
 
 
-def capture(*work):
-    """Capture the launches of the callables `work` as one CUDA graph (replay: graph.launch(stream))."""
+def capture(*work, sources=None):
+    """Capture the launches of the callables `work` as one CUDA graph (replay: graph.launch(stream)). sources:
+    the kernel sources they launch from (default: every declared source)."""
     cp = require_gpu()
-    preload()  # module loading is not allowed while a stream is capturing
+    preload(sources)  # module loading is not allowed while a stream is capturing
     stream = cp.cuda.Stream(non_blocking=True)
     with stream:
         stream.begin_capture()

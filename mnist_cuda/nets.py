@@ -389,6 +389,19 @@ class FastNet(_Net):
                 "fc1": self.fc1_out[:n].get() > 0}
 
 
+def kernel_sources(kernels: str | None) -> list[cuda.Source]:
+    """The kernel sources a step and the evaluation of a net of `kernels` launch from, the ones
+    mnist_cuda.cuda.preload compiles for it: its folder's (kernels/naive/ or kernels/fast/) and the naive
+    ones every net shares (the accuracy count, the optimizer's schedule, the augmentation's shift); every
+    declared source for None."""
+    if kernels is None:
+        return cuda.sources()
+    if kernels not in KERNEL_VERSIONS:
+        raise ValueError(f"unknown kernel version {kernels!r}; choose from {KERNEL_VERSIONS}")
+    own = [s for s in cuda.sources() if s.path.startswith(f"{kernels}/")]
+    return list(dict.fromkeys(own + list(naive.SHARED_SOURCES)))
+
+
 def make_net(params: Parameters, batch_size: int, kernels: str = "fast", precision: str = "fp32"):
     """The net of a kernel version ("naive" or "fast") at a precision of PRECISIONS (tf32 and bf16: fast only)."""
     if kernels not in KERNEL_VERSIONS:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import cuda, data, ops, optim
+from . import cuda, data, nets, ops, optim
 from .nets import SLOTS
 
 PHASES = ("load", "forward", "backward", "update", "zero_grad")
@@ -68,7 +68,8 @@ class Step:
         self.graphs = self.phase_graphs = None
         self.prefetched_step = None  # the step whose batch the last graph loaded (any other step loads its own)
         self.count = first_step  # steps run (a resumed run counts on): the next step's slot is count % 2
-        cuda.preload()
+        self.sources = nets.kernel_sources(getattr(net, "version", None))  # what this step launches from
+        cuda.preload(self.sources)
 
     # ---- the phases ---------------------------------------------------------------------------
 
@@ -105,7 +106,7 @@ class Step:
         device buffer."""
         _, forward, backward, update, zero_grad = self.phases(slot)
         load_next = lambda: self.prefetch.run(lambda: self.load(1 - slot, self.batch_size))
-        return cuda.capture(load_next, forward, backward, update, zero_grad, self.prefetch.join)
+        return cuda.capture(load_next, forward, backward, update, zero_grad, self.prefetch.join, sources=self.sources)
 
     # ---- one step -----------------------------------------------------------------------------
 
@@ -124,7 +125,8 @@ class Step:
                     events[0].record(self.stream)
                 if mode == "phases":
                     if self.phase_graphs is None:
-                        self.phase_graphs = [[cuda.capture(ph) for ph in self.phases(s)] for s in range(SLOTS)]
+                        self.phase_graphs = [[cuda.capture(ph, sources=self.sources) for ph in self.phases(s)]
+                                             for s in range(SLOTS)]
                     work = [lambda g=g: g.launch(self.stream) for g in self.phase_graphs[slot]]
                 else:
                     work = self.phases(slot)

@@ -354,3 +354,70 @@ def test_conv2_staged_weights_must_fit_their_form():
         conv2.forward(None, stacked, None, 1, 32, 70, "fp32", "forward")
     with pytest.raises(ValueError, match="unknown precision"):
         conv2.tile_channels("forward_stacked", "fp64")
+
+
+# ---- what a run compiles ---------------------------------------------------------------------------------
+
+
+def test_a_net_compiles_only_the_sources_it_launches_from():
+    """A step of the fast net compiles kernels/fast/ and the three naive sources it shares (the accuracy count,
+    the optimizer's schedule, the augmentation's shift), not the naive net's; every naive function that the
+    fast net, the step runner or the optimizer calls launches from one of those."""
+    import inspect
+
+    from mnist_cuda import nets, optim, step
+    from mnist_cuda.ops import naive
+    fast = {s.path for s in nets.kernel_sources("fast")}
+    assert {p for p in SOURCES if p.startswith("fast/")} <= fast
+    assert fast - {p for p in SOURCES if p.startswith("fast/")} == {"naive/cross_entropy.cu", "naive/sgd.cu",
+                                                                    "naive/shift.cu"}
+    assert {s.path for s in nets.kernel_sources("naive")} == {p for p in SOURCES if p.startswith("naive/")}
+    assert {s.path for s in nets.kernel_sources(None)} == set(SOURCES)
+    callers = "".join(inspect.getsource(c) for c in (nets._Net, nets.FastNet, step.Step, optim.Optimizer))
+    called = set(re.findall(r"naive\.(\w+)\(", callers))
+    assert {"count_correct", "sgd_schedule", "shift_images"} <= called
+    for function in called:
+        for kernel in re.findall(r'_k\["(\w+)"\]', inspect.getsource(getattr(naive, function))):
+            assert naive._k[kernel].source.path in fast, (function, kernel)
+
+
+class _SlowKernel:
+    def __init__(self, seconds):
+        self.seconds, self._fn = seconds, None
+
+    def function(self):
+        import time
+        time.sleep(self.seconds)  # as NVRTC's compile, it lets the other threads run
+        self._fn = object()
+
+
+class _Source:
+    def __init__(self, seconds, kernels=2):
+        self.kernels = {f"k{i}": _SlowKernel(seconds) for i in range(kernels)}
+
+    def loaded(self):
+        return all(k._fn is not None for k in self.kernels.values())
+
+
+def _fake_cupy():
+    import contextlib
+    import types
+    device = types.SimpleNamespace(id=0, compute_capability="90")
+    runtime = types.SimpleNamespace(free=lambda pointer: None)
+    return types.SimpleNamespace(cuda=types.SimpleNamespace(
+        Device=lambda *a: contextlib.nullcontext() if a else device, runtime=runtime))
+
+
+def test_preload_compiles_side_by_side_and_says_so_when_it_takes_a_while(monkeypatch, capsys):
+    import time
+    monkeypatch.setattr(cuda, "require_gpu", _fake_cupy)
+    monkeypatch.setattr(cuda, "COMPILE_NOTICE_SECONDS", 0.2)
+    slow = [_Source(0.3, kernels=1) for _ in range(4)]
+    start = time.perf_counter()
+    cuda.preload(slow)
+    seconds = time.perf_counter() - start
+    assert all(s.loaded() for s in slow) and seconds < 4 * 0.3 - 0.1, seconds  # not one after another
+    err = capsys.readouterr().err
+    assert err == "compiling 4 CUDA kernels (4 sources) for sm_90a (first run only; cached after)\n", err
+    cuda.preload([_Source(0.0) for _ in range(3)] + slow)  # from the cache: quick, and nothing said
+    assert capsys.readouterr().err == ""

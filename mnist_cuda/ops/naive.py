@@ -20,6 +20,9 @@ _linear = source("naive/linear.cu")
 _cross_entropy = source("naive/cross_entropy.cu")
 _sgd = source("naive/sgd.cu")
 _shift = source("naive/shift.cu", IMAGE_SIZE=data.IMAGE_SIZE)
+# the naive sources the fast net launches from as well: the accuracy count (cross_entropy.cu), the optimizer's
+# schedule (sgd.cu) and the augmentation's shift (shift.cu)
+SHARED_SOURCES = (_cross_entropy, _sgd, _shift)
 
 _k = {name: src.kernel(name) for src, names in [
     (_normalize, ["normalize_naive"]),
