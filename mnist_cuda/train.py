@@ -68,14 +68,29 @@ class Chunk:
     end: Position
 
 
-def plan(n_samples: int, batch_size: int, seed: int, shuffle: bool, start: Position, steps: int) -> Iterator[Chunk]:
-    """The batches of `steps` steps from `start`, one chunk per epoch touched, each made as it is asked for
-    (a long run holds one epoch's order at a time). An epoch's order is a permutation seeded by (seed, epoch)
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The batches of `steps` steps from `start`, one chunk per epoch touched, each made as it is asked for:
+    a long run holds one epoch's order at a time, and each iteration makes the same chunks afresh (the
+    comparison runs one plan on each side). An epoch's order is a permutation seeded by (seed, epoch)
     (data.epoch_order) and drops its partial last batch, so a run continued from a checkpoint trains the same
     batches as one run that never stopped."""
+    n_samples: int
+    batch_size: int
+    seed: int
+    shuffle: bool
+    start: Position
+    steps: int
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return _chunks(self.n_samples, self.batch_size, self.seed, self.shuffle, self.start, self.steps)
+
+
+def plan(n_samples: int, batch_size: int, seed: int, shuffle: bool, start: Position, steps: int) -> Plan:
+    """The Plan of `steps` steps from `start` (ValueError for a batch larger than the training set)."""
     if batch_size > n_samples:
         raise ValueError(f"batch size {batch_size} is larger than the training set ({n_samples} samples)")
-    return _chunks(n_samples, batch_size, seed, shuffle, start, steps)
+    return Plan(n_samples, batch_size, seed, shuffle, start, steps)
 
 
 def _chunks(n_samples, batch_size, seed, shuffle, start: Position, steps: int) -> Iterator[Chunk]:

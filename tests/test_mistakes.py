@@ -232,12 +232,15 @@ def test_the_plan_holds_one_epoch_at_a_time():
     import tracemalloc
     from mnist_cuda.train import Position, plan
     tracemalloc.start()
-    chunks = plan(1000, 1, 0, True, Position(), 1_000_000)  # 1000 epochs of 1000 steps
+    run = plan(1000, 1, 0, True, Position(), 1_000_000)  # 1000 epochs of 1000 steps
+    chunks = iter(run)
     first, second = next(chunks), next(chunks)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert len(first.batches) == len(second.batches) == 1000 and second.end == Position(2000, 2, 0)
     assert peak < 2 << 20, f"{peak >> 20} MB"
+    again = next(iter(run))  # each iteration makes the same chunks afresh (the comparison's sides share a plan)
+    assert again.end == first.end and all(np.array_equal(a, b) for a, b in zip(again.batches, first.batches))
 
 
 def test_sizes_are_derived_from_the_kernels_limits():
