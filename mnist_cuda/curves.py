@@ -135,7 +135,6 @@ def draw(args, p) -> int:
     except argparse.ArgumentTypeError as e:
         p.fail("--out", f"the default {e}")
     cli.refuse_clashes(p, inputs=[("METRICS", args.metrics)], outputs=[("--out", out)])
-    cli.require_matplotlib(p, "--out")
     cli.fits_host_or_fail(p, "METRICS", plot_bytes(args.metrics.stat().st_size // SHORTEST_RECORD + 1),
                           f"drawing {args.metrics} ({args.metrics.stat().st_size / 1e9:.1f} GB of records)")
     try:
@@ -144,6 +143,7 @@ def draw(args, p) -> int:
         p.error(f"{args.metrics} is not a text file (a --metrics file of mnist_cuda.train is JSON lines)")
     except ValueError as e:
         p.error(str(e))
+    cli.require_matplotlib(p, "--out")
     plot_training(curves, out, args.title or args.metrics.name)
     print(f"plot: {out}")
     return 0
