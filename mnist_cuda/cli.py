@@ -160,6 +160,22 @@ def non_negative(text):
     return _float32(value, text)
 
 
+def number_between(low: float, high: float, low_included: bool = True, high_included: bool = True):
+    """An argparse type: a finite number from low to high, each end included or not (a factor with a range of
+    its own: a momentum, a share of the steps, a percentage)."""
+    lower = f"at least {low:g}" if low_included else f"more than {low:g}"
+    upper = f"at most {high:g}" if high_included else f"less than {high:g}"
+
+    def parse(text):
+        value = _number(text)
+        above = value >= low if low_included else value > low
+        below = value <= high if high_included else value < high
+        if not (math.isfinite(value) and above and below):
+            raise argparse.ArgumentTypeError(f"must be {lower} and {upper}, got {shorten(text)}")
+        return value
+    return parse
+
+
 def non_negative_at_most(maximum: float):
     """An argparse type: a finite number from 0 to maximum."""
     def parse(text):

@@ -152,7 +152,8 @@ def add_arguments(parser):
 
     from . import cli
     g = parser.add_argument_group("optimizer (torch.optim.SGD's options; the defaults are plain SGD)")
-    g.add_argument("--momentum", type=cli.non_negative, default=None, help="momentum factor (default: 0)")
+    g.add_argument("--momentum", type=cli.number_between(0, 1, high_included=False), default=None,
+                   help="momentum factor (default: 0)")
     g.add_argument("--dampening", type=cli.non_negative, default=None,
                    help="dampening of the momentum (needs --momentum > 0; default: 0)")
     g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
@@ -167,7 +168,7 @@ def add_arguments(parser):
                    help="the step schedule's period in steps (needs --schedule step)")
     g.add_argument("--gamma", type=cli.positive_number, default=None,
                    help="the step schedule's factor (needs --schedule step; default: 0.1)")
-    g.add_argument("--pct-start", type=cli.positive_number, default=None,
+    g.add_argument("--pct-start", type=cli.number_between(0, 1, False, False), default=None,
                    help="the share of the steps that warm up (needs --schedule onecycle; default: 0.3)")
     g.add_argument("--anneal", choices=ANNEALS, default=None,
                    help="the annealing curve (needs --schedule onecycle; default: cos)")

@@ -156,13 +156,6 @@ def _channels(text):
     return c
 
 
-def percent(text):
-    value = cli.positive_number(text)
-    if value > 100:
-        raise argparse.ArgumentTypeError(f"a percentage is at most 100, got {text}")
-    return value
-
-
 STEP_COUNTER = "the GPU's step counter is 32-bit"
 
 
@@ -187,7 +180,8 @@ def build_parser() -> cli.Parser:
                    help="a named set of the flags below (batch size, lr, epochs, SGD's options, schedule; given "
                         "flags win): fast, the fewest seconds to 99.0%% test accuracy (with --target-accuracy "
                         "99); best, the highest mean accuracy within 20 epochs")
-    p.add_argument("--target-accuracy", type=percent, default=None, metavar="PERCENT",
+    p.add_argument("--target-accuracy", type=cli.number_between(0, 100, low_included=False), default=None,
+                   metavar="PERCENT",
                    help="stop after the first epoch whose test accuracy reaches PERCENT and report the training "
                         "time to there (evaluation timed apart)")
     p.add_argument("--batch-size", type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"), default=None,

@@ -118,9 +118,9 @@ def test_optimizer_flag_mistakes(tmp_path):
     one_line_usage_error(run_train("--nesterov"), "Nesterov momentum needs a momentum > 0")
     one_line_usage_error(run_train("--momentum", "0.9", "--dampening", "0.1", "--nesterov"), "zero dampening")
     one_line_usage_error(run_train("--schedule", "step"), "--schedule step needs --step-size")
-    one_line_usage_error(run_train("--momentum", "-1"), "--momentum", ">= 0")
+    one_line_usage_error(run_train("--momentum", "-1"), "--momentum", "at least 0 and less than 1")
     one_line_usage_error(run_train("--schedule", "warp"), "--schedule")
-    one_line_usage_error(run_train("--schedule", "onecycle", "--pct-start", "1.5"), "pct_start")
+    one_line_usage_error(run_train("--schedule", "onecycle", "--pct-start", "1.5"), "--pct-start", "less than 1")
 
 
 def test_recipes_fill_the_flags_not_given(tmp_path):
@@ -152,7 +152,7 @@ def test_continuing_with_the_optimizer(tmp_path):
     state = reference.init_state_dict(0)
     bad = checkpoint.save_checkpoint(tmp_path / "bad.npz", state, {"optimizer": {"momentum": "0.9"}})
     one_line_usage_error(run_train("--init", str(bad)), "--init", "optimizer momentum '0.9'")
-    one_line_usage_error(run_train("--momentum", "1"), "momentum must be in [0, 1)")
+    one_line_usage_error(run_train("--momentum", "1"), "--momentum", "less than 1")
     one_line_usage_error(run_train("--augment", "28"), "--augment", "out of its 28x28 field")
 
 
