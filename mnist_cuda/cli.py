@@ -179,7 +179,9 @@ def number_between(low: float, high: float, low_included: bool = True, high_incl
 def non_negative_at_most(maximum: float):
     """An argparse type: a finite number from 0 to maximum."""
     def parse(text):
-        value = non_negative(text)
+        value = _number(text)
+        if not (math.isfinite(value) and value >= 0):
+            raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {shorten(text)}")
         if value > maximum:
             raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {shorten(text)}")
         return value
