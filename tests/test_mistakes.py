@@ -414,6 +414,7 @@ def _as_nobody(main, argv, env=None) -> tuple[int, str]:
     root reads everything, so the permission checks are tried without it. (The child cannot read the
     interpreter's own files: what it imports on the way is imported here first.)"""
     import encodings.cp437  # noqa: F401 - zipfile's, for the checkpoint
+    import secrets  # noqa: F401 - NumPy's, for the initial weights
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
