@@ -1,10 +1,10 @@
-"""scripts/compare_pytorch.py: arguments, result schema, tables and error messages (CPU); a short real
-run on the GPU."""
-import importlib.util
+"""scripts/compare_pytorch.py and its parts (mnist_cuda/compare/): arguments, result schema, tables and
+error messages (CPU); a short real run on the GPU."""
 import json
 import os
 import subprocess
 import sys
+import types
 
 import pytest
 
@@ -15,10 +15,13 @@ SCRIPT = REPO / "scripts" / "compare_pytorch.py"
 
 @pytest.fixture(scope="module")
 def cmp():
-    spec = importlib.util.spec_from_file_location("compare_pytorch", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """The comparison's parts under one name, as the tests use them."""
+    from mnist_cuda.compare import main, measure, parity, plot, recipes, report
+    from mnist_cuda.step import PHASES
+    return types.SimpleNamespace(
+        PHASES=PHASES, SCHEMA=report.SCHEMA, build_parser=main.build_parser, validate_result=report.validate_result,
+        format_tables=report.format_tables, plot=plot.plot, measure_loop=measure.measure_loop,
+        run_parity=parity.run_parity, format_recipe=recipes.format_recipe, recipe_seed_line=recipes.recipe_seed_line)
 
 
 def run_script(*args, pre="pass", timeout=900):
@@ -35,12 +38,12 @@ def sample_result(cmp, parity_pass=True):
         "torch": {"phases": phases(100.0), "modes": {"eager": {"median_us": 2700.0, "mean_us": 2800.0, "epoch_s": 2.6},
                                                      "graph": {"median_us": 440.0, "mean_us": 450.0, "epoch_s": 0.43},
                                                      "compiled+graph": {"median_us": 330.0, "mean_us": 335.0, "epoch_s": 0.33, "compile_s": 41.0},
-                                                     "compiled": {"error": "RuntimeError: no triton"}}},
+                                                     "max-autotune+graph": {"error": "RuntimeError: no triton"}}},
         "ours": {"phases": phases(10.0), "phase_graphs": phases(5.0),
                  "modes": {"eager": {"median_us": 300.0, "mean_us": 310.0, "epoch_s": 0.3},
                            "graph": {"median_us": 66.0, "mean_us": 67.0, "epoch_s": 0.07}}},
         "headline": {"torch_mode": "compiled+graph", "torch_median_us": 330.0, "ours_mode": "graph",
-                     "ours_median_us": 66.0, "speedup": 5.0},
+                     "ours_median_us": 66.0, "speedup": 5.0, "outside_check": {"ceiling_us": 305.0, "pass": False}},
     }
     return {"schema": cmp.SCHEMA, "env": {"device": "Test GPU", "driver": "1.0", "cuda_runtime": "13.0",
                                           "cupy": "14", "torch": "2.11"},
@@ -151,6 +154,7 @@ def test_tables(cmp):
     assert "| torch | compiled+graph (compile 41.0 s) | 330.0 | 335.0 | 0.330 |" in text
     assert "failed: RuntimeError: no triton" in text
     assert "PyTorch's fastest (compiled+graph) 330.0 us: 5.00x faster" in text
+    assert "against the outside figure (305 us): SLOWER" in text
     assert "-> PASS" in text and "-> FAIL" in cmp.format_tables(sample_result(cmp, parity_pass=False))
 
 
@@ -164,7 +168,7 @@ def test_show_prints_a_saved_result(cmp, tmp_path):
     assert r.returncode == 2 and "cannot show" in r.stderr and "Traceback" not in r.stderr
 
 
-COMMITTED_RESULT = REPO / "benchmarks" / "results" / "compare-h200-fp32.json"
+COMMITTED_RESULT = REPO / "benchmarks" / "results" / "compare-h200-fp32-4096.json"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
@@ -224,12 +228,13 @@ def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
     folder = mnist_or_skip()
     out = tmp_path / "r.json"
     r = run_script("--data-dir", str(folder), "--batch-sizes", "64", "--steps", "30", "--warmup", "5",
-                   "--parity-steps", "60", "--no-compiled-graph", "--out", str(out))
+                   "--parity-steps", "60", "--no-compile", "--out", str(out))
     assert r.returncode == 0, r.stderr[-3000:]
     assert "-> PASS" in r.stdout
     result = json.loads(out.read_text())
     cmp.validate_result(result)
-    assert result["parity"]["pass"] and set(result["batch_sizes"]["64"]["torch"]["modes"]) == {"eager", "graph"}
+    modes = set(result["batch_sizes"]["64"]["torch"]["modes"])
+    assert result["parity"]["pass"] and modes == {"eager", "graph", "graph, channels_last"}
     assert result["batch_sizes"]["64"]["ours"]["again"]["mode"] == "graph" and "again" in result["batch_sizes"]["64"]["torch"]
     assert out.with_suffix(".png").stat().st_size > 1000 or "matplotlib not installed" in r.stdout
 
