@@ -44,6 +44,21 @@ def find_mnist_dir():
     return None
 
 
+# Fashion-MNIST: $FASHION_MNIST_DATA_DIR, the repository's data/fashion-mnist, or where Debian's
+# dataset-fashion-mnist package installs it
+FASHION_PLACES = ("FASHION_MNIST_DATA_DIR", REPO / "data" / "fashion-mnist", Path("/usr/share/datasets/fashion-mnist"))
+
+
+def fashion_or_skip():
+    """A folder with the real Fashion-MNIST files, or skip the test saying where they are looked for."""
+    for place in FASHION_PLACES:
+        folder = os.environ.get(place) if isinstance(place, str) else place
+        if folder and (Path(folder) / "train-images-idx3-ubyte.gz").is_file():
+            return Path(folder)
+    pytest.skip("no Fashion-MNIST copy found ($FASHION_MNIST_DATA_DIR, data/fashion-mnist or "
+                "/usr/share/datasets/fashion-mnist, which apt-get install dataset-fashion-mnist fills)")
+
+
 def mnist_or_skip():
     """find_mnist_dir's folder, or skip the test saying where MNIST is looked for."""
     folder = find_mnist_dir()

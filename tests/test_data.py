@@ -257,12 +257,9 @@ def test_real_mnist_loads_and_verifies(tmp_path):
     assert not (tmp_path / "cache").exists() or cache_files(tmp_path / "cache") == []
 
 
-FASHION = Path("/usr/share/datasets/fashion-mnist")
-
-
 def test_real_fashion_mnist_loads_and_verifies(tmp_path):
-    if not (FASHION / "train-images-idx3-ubyte.gz").is_file():
-        pytest.skip("Fashion-MNIST not installed (apt-get install dataset-fashion-mnist)")
-    host = data.load("fashion-mnist", data_dir=FASHION, cache_dir=tmp_path / "cache", progress=False)
+    from conftest import fashion_or_skip
+    folder = fashion_or_skip()
+    host = data.load("fashion-mnist", data_dir=folder, cache_dir=tmp_path / "cache", progress=False)
     assert host.train_x.shape == (60000, 1, 28, 28)
     assert np.bincount(host.train_y).tolist() == [6000] * 10  # balanced classes
