@@ -18,11 +18,10 @@ import importlib
 import importlib.util
 import json
 import os
-import resource
+import signal
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
 
@@ -79,18 +78,34 @@ class Command:
         full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(DEV)]), "OPENBLAS_NUM_THREADS": "1",
                     "CUDA_VISIBLE_DEVICES": "", "MNIST_CUDA_CACHE": str(Path(tempfile.gettempdir()) / "no-cache"),
                     **(env or {})}
-        limit = lambda: resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
-        start = time.perf_counter()
-        p = subprocess.Popen([sys.executable, *self.argv, *map(str, args)], cwd=REPO, env=full_env, text=True,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, preexec_fn=limit)
-        killer = threading.Timer(timeout, p.kill)
+        # A small runner starts the command and reports its exit status, its own peak RSS and its seconds. A
+        # child forked (or vforked) from this test process would count this process's resident memory as its
+        # own peak (Linux folds the old address space's high-water mark into ru_maxrss at exec), and once it
+        # holds a GPU context and torch that is gigabytes: so the command is a grandchild of a small process.
+        runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(MEMORY_LIMIT), sys.executable, *self.argv,
+                                  *map(str, args)], cwd=REPO, env=full_env, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, start_new_session=True)
+        killer = threading.Timer(timeout, lambda: os.killpg(runner.pid, signal.SIGKILL))
         killer.start()
         try:
-            stderr = p.stderr.read()
+            out, stderr = runner.communicate()
         finally:
             killer.cancel()
-            _, status, usage = os.wait4(p.pid, 0)  # (its own peak, not the largest of all children's)
-        return os.waitstatus_to_exitcode(status), stderr, usage.ru_maxrss * 1024, time.perf_counter() - start
+        status, peak, seconds = json.loads(out.strip().splitlines()[-1])
+        return status, stderr, peak, seconds
+
+
+# The runner: the command under an address-space limit (a real allocation of a size asked for fails at once
+# instead of swapping), its own rusage by wait4; prints [exit status, peak RSS bytes, seconds] last.
+RUNNER = """
+import json, os, resource, subprocess, sys, time
+limit = int(sys.argv[1])
+start = time.perf_counter()
+p = subprocess.Popen(sys.argv[2:], stdout=subprocess.DEVNULL,
+                     preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (limit, limit)))
+_, status, usage = os.wait4(p.pid, 0)
+print(json.dumps([os.waitstatus_to_exitcode(status), usage.ru_maxrss * 1024, time.perf_counter() - start]))
+"""
 
 
 def _module(name: str):
