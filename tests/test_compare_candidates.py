@@ -156,3 +156,96 @@ def test_pytorch_graph_with_the_rate_on_the_device_trains_as_its_eager_mode():
         losses[name] = side.losses().astype(np.float64)
     assert np.abs(losses["graph"] - losses["eager"]).max() <= PARITY_TOL["first_50"]
     assert np.array_equal(losses["graph"], losses["graph again"])
+
+
+# ---- one batch size's runs, with sides that only keep a clock ---------------------------------------------
+
+
+class FakeEvent:
+    def __init__(self, side):
+        self.side, self.t = side, None
+
+    def record(self):
+        self.t = self.side.clock
+
+
+class FakeSide:
+    """A side whose steps cost `us` each on a clock its events read; fused SGD, nothing compiled."""
+
+    name, fused, compile_s, frames_compiled = "torch", True, None, None
+
+    def __init__(self, us, batch=4):
+        self.us, self.batch, self.clock = us, batch, 0.0
+
+    def step(self, x, y, idx, mode=None, phase_events=None, next_idx=None):
+        for k, ev in enumerate(phase_events or []):
+            ev.record()
+            self.clock += self.us / 1000 / 6 if k < 5 else 0
+        if not phase_events:
+            self.clock += self.us / 1000
+
+    def new_event(self):
+        return FakeEvent(self)
+
+    def event(self):
+        ev = FakeEvent(self)
+        ev.record()
+        return ev
+
+    def elapsed_ms(self, a, b):
+        return b.t - a.t
+
+    def synchronize(self):
+        pass
+
+    def prepare(self, x, y, order):
+        pass
+
+    def watch_recompiles(self):
+        pass
+
+    def check_no_recompile(self, during):
+        pass
+
+
+def timing_run(monkeypatch, torch_us: dict):
+    """run_timing at batch 4 with our side at 50 us a step and PyTorch's candidates at torch_us[name] (a
+    candidate missing from it fails to build)."""
+    from mnist_cuda.compare import timing
+    monkeypatch.setattr(timing, "OurSide", lambda *a, **k: FakeSide(50.0))
+
+    def torch_side(torch, state, batch, candidate, *a, **k):
+        if candidate.name not in torch_us:
+            raise RuntimeError(f"no {candidate.name} here")
+        side = FakeSide(torch_us[candidate.name])
+        if candidate.compiled:
+            side.compile_s, side.frames_compiled = 12.5, 2
+        return side
+    monkeypatch.setattr(timing, "TorchSide", torch_side)
+    monkeypatch.setattr(timing, "speed_defaults", lambda torch: None)
+    ds = types.SimpleNamespace(train_x=np.zeros((64, 1, 28, 28), np.uint8), train_y=np.zeros(64, np.int32))
+    ds.train_y64 = ds.train_y.astype(np.int64)
+    args = types.SimpleNamespace(seed=0, warmup=2, steps=20, timing_window=5, warmup_seconds=0.0, no_epoch=True,
+                                 lr=0.05, kernels="fast", precision="fp32", no_compile=False, no_autotune=False,
+                                 compile=False)
+    return timing.run_timing(None, ds, {}, args, (32, 64), 128, 4, lambda msg: None, device="NVIDIA H200")
+
+
+def test_a_batch_size_reports_every_candidate_and_takes_the_fastest(monkeypatch):
+    r = timing_run(monkeypatch, {"eager": 2000.0, "graph": 400.0, "compiled+graph, channels_last": 300.0})
+    modes = r["torch"]["modes"]
+    assert modes["graph"]["median_us"] == pytest.approx(400.0) and "no max-autotune+graph" in modes[
+        "max-autotune+graph"]["error"]
+    h = r["headline"]
+    assert h["torch_mode"] == "compiled+graph, channels_last" and h["speedup"] == pytest.approx(6.0)
+    assert r["torch"]["again"]["median_us"] == pytest.approx(300.0) and r["ours"]["again"]["mode"] == "graph"
+    assert "outside_check" not in h  # no outside figure at batch 4
+    assert modes["compiled+graph, channels_last"]["compile_s"] == 12.5 and "compile_s" not in modes["graph"]
+
+
+def test_a_batch_size_where_pytorch_cannot_run_is_one_clear_failure(monkeypatch):
+    from mnist_cuda.compare.timing import RunFailed
+    with pytest.raises(RunFailed, match="every PyTorch candidate failed .*no graph here"):
+        timing_run(monkeypatch, {})
+    with pytest.raises(RunFailed, match="eager could not be timed per phase"):
+        timing_run(monkeypatch, {"graph": 400.0})

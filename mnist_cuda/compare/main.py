@@ -43,33 +43,32 @@ from .. import cuda, data, optim, reference
 from ..cli import (Parser, add_precision_arguments, batch_sizes, data_inputs, existing_dir, fits_gpu_or_exit,
                    input_file, int_in_range, learning_rate, model_fits_or_fail, non_negative_at_most, output_path,
                    refuse_clashes, require_matplotlib, seed, write_json)
-from ..nets import KERNEL_VERSIONS
+from ..nets import KERNEL_VERSIONS, LOSS_CAPACITY
+from ..sizes import DEFAULT_CHANNELS, DEFAULT_HIDDEN, MAX_SECONDS, MAX_TIMED
 from ..train import DEFAULTS, RECIPES
 from .parity import parity_options, run_parity
 from .recipes import RECIPE_SEEDS, RECIPE_TORCH_MODES, format_recipe, recipe_modes, recipe_seeds, run_recipe
 from .report import SCHEMA, Unavailable, environment, format_tables, parity_words, require_torch_and_gpu, validate_result
-from .timing import run_timing
+from .timing import RunFailed, run_timing
 
 PROG = "compare_pytorch.py"
 # the default --out: the checkout's benchmarks/results/ (an installed package has none: --out is needed)
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results"
-MAX_STEPS = 100_000
-CHANNELS, HIDDEN = (32, 64), 128  # the design's network, on both sides
-MAX_PARITY_STEPS = 1 << 16  # the parity run's loss log on the GPU
+CHANNELS, HIDDEN = DEFAULT_CHANNELS, DEFAULT_HIDDEN  # the design's network, on both sides
 
 
 def build_parser():
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512,4096",
                    help="comma-separated batch sizes to time; the first is also the parity run's")
-    p.add_argument("--steps", type=int_in_range(1, MAX_STEPS), default=500,
+    p.add_argument("--steps", type=int_in_range(1, MAX_TIMED), default=500,
                    help="timed steps per measurement (method: >= 100)")
-    p.add_argument("--timing-window", type=int_in_range(1, MAX_STEPS), default=10,
+    p.add_argument("--timing-window", type=int_in_range(1, MAX_TIMED), default=10,
                    help="whole-step loops: steps between timing events (1: an event per step)")
-    p.add_argument("--warmup", type=int_in_range(0, MAX_STEPS), default=20, help="untimed steps first (method: >= 20)")
-    p.add_argument("--warmup-seconds", type=non_negative_at_most(600), default=1.0,
+    p.add_argument("--warmup", type=int_in_range(0, MAX_TIMED), default=20, help="untimed steps first (method: >= 20)")
+    p.add_argument("--warmup-seconds", type=non_negative_at_most(MAX_SECONDS), default=1.0,
                    help="the whole-step loops' warm-up lasts at least this long as well (the GPU's clocks settle)")
-    p.add_argument("--parity-steps", type=int_in_range(0, MAX_PARITY_STEPS), default=200, help="0 skips the parity run")
+    p.add_argument("--parity-steps", type=int_in_range(0, LOSS_CAPACITY), default=200, help="0 skips the parity run")
     p.add_argument("--lr", type=learning_rate, default=DEFAULTS["lr"], help="learning rate of the timed runs")
     p.add_argument("--parity-lr", type=learning_rate, default=0.002,
                    help="learning rate of the parity run, low enough that float32 rounding cannot snowball (at the "
@@ -110,14 +109,42 @@ def build_parser():
     return p
 
 
+# What each way of running the script leaves unused: a flag given there changes nothing, so it is refused.
+TIMING_FLAGS = ("steps", "timing_window", "warmup", "warmup_seconds", "no_autotune", "no_compile", "compile",
+                "no_epoch")
+UNUSED = {"recipe": TIMING_FLAGS + ("batch_sizes", "kernels", "lr", "parity_steps", "parity_lr", "seed", "png",
+                                    "no_png", "parity_only"),
+          "parity_only": TIMING_FLAGS + ("lr", "out", "png", "no_png", "recipe_torch_modes", "recipe_seeds")}
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
+def refuse_unused(parser, args):
+    """A flag the chosen way of running ignores is a usage error naming what ignores it (--show reads a
+    saved result: it takes --png alone)."""
+    defaults = vars(parser.parse_args([]))  # (the defaults as the flags' types make them)
+    dests = [dest for dest in defaults if dest not in ("show", "png")]
+    for mode, unused in (("show", dests), *UNUSED.items()):
+        if getattr(args, mode) in (None, False):
+            continue
+        for dest in unused:
+            if dest != mode and getattr(args, dest) != defaults[dest]:
+                parser.fail(_flag(dest), f"changes nothing with {_flag(mode)} (leave it out)")
+
+
 def check_arguments(parser, args):
     """Every combination of flags that cannot work, as one line and exit 2, before any work."""
+    refuse_unused(parser, args)
     if args.precision != "fp32" and args.kernels != "fast":
         parser.fail("--precision", f"{args.precision} needs --kernels fast (the naive kernels compute in plain fp32)")
     if args.parity_only and not args.parity_steps:
         parser.fail("--parity-only", "needs --parity-steps > 0")
     if args.recipe and args.precision != "fp32":
         parser.fail("--precision", "the recipes run in fp32 on both sides (train's --recipe); leave it out")
+    if args.recipe and any(getattr(args, k) is not None for k in optim.ARGUMENTS):
+        parser.error("a recipe sets SGD's options itself (train's --recipe); leave the optimizer's flags out")
     for flag, given in (("--recipe-torch-modes", args.recipe_torch_modes != RECIPE_TORCH_MODES),
                         ("--recipe-seeds", args.recipe_seeds != RECIPE_SEEDS)):
         if given and not args.recipe:
@@ -229,13 +256,20 @@ def main(argv=None) -> int:
         return _recipe(torch, ds, args, channels, hidden, env, result)
     if args.parity_only:
         return _parity_only(torch, ds, state, args, channels, hidden)
-    for batch in args.batch_sizes:
-        result["batch_sizes"][str(batch)] = run_timing(torch, ds, state, args, channels, hidden, batch, log,
-                                                       env["device"])
+    out = args.out or RESULTS / f"compare-{_slug(env['device'])}-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    try:
+        for batch in args.batch_sizes:
+            result["batch_sizes"][str(batch)] = run_timing(torch, ds, state, args, channels, hidden, batch, log,
+                                                           env["device"])
+    except RunFailed as e:  # the batch sizes done are kept
+        result["failed"] = str(e)
+        if result["batch_sizes"]:
+            save_result(out, result)
+        return _fail(f"{e}; nothing more was timed" + (f" (the batch sizes before it: {out})" if result["batch_sizes"]
+                                                        else ""), 1)
     if args.parity_steps:  # after the timed runs: its eager steps on a net of their own would slow ours
         log(f"parity: {args.parity_steps} steps at batch {args.batch_sizes[0]}")
         result["parity"] = run_parity(torch, ds, state, args, channels, hidden)
-    out = args.out or RESULTS / f"compare-{_slug(env['device'])}-{time.strftime('%Y%m%d-%H%M%S')}.json"
     print(format_tables(result))
     if (written := save_result(out, result)) is not None:
         print(f"\nresult: {written}")

@@ -8,6 +8,7 @@ import numpy as np
 
 from ..cli import precision_of, save_figure
 from ..step import PHASES
+from .candidates import CANDIDATES, EAGER
 from .parity import PARITY_TOL
 from .report import parity_words
 from .timing import OUR_MODES
@@ -15,8 +16,7 @@ from .timing import OUR_MODES
 # Each side and mode has one colour in every panel: ours saturated and outlined, PyTorch's candidates shades
 # of one blue-grey, darker for the candidates that do more to be fast. The order is the bars' order in a group.
 _TORCH_SHADES = ("#c9d6e3", "#aabfd4", "#8ba7c5", "#6d90b5", "#5479a0", "#3f6389", "#2c4a6e", "#1c3352")
-_TORCH_ORDER = ("eager", "graph", "graph, channels_last", "compiled", "compiled+graph",
-                "compiled+graph, channels_last", "max-autotune+graph", "max-autotune+graph, channels_last")
+_TORCH_ORDER = (EAGER.name,) + tuple(c.name for c in CANDIDATES if c is not EAGER)
 MODE_COLOURS = {("ours", "eager"): "#f39c12", ("ours", "graph"): "#c0392b",
                 **{("torch", name): shade for name, shade in zip(_TORCH_ORDER, _TORCH_SHADES)}}
 SIDE_NAMES = {"ours": "ours", "torch": "PyTorch"}

@@ -40,7 +40,6 @@ class TorchSide:
         from ..torch_model import make_torch_model
         import torch.nn.functional as F
         self.torch, self.F, self.candidate, self.batch, self.bf16 = torch, F, candidate, batch, bf16
-        self.mode = candidate.name
         dev = torch.device("cuda")
         self.net = make_torch_model(channels, hidden).to(dev)
         self.net.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
