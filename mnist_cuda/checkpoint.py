@@ -200,9 +200,9 @@ def load_model(path):
     buffers (saved with momentum) by parameter name, else empty."""
     headers = read_headers(path)
     channels, hidden = model_of(headers, path)
-    problem = sizes.model_problem(channels, hidden)
+    problem = sizes.model_problem(channels, hidden, sizes.CHECKPOINT)
     if problem:
-        raise CheckpointError(f"{path} holds a model larger than the kernels take: {problem[1]}")
+        raise CheckpointError(f"{path}: {problem[1]}")
     momentum = any(k.startswith(MOMENTUM_PREFIX) for k in headers)
     arrays, meta = load_checkpoint(path, model_spec(channels, hidden, momentum))
     buffers = {k[len(MOMENTUM_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(MOMENTUM_PREFIX)}

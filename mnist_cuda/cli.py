@@ -307,12 +307,14 @@ def fail_on(parser: Parser, problem) -> None:
 
 
 def model_fits_or_fail(parser: Parser, channels, hidden, batch: int, kernels=("naive", "fast"),
-                       batch_flag: str = "--batch-size", initialise: bool = True) -> None:
+                       batch_flag: str = "--batch-size", initialise: bool = True, blame=None) -> None:
     """The model and batch size within what the kernels take and, where its weights are to be drawn
-    (initialise), the host's memory: checked before anything is allocated."""
+    (initialise: the trainer's flags make the model), the host's memory: checked before anything is
+    allocated. blame: a sizes.Blame, whom a problem with the model blames (default: the trainer's flags)."""
     from . import sizes
-    fail_on(parser, sizes.model_problem(channels, hidden))
-    fail_on(parser, sizes.batch_problem(channels, hidden, batch, batch_flag, kernels))
+    blame = blame or sizes.FLAGS
+    fail_on(parser, sizes.model_problem(channels, hidden, blame))
+    fail_on(parser, sizes.batch_problem(channels, hidden, batch, batch_flag, kernels, blame=blame))
     if initialise:
         fail_on(parser, sizes.host_problem(channels, hidden))
 
@@ -327,14 +329,14 @@ def fits_host_or_fail(parser: Parser, flag: str, need: int, what: str) -> None:
 
 
 def fits_gpu_or_exit(parser: Parser, channels, hidden, batch: int, kernels: str, precision: str, momentum: bool = False,
-                     augment: bool = False, batch_flag: str = "--batch-size") -> None:
+                     augment: bool = False, batch_flag: str = "--batch-size", blame=None) -> None:
     """Once the GPU is known and before the first buffer: the net's buffers fit its free memory and, where a
-    buffer holds a part per SM, the 32-bit indexing on this GPU."""
+    buffer holds a part per SM, the 32-bit indexing on this GPU. blame: as model_fits_or_fail's."""
     from . import cuda, sizes
     cp = cuda.require_gpu()
     free, _ = cp.cuda.Device().mem_info
     fail_on(parser, sizes.device_problem(channels, hidden, batch, kernels, precision, momentum, augment, free,
-                                         cuda.sm_count(), batch_flag))
+                                         cuda.sm_count(), batch_flag, blame or sizes.FLAGS))
 
 
 def data_inputs(dataset: str, data_dir=None, test_only: bool = False) -> list:

@@ -163,12 +163,14 @@ def resolve(args, parser, meta: dict) -> dict:
 
 def fits_or_fail(parser, run: dict, channels, hidden) -> None:
     """The checkpoint's model at the evaluation batch size within what the kernels take (its weights are read
-    already), before any data or GPU work."""
-    cli.model_fits_or_fail(parser, channels, hidden, run["batch_size"], (run["kernels"],), initialise=False)
+    already), before any data or GPU work. A model too large is the checkpoint's: no flag here changes it."""
+    cli.model_fits_or_fail(parser, channels, hidden, run["batch_size"], (run["kernels"],), initialise=False,
+                           blame=sizes.CHECKPOINT)
 
 
 def fits_gpu_or_exit(parser, run: dict, channels, hidden) -> None:
-    cli.fits_gpu_or_exit(parser, channels, hidden, run["batch_size"], run["kernels"], run["precision"])
+    cli.fits_gpu_or_exit(parser, channels, hidden, run["batch_size"], run["kernels"], run["precision"],
+                         blame=sizes.CHECKPOINT)
 
 
 def load_checkpoint_or_fail(parser, path):

@@ -15,12 +15,14 @@ large costs one line and exit status 2, not a MemoryError after minutes of swapp
                   and before the first of them is allocated.
 
 Each check returns None, or (flag, message) for the flag to blame; mnist_cuda.cli turns that into the usage
-error.
+error. The caller says whom a problem with the model blames (Blame): the trainer's flags, whose values make
+the model, or the argument that holds it (a checkpoint), whose model no flag changes.
 """
 from __future__ import annotations
 
 import math
 import os
+from typing import NamedTuple
 
 from . import data, nets, reference
 from .ops import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk
@@ -54,30 +56,57 @@ def _model_flag(channels, hidden) -> str:
     return "--hidden" if hidden / DEFAULT_HIDDEN >= max(channels) / max(DEFAULT_CHANNELS) else "--channels"
 
 
-def model_problem(channels, hidden):
-    """What the kernels cannot take about a model of `channels` (conv1, conv2) and `hidden` (fc1's width)."""
+class Blame(NamedTuple):
+    """Whom a problem with the model blames, and how its message names the model. The trainer's (flag None):
+    --channels or --hidden, whichever is further from its default, the model named by those flags. A command
+    that reads the model from a file (evaluate's and predict's CHECKPOINT): that argument, the model named
+    `what` (channels C1,C2, hidden H), as no flag of that command changes it."""
+    flag: str | None = None
+    what: str = ""
+
+    def model_flag(self, channels, hidden) -> str:
+        return self.flag or _model_flag(channels, hidden)
+
+    def model(self, channels, hidden) -> str:
+        c1, c2 = channels
+        if self.flag is None:
+            return f"--channels {c1},{c2} --hidden {hidden}"
+        return f"{self.what} (channels {c1},{c2}, hidden {hidden})"
+
+
+FLAGS = Blame()
+CHECKPOINT = Blame("CHECKPOINT", "the checkpoint's model")
+
+
+def model_problem(channels, hidden, blame: Blame = FLAGS):
+    """What the kernels cannot take about a model of `channels` (conv1, conv2) and `hidden` (fc1's width).
+    The trainer's message names the flag's value; another's names the model (blame.model)."""
     c1, c2 = channels
+    model = blame.model(channels, hidden)
+    say = lambda flag, ours, theirs: (flag, ours) if blame.flag is None else (blame.flag, theirs)
+    indexing = f"more than the kernels' 32-bit indexing takes ({_count(INDEX_LIMIT)})"
     if max(channels) > MAX_CHANNELS:
-        return "--channels", (f"{max(channels):,} channels are more than the kernels take (at most "
-                              f"{MAX_CHANNELS:,}: BatchNorm's groups of {bn_relu_pool.BN_CHANNELS} channels fill at "
-                              f"most {GRID_LIMIT} rows of CUDA's grid)")
+        why = (f"more than the kernels take (at most {MAX_CHANNELS:,}: BatchNorm's groups of "
+               f"{bn_relu_pool.BN_CHANNELS} channels fill at most {GRID_LIMIT} rows of CUDA's grid)")
+        return say("--channels", f"{max(channels):,} channels are {why}",
+                   f"{model} has {max(channels):,} channels, {why}")
     if hidden > MAX_HIDDEN:
-        return "--hidden", (f"{hidden:,} is more than the kernels take (at most {MAX_HIDDEN:,}: fc1's weight "
-                            f"gradient in tiles of {linear_splitk.TILE} outputs fills at most {GRID_LIMIT} rows of "
-                            f"CUDA's grid)")
+        why = (f"more than the kernels take (at most {MAX_HIDDEN:,}: fc1's weight gradient in tiles of "
+               f"{linear_splitk.TILE} outputs fills at most {GRID_LIMIT} rows of CUDA's grid)")
+        return say("--hidden", f"{hidden:,} is {why}", f"{model} has {hidden:,} units in fc1, {why}")
     if c1 * c2 * 9 > INDEX_LIMIT:
-        return "--channels", (f"{c1},{c2} make conv2's weight {c2:,} x {c1:,} x 9 = {_count(c1 * c2 * 9)} values, more "
-                              f"than the kernels' 32-bit indexing takes ({_count(INDEX_LIMIT)})")
+        weight = f"conv2's weight {c2:,} x {c1:,} x 9 = {_count(c1 * c2 * 9)} values, {indexing}"
+        return say("--channels", f"{c1},{c2} make {weight}", f"{model} makes {weight}")
     features = c2 * (data.IMAGE_SIZE // 4) ** 2
     if hidden * features > INDEX_LIMIT:
-        return _model_flag(channels, hidden), (
-            f"--hidden {hidden:,} with conv2's {c2:,} channels makes fc1's weight {hidden:,} x {features:,} = "
-            f"{_count(hidden * features)} values, more than the kernels' 32-bit indexing takes "
-            f"({_count(INDEX_LIMIT)}): at most --hidden {INDEX_LIMIT // features:,} with these channels")
+        weight = f"fc1's weight {hidden:,} x {features:,} = {_count(hidden * features)} values, {indexing}"
+        return say(_model_flag(channels, hidden), f"--hidden {hidden:,} with conv2's {c2:,} channels makes {weight}: "
+                                                  f"at most --hidden {INDEX_LIMIT // features:,} with these channels",
+                   f"{model} makes {weight}")
     total = parameter_count(channels, hidden)
     if total > INDEX_LIMIT:
-        return _model_flag(channels, hidden), (f"--channels {c1},{c2} --hidden {hidden} make {_count(total)} "
-                                               f"parameters, more than the kernels' 32-bit indexing takes")
+        parameters = f"{_count(total)} parameters, more than the kernels' 32-bit indexing takes"
+        return say(_model_flag(channels, hidden), f"{model} make {parameters}", f"{model} has {parameters}")
     return None
 
 
@@ -85,7 +114,8 @@ def parameter_count(channels, hidden) -> int:
     return sum(math.prod(shape) for shape in reference.param_shapes(tuple(channels), hidden).values())
 
 
-def batch_problem(channels, hidden, batch: int, flag: str = "--batch-size", kernels=("naive", "fast"), sms: int = 1):
+def batch_problem(channels, hidden, batch: int, flag: str = "--batch-size", kernels=("naive", "fast"), sms: int = 1,
+                  blame: Blame = FLAGS):
     """What the kernels cannot take about a batch of `batch` images through the model (channels, hidden) with
     each of `kernels`: every buffer must stay within the 32-bit indexing. sms: the GPU's SMs, where some
     buffers hold a part per SM (1 before the GPU is known: the least any GPU has)."""
@@ -94,8 +124,8 @@ def batch_problem(channels, hidden, batch: int, flag: str = "--batch-size", kern
     for name, elements in index_extents(channels, hidden, batch, kernels, sms).items():
         if elements > INDEX_LIMIT:
             fits = lambda c, h: _indexable(c, h, batch, kernels, sms)
-            return _blame(channels, hidden, flag, fits), (
-                f"batch {batch:,} with --channels {channels[0]},{channels[1]} --hidden {hidden} needs {name} of "
+            return _blame(channels, hidden, flag, fits, blame), (
+                f"batch {batch:,} with {blame.model(channels, hidden)} needs {name} of "
                 f"{_count(elements)} values, more than the kernels' 32-bit indexing takes ({_count(INDEX_LIMIT)}): "
                 f"at most batch {largest_batch(channels, hidden, kernels, sms):,} with this model")
     return None
@@ -116,10 +146,10 @@ def _indexable(channels, hidden, batch: int, kernels, sms: int) -> bool:
     return all(e <= INDEX_LIMIT for e in index_extents(channels, hidden, batch, kernels, sms).values())
 
 
-def _blame(channels, hidden, flag: str, fits) -> str:
+def _blame(channels, hidden, flag: str, fits, blame: Blame) -> str:
     """A batch too large for a model is the batch size's fault where the default model does not fit at that
     batch either (fits(channels, hidden) is False), else the model's."""
-    return flag if not fits(DEFAULT_CHANNELS, DEFAULT_HIDDEN) else _model_flag(channels, hidden)
+    return flag if not fits(DEFAULT_CHANNELS, DEFAULT_HIDDEN) else blame.model_flag(channels, hidden)
 
 
 def largest_batch(channels, hidden, kernels=("naive", "fast"), sms: int = 1) -> int:
@@ -217,16 +247,16 @@ def device_bytes(*args, **kwargs) -> int:
 
 
 def device_problem(channels, hidden, batch: int, kernels: str, precision: str, momentum: bool, augment: bool,
-                   free_bytes: int, sms: int, flag: str = "--batch-size"):
+                   free_bytes: int, sms: int, flag: str = "--batch-size", blame: Blame = FLAGS):
     """A net that does not fit the GPU's free memory, or has a buffer of a part per SM that passes the 32-bit
     indexing on this GPU of `sms` SMs."""
-    problem = batch_problem(channels, hidden, batch, flag, (kernels,), sms)
+    problem = batch_problem(channels, hidden, batch, flag, (kernels,), sms, blame)
     if problem:
         return problem
     need = device_bytes(channels, hidden, batch, kernels, sms, precision, momentum, augment)
     if need <= free_bytes:
         return None
     fits = lambda c, h: device_bytes(c, h, batch, kernels, sms, precision, momentum, augment) <= free_bytes
-    return _blame(channels, hidden, flag, fits), (
-        f"batch {batch:,} with --channels {channels[0]},{channels[1]} --hidden {hidden} ({kernels} kernels) needs "
+    return _blame(channels, hidden, flag, fits, blame), (
+        f"batch {batch:,} with {blame.model(channels, hidden)} ({kernels} kernels) needs "
         f"about {_gb(need)} of GPU memory; the GPU has {_gb(free_bytes)} free")

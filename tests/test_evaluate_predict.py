@@ -53,6 +53,20 @@ def test_evaluate_bad_flags(small_checkpoint, tmp_path):
     one_line_usage_error(run_module("mnist_cuda.evaluate"), "the following arguments are required: CHECKPOINT")
 
 
+@pytest.mark.parametrize("module", ["mnist_cuda.evaluate", "mnist_cuda.predict"])
+def test_a_model_too_large_for_the_batch_is_the_checkpoints(module, tmp_path):
+    """No flag of evaluate or predict makes the model: a batch its activations cannot take blames CHECKPOINT and
+    names the checkpoint's model, not the trainer's --channels and --hidden."""
+    ck = checkpoint.save_checkpoint(tmp_path / "wide.npz", reference.init_state_dict(0, (4, 4096), 1),
+                                    {"dataset": "mnist", "batch_size": 32, "kernels": "fast"})
+    images = [str(tmp_path / "x.png")] if module.endswith("predict") else []
+    (tmp_path / "x.png").write_bytes(b"")
+    line = one_line_usage_error(run_module(module, str(ck), *images, "--batch-size", "1000"), "argument CHECKPOINT:",
+                                "batch 1,000 with the checkpoint's model (channels 4,4096, hidden 1) needs",
+                                "at most batch 668 with this model")
+    assert "--channels" not in line and "--hidden" not in line
+
+
 def test_predict_bad_images_are_named_before_the_gpu(small_checkpoint, tmp_path):
     pytest.importorskip("PIL")
     (tmp_path / "notes.txt").write_text("not an image")

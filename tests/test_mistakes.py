@@ -588,6 +588,11 @@ def test_an_archive_that_claims_a_huge_array_allocates_nothing(tmp_path):
     status, stderr, peak, _ = COMMANDS[0].run(["--init", path])
     assert status == 2 and "--init" in stderr and "fc1's weight" in stderr, stderr
     assert peak < PEAK_RSS_LIMIT
+    # the checkpoint's model, which no flag makes: named as the checkpoint's, not as --channels and --hidden
+    words = f"{path}: the checkpoint's model (channels 32,64, hidden 1000000) makes fc1's weight 1,000,000 x 3,136"
+    assert f"argument --init: {words}" in stderr and "--hidden" not in stderr.split("(see")[0], stderr
+    status, stderr, _, _ = COMMANDS[1].run([path])
+    assert status == 2 and f"argument CHECKPOINT: {words}" in stderr and "--hidden" not in stderr.split("(see")[0], stderr
 
 
 # ---- messages ----------------------------------------------------------------------------------------
