@@ -204,17 +204,28 @@ def batch_sizes(text: str) -> list[int]:
 
 
 def kind_of(path) -> str:
-    """What is at path: "missing", "folder", "file", "other" (a device, a pipe, a socket) or "unreachable" (a
-    folder on the way may not be searched: a permission error, which Path.exists raises rather than answers)."""
+    """What is at path: "missing", "folder", "file", "other" (a device, a pipe, a socket), "unreachable" (a
+    folder on the way may not be searched: a permission error, which Path.exists raises rather than answers)
+    or "unusable" (the system refuses the path itself, a name too long or a loop of links: os_error says why)."""
     try:
         mode = os.stat(path).st_mode
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return "missing"
-    except NotADirectoryError:
-        return "missing"
-    except OSError:
+    except PermissionError:
         return "unreachable"
+    except OSError:
+        return "unusable"
     return "folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
+
+
+def os_error(path) -> str:
+    """The system's words for why path cannot be looked at ("File name too long"), for a path kind_of calls
+    "unusable"."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        return e.strerror or type(e).__name__
+    return "it changed while it was looked at"
 
 
 def output_path(text: str) -> Path:
@@ -225,6 +236,8 @@ def output_path(text: str) -> Path:
     if not text or text.endswith(os.sep):
         raise argparse.ArgumentTypeError(f"{shorten(text)!r} names no file")
     kind, folder_kind = kind_of(path), kind_of(folder)
+    if "unusable" in (kind, folder_kind):
+        raise argparse.ArgumentTypeError(f"{text}: {os_error(path if kind == 'unusable' else folder)}")
     if "unreachable" in (kind, folder_kind):
         raise argparse.ArgumentTypeError(f"{text} cannot be reached (permission denied on a folder on the way)")
     if kind == "folder":
@@ -244,6 +257,8 @@ def input_file(text: str) -> Path:
     kind = kind_of(text)
     if kind == "missing":
         raise argparse.ArgumentTypeError(f"{text} does not exist")
+    if kind == "unusable":
+        raise argparse.ArgumentTypeError(f"{text}: {os_error(text)}")
     if kind == "unreachable":
         raise argparse.ArgumentTypeError(f"{text} cannot be reached (permission denied on a folder on the way)")
     if kind == "folder":
@@ -260,6 +275,8 @@ def existing_dir(text: str) -> Path:
     kind = kind_of(text)
     if kind == "missing":
         raise argparse.ArgumentTypeError(f"the folder {text} does not exist")
+    if kind == "unusable":
+        raise argparse.ArgumentTypeError(f"the folder {text}: {os_error(text)}")
     if kind == "unreachable":
         raise argparse.ArgumentTypeError(f"the folder {text} cannot be reached (permission denied on a folder "
                                          f"on the way)")

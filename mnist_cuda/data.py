@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .cli import kind_of
+from .cli import kind_of, os_error
 
 MEAN, STD = 0.1307, 0.3081  # the usual MNIST normalisation: (x/255 - MEAN) / STD
 IMAGE_SIZE = 28
@@ -213,6 +213,7 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
     found = [p for p in candidates if kind_of(p) == "file"]
     tried += [f"cache: cannot read {p} (permission denied on a folder on the way)"
               for p in candidates if kind_of(p) == "unreachable"][:1]
+    tried += [f"cache: cannot read {p} ({os_error(p)})" for p in candidates if kind_of(p) == "unusable"][:1]
     for path in found:
         try:
             return verify(path.read_bytes(), spec, str(path))
@@ -260,8 +261,12 @@ def named_dir(dataset: str, data_dir=None, test_only: bool = False) -> Path | No
     data_dir = Path(data_dir)
     _check_named_folder(data_dir)
     for spec in DATASETS[dataset].files[2 if test_only else 0:]:
-        kinds = [kind_of(p) for p in _candidates(data_dir, dataset, spec.name)]
+        paths = _candidates(data_dir, dataset, spec.name)
+        kinds = [kind_of(p) for p in paths]
         if "file" not in kinds:
+            if "unusable" in kinds:
+                path = paths[kinds.index("unusable")]
+                raise DataDirError(f"{path}: {os_error(path)}")
             if "unreachable" in kinds:
                 raise DataDirError(f"the data folder {data_dir / dataset} cannot be read (permission denied)")
             raise _missing(spec, dataset, data_dir)
@@ -270,6 +275,8 @@ def named_dir(dataset: str, data_dir=None, test_only: bool = False) -> Path | No
 
 def _check_named_folder(data_dir: Path) -> None:
     kind = kind_of(data_dir)
+    if kind == "unusable":
+        raise DataDirError(f"the data folder {data_dir}: {os_error(data_dir)}")
     if kind == "unreachable":
         raise DataDirError(f"the data folder {data_dir} cannot be reached (permission denied on a folder on the way)")
     if kind != "folder":
@@ -449,7 +456,10 @@ def _check_or_download(args, parser) -> int:
     try:
         if args.download:
             folder = Path(named) if named is not None else default_cache_dir()
-            if kind_of(folder) not in ("folder", "missing"):
+            kind = kind_of(folder)
+            if kind == "unusable":
+                parser.fail("--data-dir", f"{folder}: {os_error(folder)}")
+            if kind not in ("folder", "missing"):
                 parser.fail("--data-dir", f"{folder} is not a folder")
             arrays = [fetch_file(f, spec.name, None, folder, spec.mirrors, progress=not args.quiet) for f in spec.files]
             where = folder / spec.name

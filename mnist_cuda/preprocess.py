@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import kind_of
+from .cli import kind_of, os_error
 
 FIELD = 28  # the MNIST image side
 BOX = 20  # the side of the square the digit's ink box is fitted into
@@ -97,6 +97,8 @@ def _read_grayscale(path) -> np.ndarray:
     file, kind = Path(path), kind_of(path)
     if kind == "missing":
         raise ImageError(f"{path}: no such file")
+    if kind == "unusable":
+        raise ImageError(f"{path}: {os_error(path)}")
     if kind == "unreachable":
         raise ImageError(f"{path}: permission denied (a folder on the way cannot be searched)")
     if kind == "folder":

@@ -1,6 +1,7 @@
 """mnist_cuda/cli.py: bad values and output paths are usage errors before any work (one line, exit 2);
 results are written whole."""
 import argparse
+import errno
 import json
 import os
 
@@ -32,6 +33,21 @@ def test_output_path_is_checked_up_front(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(argparse.ArgumentTypeError, match="not a folder"):
         cli.output_path(str(tmp_path / "file" / "r.json"))
+
+
+def test_a_path_the_system_refuses_is_named_in_its_words(tmp_path):
+    """A name too long or a loop of links is not a permission problem: the message is the system's."""
+    long_name, loop = str(tmp_path / ("a" * 300 + ".npz")), tmp_path / "loop"
+    loop.symlink_to(loop)
+    too_long, looping = os.strerror(errno.ENAMETOOLONG), os.strerror(errno.ELOOP)
+    assert cli.kind_of(long_name) == cli.kind_of(loop) == "unusable"
+    cases = [(cli.output_path, long_name, too_long), (cli.output_path, str(loop), looping),
+             (cli.output_path, str(loop / "m.npz"), looping), (cli.input_file, long_name, too_long),
+             (cli.input_file, str(loop), looping), (cli.existing_dir, str(loop), looping)]
+    for check, text, words in cases:
+        with pytest.raises(argparse.ArgumentTypeError) as e:
+            check(text)
+        assert str(e.value).endswith(f"{text}: {words}") and "permission" not in str(e.value), str(e.value)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root may write anywhere")

@@ -1,7 +1,9 @@
 """The data pipeline: IDX parsing, verification, sources and downloads (local HTTP server only)."""
+import errno
 import gzip
 import hashlib
 import http.server
+import os
 import threading
 from pathlib import Path
 
@@ -140,6 +142,26 @@ def test_missing_files_name_every_source(tmp_path, rng, monkeypatch):
     assert not (tmp_path / "cache").exists()  # a failed fetch leaves no empty cache folder behind
     with pytest.raises(DataError, match="unknown dataset"):
         data.load_arrays("cifar")
+
+
+def test_a_path_the_system_refuses_is_named_in_its_words(tmp_path, rng):
+    """A loop of links where a data folder or file should be is not a permission problem: the message is the
+    system's, for a named folder (a usage error) and for the cache."""
+    looping = os.strerror(errno.ELOOP)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(DataDirError) as e:
+        data.named_dir("mnist", tmp_path / "loop")
+    assert str(e.value) == f"the data folder {tmp_path / 'loop'}: {looping}"
+    (tmp_path / "mine").mkdir()
+    link = tmp_path / "mine" / "t10k-images-idx3-ubyte"
+    link.symlink_to(link)
+    with pytest.raises(DataDirError) as e:
+        data.named_dir("mnist", tmp_path / "mine", test_only=True)
+    assert str(e.value) == f"{link}: {looping}"
+    _, _, spec = make_dataset(rng)
+    with pytest.raises(DataError) as e:
+        data.fetch_file(spec.files[2], "mnist", None, tmp_path / "mine", (), progress=False)
+    assert f"cache: cannot read {link} ({looping})" in str(e.value) and "permission" not in str(e.value)
 
 
 def test_a_named_folder_is_the_only_source(tmp_path, rng):

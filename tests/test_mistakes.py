@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import importlib
 import importlib.util
 import json
@@ -602,7 +603,16 @@ def test_each_message_names_the_real_problem(tmp_path, files):
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
     (tmp_path / "plain.json").write_text('{"schema": "x"}')
+    loop, long_name = tmp_path / "loop", tmp_path / ("a" * 300 + ".npz")
+    loop.symlink_to(loop)
+    looping, too_long = os.strerror(errno.ELOOP), os.strerror(errno.ENAMETOOLONG)
     cases = [
+        (COMMANDS[0], ["--save", long_name, "--steps", "0"], ["--save", f"{long_name}: {too_long}"]),
+        (COMMANDS[0], ["--save", loop, "--steps", "0"], ["--save", f"{loop}: {looping}"]),
+        (COMMANDS[1], [loop], ["CHECKPOINT", f"{loop}: {looping}"]),
+        (COMMANDS[1], [files["checkpoint"], "--data-dir", loop], ["--data-dir", f"{loop}: {looping}"]),
+        (COMMANDS[2], [files["checkpoint"], long_name], ["IMAGE", f"{long_name}: {too_long}"]),
+        (COMMANDS[4], ["--data-dir", loop], [f"the data folder {loop}: {looping}"]),
         (COMMANDS[0], ["--init", "/dev/null"], ["--init", "not a regular file"]),
         (COMMANDS[0], ["--init", fifo], ["--init", "not a regular file"]),
         (COMMANDS[2], [files["checkpoint"], fifo], ["IMAGE", "not a regular file"]),
@@ -622,6 +632,7 @@ def test_each_message_names_the_real_problem(tmp_path, files):
         for word in words:
             assert word in lines[0], (args, word, lines[0])
         assert "expected one argument" not in lines[0] and "is a folder" not in lines[0] and "<class" not in lines[0]
+        assert "permission" not in lines[0], (args, lines[0])
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.name for c in COMMANDS])

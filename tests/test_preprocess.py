@@ -1,6 +1,7 @@
 """Image files to MNIST-style 28x28 digits (mnist_cuda.preprocess): the MNIST steps on synthetic
 drawings, every kind of bad file, and, where the MNIST test set is present, the round trip of real test
 digits saved as PNG."""
+import errno
 import gzip
 import os
 
@@ -198,6 +199,7 @@ BAD_FILES = {
     # name: (how to make it, what the message must say)
     "missing": (None, "no such file"),
     "folder": (lambda path, tmp: path.mkdir(), "folder"),
+    "loop": (lambda path, tmp: path.symlink_to(path), os.strerror(errno.ELOOP)),  # the system's words
     "empty": (lambda path, tmp: path.write_bytes(b""), "empty file"),
     "text": (lambda path, tmp: path.write_text("this is not an image\n" * 20), "not an image"),
     "truncated": (lambda path, tmp: path.write_bytes(png_bytes(tmp)[:400]), "corrupt or truncated"),
