@@ -99,12 +99,14 @@ def read_headers(path) -> dict[str, Header]:
     return headers
 
 
-def load_checkpoint(path, spec: dict[str, tuple[tuple, np.dtype]] | None = None):
+def load_checkpoint(path, spec: dict[str, tuple[tuple, np.dtype]] | None = None,
+                    headers: dict[str, Header] | None = None):
     """Read (state, meta). With spec {name: (shape, dtype)} check that names, shapes and dtypes fit (before
-    any array's data is read) and that the values are finite (check_values). Every problem is a
-    CheckpointError whose message says what is wrong and what a checkpoint is."""
+    any array's data is read) and that the values are finite (check_values). headers: read_headers' answer
+    where the caller has it already. Every problem is a CheckpointError whose message says what is wrong and
+    what a checkpoint is."""
     path = Path(path)
-    headers = read_headers(path)
+    headers = dict(read_headers(path) if headers is None else headers)
     meta_header = headers.pop(META_KEY)
     if meta_header.shape != () or meta_header.dtype.kind != "U" or meta_header.dtype.itemsize > META_MAX_BYTES:
         raise CheckpointError(f"{path}: the metadata record is not a JSON object")
@@ -114,10 +116,9 @@ def load_checkpoint(path, spec: dict[str, tuple[tuple, np.dtype]] | None = None)
         with np.load(path, allow_pickle=False) as z:
             meta_text = str(z[META_KEY])
             arrays = {k: z[k] for k in (spec if spec is not None else headers)}
-    except ValueError as e:
-        why = ("it holds pickled Python objects (a torch.save file?)" if "pickle" in str(e)
-               else "a member is not a NumPy array")
-        raise CheckpointError(f"{path} is not a checkpoint: {why}; {NOT_A_CHECKPOINT}") from None
+    except ValueError:  # a member's data is shorter than its header says (read_headers refuses pickled objects)
+        raise CheckpointError(f"{path} is not a checkpoint: a member is not a NumPy array; "
+                              f"{NOT_A_CHECKPOINT}") from None
     except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
         raise _unreadable(path, e) from None
     try:
@@ -204,6 +205,6 @@ def load_model(path):
     if problem:
         raise CheckpointError(f"{path}: {problem[1]}")
     momentum = any(k.startswith(MOMENTUM_PREFIX) for k in headers)
-    arrays, meta = load_checkpoint(path, model_spec(channels, hidden, momentum))
+    arrays, meta = load_checkpoint(path, model_spec(channels, hidden, momentum), headers)
     buffers = {k[len(MOMENTUM_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(MOMENTUM_PREFIX)}
     return arrays, meta, channels, hidden, buffers

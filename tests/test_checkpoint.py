@@ -1,4 +1,6 @@
 """Checkpoints: round trip, atomic writes, clear errors, and PyTorch compatibility."""
+import zipfile
+
 import numpy as np
 import pytest
 
@@ -91,6 +93,28 @@ def test_not_a_checkpoint_says_what_a_checkpoint_is(tmp_path, make, message):
     with pytest.raises(CheckpointError, match=message) as e:
         checkpoint.load_checkpoint(path)
     assert "allow_pickle" not in str(e.value) and "\n" not in str(e.value)
+
+
+def test_load_model_reads_the_headers_once(tmp_path, monkeypatch):
+    path = checkpoint.save_checkpoint(tmp_path / "m.npz", reference.init_state_dict(0, (2, 3), 4), {"step": 1})
+    calls = []
+    read = checkpoint.read_headers
+    monkeypatch.setattr(checkpoint, "read_headers", lambda p: calls.append(p) or read(p))
+    state, meta, channels, hidden, _ = checkpoint.load_model(path)
+    assert len(calls) == 1 and (channels, hidden) == ((2, 3), 4) and meta["step"] == 1
+
+
+def test_a_member_shorter_than_its_header_is_not_an_array(tmp_path):
+    """The archive and its headers are sound, but a member's data ends early: NumPy's ValueError is ours."""
+    path = checkpoint.save_checkpoint(tmp_path / "m.npz", reference.init_state_dict(0, (2, 3), 4), {"step": 1})
+    short = tmp_path / "short.npz"
+    with zipfile.ZipFile(path) as old, zipfile.ZipFile(short, "w") as new:
+        for info in old.infolist():
+            data = old.read(info)
+            new.writestr(info.filename, data[:-8] if info.filename == "fc1.weight.npy" else data)
+    with pytest.raises(CheckpointError, match="a member is not a NumPy array") as e:
+        checkpoint.load_model(short)
+    assert "\n" not in str(e.value) and "--save PATH" in str(e.value)
 
 
 def test_truncated_checkpoint(tmp_path):
