@@ -229,7 +229,7 @@ def preload(sources=None):
     notice.daemon = True
     notice.start()
     try:
-        workers = max(2, min(len(todo), os.cpu_count() or 1))
+        workers = max(1, min(len(todo), os.cpu_count() or 1))  # a thread per source, at most one per CPU
         with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
             list(pool.map(load, todo))
     finally:

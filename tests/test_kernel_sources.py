@@ -421,3 +421,21 @@ def test_preload_compiles_side_by_side_and_says_so_when_it_takes_a_while(monkeyp
     assert err == "compiling 4 CUDA kernels (4 sources) for sm_90a (first run only; cached after)\n", err
     cuda.preload([_Source(0.0) for _ in range(3)] + slow)  # from the cache: quick, and nothing said
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("cpus,sources,workers", [(1, 4, 1), (None, 4, 1), (16, 3, 3), (16, 1, 1), (2, 5, 2)])
+def test_preload_takes_a_thread_per_source_up_to_the_cpus(monkeypatch, cpus, sources, workers):
+    import concurrent.futures
+    monkeypatch.setattr(cuda, "require_gpu", _fake_cupy)
+    monkeypatch.setattr(cuda.os, "cpu_count", lambda: cpus)
+    made = []
+
+    class Pool(concurrent.futures.ThreadPoolExecutor):
+        def __init__(self, max_workers):
+            made.append(max_workers)
+            super().__init__(max_workers)
+
+    monkeypatch.setattr(cuda.concurrent.futures, "ThreadPoolExecutor", Pool)
+    todo = [_Source(0.0, kernels=1) for _ in range(sources)]
+    cuda.preload(todo)
+    assert made == [workers] and all(s.loaded() for s in todo)
