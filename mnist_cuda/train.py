@@ -279,7 +279,10 @@ def check(args, parser: cli.Parser) -> Setup:
     train_samples, batch = data.TRAIN_SAMPLES[value["dataset"]], value["batch_size"]
     if batch > train_samples:
         parser.fail("--batch-size", f"{batch} is larger than the training set ({train_samples} samples)")
-    cli.model_fits_or_fail(parser, channels, hidden, batch, (value["kernels"],), initialise=r.state is None)
+    from . import sizes
+    blame = sizes.FLAGS if r.state is None else sizes.Blame("--init", "the --init checkpoint's model")
+    cli.model_fits_or_fail(parser, channels, hidden, batch, (value["kernels"],), initialise=r.state is None,
+                           blame=blame)
     steps_per_epoch = train_samples // batch
     steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
     planned = steps or args.epochs * steps_per_epoch  # (--steps 0 records the schedule of a run of --epochs)

@@ -433,3 +433,13 @@ def test_target_accuracy_stops_at_the_first_epoch_that_reaches_it(tmp_path):
     accuracies = [json.loads(line)["test_accuracy"] for line in metrics.read_text().splitlines() if "test_accuracy" in line]
     assert accuracies[-1] >= 0.97 and all(a < 0.97 for a in accuracies[:-1]) and len(accuracies) < 5
     assert f"target 97%: reached in epoch {len(accuracies)} after" in r.stdout and "not counted" in r.stdout
+
+
+def test_a_batch_too_large_for_the_init_checkpoints_model_blames_the_checkpoint(tmp_path):
+    """The model of a continued run comes from --init, not from --channels / --hidden: a batch its activations
+    cannot take names the checkpoint's model, not flags the user did not give."""
+    ck = tmp_path / "wide.npz"
+    assert run_train("--channels", "32,4096", "--steps", "0", "--save", str(ck)).returncode == 0
+    r = run_train("--init", str(ck), "--batch-size", "1000", "--steps", "1")
+    one_line_usage_error(r, "--init", "the --init checkpoint's model (channels 32,4096, hidden 128)", "at most batch 668")
+    assert "--channels" not in r.stderr
