@@ -252,15 +252,21 @@ def output_path(text: str) -> Path:
     return path
 
 
-def input_file(text: str) -> Path:
-    """A file to read: it exists, is a regular file and is readable."""
+def _reachable_kind(text: str, named: str) -> str:
+    """kind_of(text), where it names something that is there; else the argparse error, naming it `named`."""
     kind = kind_of(text)
     if kind == "missing":
-        raise argparse.ArgumentTypeError(f"{text} does not exist")
+        raise argparse.ArgumentTypeError(f"{named} does not exist")
     if kind == "unusable":
-        raise argparse.ArgumentTypeError(f"{text}: {os_error(text)}")
+        raise argparse.ArgumentTypeError(f"{named}: {os_error(text)}")
     if kind == "unreachable":
-        raise argparse.ArgumentTypeError(f"{text} cannot be reached (permission denied on a folder on the way)")
+        raise argparse.ArgumentTypeError(f"{named} cannot be reached (permission denied on a folder on the way)")
+    return kind
+
+
+def input_file(text: str) -> Path:
+    """A file to read: it exists, is a regular file and is readable."""
+    kind = _reachable_kind(text, text)
     if kind == "folder":
         raise argparse.ArgumentTypeError(f"{text} is a folder, not a file")
     if kind == "other":
@@ -272,14 +278,7 @@ def input_file(text: str) -> Path:
 
 def existing_dir(text: str) -> Path:
     """A folder to read: it exists and may be listed and searched."""
-    kind = kind_of(text)
-    if kind == "missing":
-        raise argparse.ArgumentTypeError(f"the folder {text} does not exist")
-    if kind == "unusable":
-        raise argparse.ArgumentTypeError(f"the folder {text}: {os_error(text)}")
-    if kind == "unreachable":
-        raise argparse.ArgumentTypeError(f"the folder {text} cannot be reached (permission denied on a folder "
-                                         f"on the way)")
+    kind = _reachable_kind(text, f"the folder {text}")
     if kind != "folder":
         raise argparse.ArgumentTypeError(f"{text} is not a folder")
     if not os.access(text, os.R_OK | os.X_OK):
