@@ -52,6 +52,17 @@ def fake_torch():
     return types.SimpleNamespace(_dynamo=types.SimpleNamespace(utils=types.SimpleNamespace(counters=counters)))
 
 
+def test_recipe_modes_take_every_candidate_by_its_name():
+    from argparse import ArgumentTypeError
+    from mnist_cuda.compare.recipes import RECIPE_TORCH_MODES, recipe_modes
+    assert recipe_modes(",".join(c.BY_NAME)) == tuple(c.BY_NAME)  # names with ", channels_last" too
+    assert recipe_modes("graph, channels_last,eager") == ("graph, channels_last", "eager")
+    assert set(RECIPE_TORCH_MODES) <= set(c.BY_NAME)
+    for bad in ("channels_last", "graph,graph", "graph,,eager", "fast"):
+        with pytest.raises(ArgumentTypeError):
+            recipe_modes(bad)
+
+
 def test_compile_watch_fails_a_candidate_that_compiles_again():
     torch = fake_torch()
     frames = torch._dynamo.utils.counters["frames"]

@@ -93,8 +93,8 @@ def build_parser():
                    help="instead of the step timings: train's --recipe on both sides: fast, the training time to "
                         "its target accuracy; best, the accuracy after its epochs and their training time")
     p.add_argument("--recipe-torch-modes", type=recipe_modes, default=RECIPE_TORCH_MODES, metavar="MODES",
-                   help="with --recipe: PyTorch's modes, comma-separated (eager, compiled, graph, compiled+graph, or "
-                        f"any other candidate) (default: {','.join(RECIPE_TORCH_MODES)})")
+                   help="with --recipe: PyTorch's modes, comma-separated: any candidate, as eager,graph,"
+                        f"compiled+graph,channels_last (default: {','.join(RECIPE_TORCH_MODES)})")
     p.add_argument("--recipe-seeds", type=recipe_seeds, default=RECIPE_SEEDS, metavar="SEEDS",
                    help="with --recipe: the seeds, as 0,1,2 or 0-4 (default: 0-4)")
     p.add_argument("--out", type=output_path, default=None,

@@ -18,15 +18,22 @@ from .candidates import BY_NAME
 from .timing import speed_defaults
 
 RECIPE_SEEDS = (0, 1, 2, 3, 4)
-RECIPE_TORCH_MODES = ("eager", "compiled", "graph", "compiled+graph")
+RECIPE_TORCH_MODES = ("eager", "compiled", "graph", "compiled+graph", "compiled+graph, channels_last")
 
 
 def recipe_modes(text: str) -> tuple:
-    modes = tuple(m.strip() for m in text.split(","))
+    """Candidate names, comma-separated; a ", channels_last" belongs to the name before it (the candidates'
+    own names carry it)."""
+    modes = []
+    for part in (m.strip() for m in text.split(",")):
+        if part == "channels_last" and modes:
+            modes[-1] += ", channels_last"
+        else:
+            modes.append(part)
     bad = [m for m in modes if m not in BY_NAME]
     if bad or not modes or len(set(modes)) != len(modes):
-        raise ArgumentTypeError(f"want distinct PyTorch modes of {', '.join(BY_NAME)}, got {text!r}")
-    return modes
+        raise ArgumentTypeError(f"want distinct PyTorch modes of {'; '.join(BY_NAME)}, got {text!r}")
+    return tuple(modes)
 
 
 MAX_RECIPE_SEEDS = 100  # each seed trains the recipe on both sides in every mode
