@@ -21,7 +21,8 @@ def cmp():
     return types.SimpleNamespace(
         PHASES=PHASES, SCHEMA=report.SCHEMA, build_parser=main.build_parser, validate_result=report.validate_result,
         format_tables=report.format_tables, plot=plot.plot, measure_loop=measure.measure_loop,
-        run_parity=parity.run_parity, format_recipe=recipes.format_recipe, recipe_seed_line=recipes.recipe_seed_line)
+        run_parity=parity.run_parity, format_recipe=recipes.format_recipe, recipe_seed_line=recipes.recipe_seed_line,
+        RECIPE_TORCH_MODES=recipes.RECIPE_TORCH_MODES)
 
 
 def run_script(*args, pre="pass", timeout=900):
@@ -345,23 +346,32 @@ def test_recipe_table_and_the_committed_recipe_result(cmp):
     for row in result["seeds"].values():
         assert all(side["seconds_to_target"] is not None for side in row.values())
     text = cmp.format_recipe(result)
-    assert "ours" in text and "torch eager" in text and "not every seed" not in text
+    assert "ours" in text and "not every seed" not in text
+    # PyTorch in every recipe mode, its whole-step graphs among them
+    assert set(next(iter(result["seeds"].values()))) == {"ours"} | {f"torch {m}" for m in cmp.RECIPE_TORCH_MODES}
     result["seeds"]["0"]["torch eager"]["seconds_to_target"] = None
     assert "not every seed reached it" in cmp.format_recipe(result)
 
 
-def test_the_committed_best_recipe_result(cmp):
-    """--recipe best on both sides (H200): every seed trained all 20 epochs on each side, ours reached the
-    99.45% mean the recipe was chosen for, and the table reads."""
-    result = json.loads((REPO / "benchmarks" / "results" / "recipe-best-h200.json").read_text())["recipe"]
-    assert result["target"] is None and result["flags"]["augment"] == 2
+GRAPH_MODES = ("torch graph", "torch compiled+graph", "torch compiled+graph, channels_last")
+
+
+@pytest.mark.parametrize("dataset, name, least", [("mnist", "recipe-best-h200.json", 0.9945),
+                                                  ("fashion-mnist", "recipe-best-fashion-mnist-h200.json", 0.925)])
+def test_the_committed_best_recipe_results(cmp, dataset, name, least):
+    """--recipe best on both sides (H200), PyTorch as whole-step graphs: every seed trained all 20 epochs on
+    each side, ours reached the mean the recipe was chosen for (MNIST) or the project's target (Fashion-MNIST:
+    the two-convolution CNNs of its benchmark table reach 91.6-93.2%), and the table reads."""
+    result = json.loads((REPO / "benchmarks" / "results" / name).read_text())["recipe"]
+    assert result["dataset"] == dataset and result["target"] is None and result["flags"]["augment"] == 2
     assert set(result["seeds"]) == {"0", "1", "2", "3", "4"}
     for row in result["seeds"].values():
-        assert set(row) == {"ours", "torch eager"}
+        assert set(row) == {"ours", *GRAPH_MODES}
         assert all(len(side["accuracy"]) == result["flags"]["epochs"] for side in row.values())
     final = [row["ours"]["accuracy"][-1] for row in result["seeds"].values()]
-    assert sum(final) / len(final) >= 0.9945
-    assert "(mean 99.51%)" in cmp.format_recipe(result)
+    mean = sum(final) / len(final)
+    assert mean >= least
+    assert f"(mean {100 * mean:.2f}%)" in cmp.format_recipe(result)
 
 
 def test_recipe_table_without_a_target(cmp):

@@ -168,7 +168,7 @@ def files(tmp_path_factory):
     metrics.write_text("".join(json.dumps({"step": s, "epoch": 1, "loss": 1.0 / s}) + "\n" for s in range(1, 60))
                        + json.dumps({"step": 59, "epoch": 1, "test_accuracy": 0.9}) + "\n")
     result = d / "result.json"
-    result.write_text((REPO / "benchmarks" / "results" / "compare-h200-fp32.json").read_text())
+    result.write_text((REPO / "benchmarks" / "results" / "compare-h200-fp32-64.json").read_text())
     readme = d / "README.md"
     readme.write_text((REPO / "README.md").read_text())
     image = d / "digit.png"
