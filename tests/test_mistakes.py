@@ -131,8 +131,8 @@ COMMANDS = [
     Command("loss_sequences bundle", ["dev/loss_sequences.py", "bundle"], _bundle_parser),
     Command("kernel_cases", ["dev/kernel_cases.py"], lambda: None),
 ] + [Command(name, [f"dev/{name}.py"], _in_file(DEV / f"{name}.py"))
-     for name in ("bench_kernels", "bf16_distance", "grid_barrier", "persistent_forward", "profile_step",
-                  "step_launch_costs", "step_timeline", "time_step")]
+     for name in ("bench_kernels", "bf16_distance", "profile_step", "step_launch_costs", "step_timeline",
+                  "time_step")]
 
 
 def _arguments(command: Command):
