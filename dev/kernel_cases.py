@@ -718,8 +718,8 @@ def block_backward_fast_case(layer, per_block=None):
 def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
     """fc1's products: forward (+ bias + ReLU in splitk_reduce_fast), input gradient and weight gradient, at
     precision "fp32" (3xTF32) or "bf16", in the tiled form (the input gradient in 64-wide tiles, or 32-wide
-    with narrow; the weight gradient split-K where the batch is long enough) or, for the forward and the
-    input gradient, the wgmma form (sm_90a; the forward 128 or, narrow, 64 outputs wide)."""
+    with narrow; the weight gradient split-K where the batch is long enough) or, for the input gradient,
+    the wgmma form (sm_90a)."""
     def make(rng, d):
         N, I, O = _linear_geometry(d, "fc1")
         x, w, b, dy = _f32(rng, (N, I)), _f32(rng, (O, I), 1 / np.sqrt(I)), _f32(rng, O), _f32(rng, (N, O))
@@ -728,8 +728,7 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
         if part == "forward":
             y = _poison((N, O))
             partial = _poison(linear_splitk.forward_partial_size(N, I, O))
-            run = lambda: linear_splitk.forward(xd, wd, bd, partial, y, N, I, O, precision, form=form,
-                                                narrow=narrow if form == "wgmma" else None)
+            run = lambda: linear_splitk.forward(xd, wd, bd, partial, y, N, I, O, precision)
             return Prepared(run, {"y": y}, {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
                             (2.0 * N * I * O, _bytes(x, w, y)))
         dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
@@ -743,12 +742,12 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
         run = lambda: linear_splitk.backward_weight(xd, dyd, dw, partial, N, I, O, precision)
         return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
     assert part in ("forward", "backward_input", "backward_weight") and form in linear_splitk.FORMS
-    assert not narrow or (part, form) in (("backward_input", "tiled"), ("forward", "wgmma"))
-    assert form == "tiled" or part != "backward_weight"
+    assert not narrow or (part, form) == ("backward_input", "tiled")
+    assert form == "tiled" or part == "backward_input"
     assert precision in ("fp32", "bf16"), "fc1 runs in 3xTF32 or in bf16 (linear_splitk.PRECISIONS)"
     ops = ("linear", "relu") if part == "forward" else ("linear",)  # the forward's ReLU is in splitk_reduce
     p, wg = f"<{precision}>", "_wgmma" if form == "wgmma" else ""
-    name = {"forward": f"linear_forward{wg}{'_narrow' if narrow else ''}_fast{p}+splitk_reduce_fast",
+    name = {"forward": f"linear_forward_fast{p}+splitk_reduce_fast",
             "backward_input": f"linear_backward_input_narrow_fast{p}" if narrow else f"linear_backward_input{wg}_fast{p}",
             "backward_weight": f"linear_backward_weight_fast{p}"}[part]
     return Case(f"{name}[fc1]", make, _tol(precision), ops=ops, sm90a=form == "wgmma")
@@ -757,8 +756,6 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
 def linear_fast_cases(precision: str) -> list[Case]:
     """Every form of fc1's three products at `precision`."""
     return [linear_fast_case("forward", precision=precision),
-            linear_fast_case("forward", narrow=False, precision=precision, form="wgmma"),
-            linear_fast_case("forward", narrow=True, precision=precision, form="wgmma"),
             linear_fast_case("backward_input", narrow=False, precision=precision),
             linear_fast_case("backward_input", narrow=True, precision=precision),
             linear_fast_case("backward_input", precision=precision, form="wgmma"),

@@ -285,20 +285,19 @@ def test_conv1_backward_channels_by_batch(monkeypatch):
         assert parts <= conv1.backward_max_parts() and parts * grids[32][1] >= n > (parts - 1) * grids[32][1]
 
 
-def test_fc1_form_by_product_and_batch(monkeypatch):
-    """fc1's forward takes the tiled core at every batch and precision; the input gradient takes the wgmma
-    form in bf16 from WG_MIN_BATCH on, and only where the kernels are compiled for sm_90a."""
+def test_fc1_input_grad_form_by_batch(monkeypatch):
+    """fc1's input gradient takes the wgmma form in bf16 from WG_MIN_BATCH on, and only where the kernels are
+    compiled for sm_90a."""
     from mnist_cuda.ops import linear_splitk as fc1
     monkeypatch.setattr(fc1.cuda, "arch_specific", lambda: True)
-    assert {fc1._form(None, "forward", p, n) for p in ("fp32", "bf16") for n in (64, 512, 4096)} == {"tiled"}
-    assert fc1._form(None, "backward_input", "bf16", fc1.WG_MIN_BATCH) == "wgmma"
-    assert fc1._form(None, "backward_input", "bf16", fc1.WG_MIN_BATCH - 1) == "tiled"
-    assert fc1._form(None, "backward_input", "fp32", 4096) == "tiled"
-    assert fc1._form("wgmma", "forward", "fp32", 64) == "wgmma"  # forced
+    assert fc1._form(None, "bf16", fc1.WG_MIN_BATCH) == "wgmma"
+    assert fc1._form(None, "bf16", fc1.WG_MIN_BATCH - 1) == "tiled"
+    assert fc1._form(None, "fp32", 4096) == "tiled"
+    assert fc1._form("wgmma", "fp32", 64) == "wgmma"  # forced
     monkeypatch.setattr(fc1.cuda, "arch_specific", lambda: False)
-    assert fc1._form(None, "backward_input", "bf16", 4096) == "tiled"
+    assert fc1._form(None, "bf16", 4096) == "tiled"
     with pytest.raises(ValueError, match="sm_90a"):
-        fc1._form("wgmma", "backward_input", "bf16", 4096)
+        fc1._form("wgmma", "bf16", 4096)
 
 
 def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):

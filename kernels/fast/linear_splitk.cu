@@ -1,10 +1,9 @@
 // linear_splitk.cu: fc1's three products on the tensor cores (3xTF32, or bf16 with --precision bf16): the
 // fast form of naive/linear.cu and relu.cu for fc1. The tiled mma.sync core (gemm_tile.cuh) runs on any
-// GPU since Ampere; on Hopper (sm_90a) the forward and the input gradient also have a warpgroup-MMA
-// form (wgmma_tile.cuh), which mnist_cuda/ops/linear_splitk.py chooses for the bf16 input gradient at large
-// batches (docs/performance.md). N is the batch. The
-// precision is a template parameter of each entry point. Products whose reduction is long and whose
-// output is small (the forward's k = 3136; the weight gradient's k = the batch) are cut along k into
+// GPU since Ampere; on Hopper (sm_90a) the input gradient also has a warpgroup-MMA form (wgmma_tile.cuh),
+// which mnist_cuda/ops/linear_splitk.py chooses in bf16 at large batches (docs/performance.md). N is the
+// batch. The precision is a template parameter of each entry point. Products whose reduction is long and
+// whose output is small (the forward's k = 3136; the weight gradient's k = the batch) are cut along k into
 // splits, each block writing a partial result that splitk_reduce.cu sums in order.
 #include "common.cuh"
 #include "gemm_tile.cuh"
@@ -68,40 +67,8 @@ linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, 
     });
 }
 
-// ---- Hopper (sm_90a): the forward and the input gradient on wgmma_tile.cuh ----------------------------
-// Compiled for other GPUs as empty kernels, which the launch contracts never launch there.
-
-// As linear_forward_fast, in tiles of 64 samples x COLS outputs.
-// grid (ceil(O/COLS), ceil(N/64), splits); partial [splits, N, O]; k_per_split a multiple of WG_CHUNK_K
-template <Precision P, int COLS>
-__device__ __forceinline__ void linear_forward_wgmma(const float* x, const float* w, float* partial, int N, int I, int O,
-                                                     int k_per_split) {
-#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-    extern __shared__ float4 wg_shared[];
-    const int m0 = blockIdx.y * 64, n0 = blockIdx.x * COLS;
-    int k_begin, k_end;
-    split_range(blockIdx.z, k_per_split, I, &k_begin, &k_end);
-    float acc[COLS / 2];
-    wgmma_tile<P, COLS, true>(x, N, I, w, O, I, m0, n0, k_begin, k_end, acc, wg_shared);
-    float* out = partial + (size_t)blockIdx.z * N * O;
-    wgmma_store<COLS>(acc, m0, n0, [&](int n, int o, float v) {
-        if (n < N && o < O) out[n * O + o] = v;
-    });
-#endif
-}
-// All of fc1's 128 outputs per block (WG_FORWARD_COLS), or half of them (narrow): half the columns, so
-// half the splits of k for the same number of blocks, where the wide tiles would cut k into short
-// splits (docs/performance.md).
-template <Precision P>
-__global__ void __launch_bounds__(WG_THREADS)
-linear_forward_wgmma_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split) {
-    linear_forward_wgmma<P, WG_FORWARD_COLS>(x, w, partial, N, I, O, k_per_split);
-}
-template <Precision P>
-__global__ void __launch_bounds__(WG_THREADS)
-linear_forward_wgmma_narrow_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split) {
-    linear_forward_wgmma<P, WG_FORWARD_COLS / 2>(x, w, partial, N, I, O, k_per_split);
-}
+// ---- Hopper (sm_90a): the input gradient on wgmma_tile.cuh --------------------------------------------
+// Compiled for other GPUs as an empty kernel, which the launch contract never launches there.
 
 // As linear_backward_input_fast, in tiles of 64 samples x WG_INPUT_GRAD_COLS inputs; W is read
 // n-contiguous (its rows are fc1's outputs, k here) and transposed as it is staged.
@@ -113,7 +80,7 @@ linear_backward_input_wgmma_fast(const float* dy, const float* w, float* dx, int
     extern __shared__ float4 wg_shared[];
     const int m0 = blockIdx.y * 64, n0 = blockIdx.x * WG_INPUT_GRAD_COLS;
     float acc[WG_INPUT_GRAD_COLS / 2];
-    wgmma_tile<P, WG_INPUT_GRAD_COLS, false>(dy, N, O, w, I, I, m0, n0, 0, O, acc, wg_shared);
+    wgmma_tile<P, WG_INPUT_GRAD_COLS>(dy, N, O, w, I, I, m0, n0, O, acc, wg_shared);
     wgmma_store<WG_INPUT_GRAD_COLS>(acc, m0, n0, [&](int n, int i, float v) {
         if (n < N && i < I) dx[n * I + i] = v;
     });

@@ -1,15 +1,14 @@
-// wgmma_tile.cuh: a matrix-product core for fc1's forward and input gradient on Hopper (sm_90a), one
-// warpgroup MMA (wgmma) per k-step with both operands read by the tensor cores from shared memory, in
-// 3xTF32 (Precision::Fp32) or bf16 (Precision::Bf16). Other GPUs use gemm_tile.cuh's mma.sync core.
+// wgmma_tile.cuh: a matrix-product core for fc1's input gradient on Hopper (sm_90a), one warpgroup MMA
+// (wgmma) per k-step with both operands read by the tensor cores from shared memory, in 3xTF32
+// (Precision::Fp32) or bf16 (Precision::Bf16). Other GPUs use gemm_tile.cuh's mma.sync core.
 //
 //   C[m][n] = sum_k A(m, k) * B(k, n)
 //
 // A block is one warpgroup of WG_THREADS threads and computes a 64 x BN tile of C, BN / 2 values per
-// thread. Operand A is k-contiguous in memory: A(m, k) = a[m * lda + k]. Operand B is either
-// k-contiguous, B(k, n) = b[n * ldb + k] (fc1's forward: x W^T, both operands as they are stored), or
-// n-contiguous, B(k, n) = b[k * ldb + n] (the input gradient: dy W). wgmma reads TF32 operands only
-// k-major, so an n-contiguous B is transposed in registers while it is staged: a thread loads 4 columns
-// of each of its k rows and stores them as 4 k-major lines.
+// thread. Operand A is k-contiguous in memory: A(m, k) = a[m * lda + k] (dy). Operand B is n-contiguous:
+// B(k, n) = b[k * ldb + n] (W, whose rows are fc1's outputs, k here). wgmma reads TF32 operands only
+// k-major, so B is transposed in registers while it is staged: a thread loads 4 columns of each of its
+// k rows and stores them as 4 k-major lines.
 //
 // k passes through shared memory WG_CHUNK_K at a time, two buffers: the next chunk is fetched into
 // registers and staged while the tensor cores work on this one. Staging rounds the values as the
@@ -122,17 +121,17 @@ struct WgmmaOperand {
 // Shared memory of wgmma_tile: two buffers of both operands' chunks.
 template <Precision PR, int BN>
 constexpr int wgmma_tile_shared_bytes =
-    2 * 16 * (WgmmaOperand<PR, 64, true>::SLOTS + WgmmaOperand<PR, BN, true>::SLOTS);
+    2 * 16 * (WgmmaOperand<PR, 64, true>::SLOTS + WgmmaOperand<PR, BN, false>::SLOTS);
 
-// Accumulate the block's 64 x BN tile (rows m0.. of A, columns n0.. of B) over k in [k_begin, k_end);
-// k_begin is a multiple of WG_CHUNK_K. a: m_total rows, lda apart; b: n_total columns, ldb apart (see
-// the top). acc[4j + r] = C(m0 + 16 * warp + g + 8 * (r / 2), n0 + 8j + 2t + r % 2), as wgmma_tf32 lays
-// out d. shared: wgmma_tile_shared_bytes<PR, BN> of dynamic shared memory.
-template <Precision PR, int BN, bool B_K_CONTIGUOUS>
+// Accumulate the block's 64 x BN tile (rows m0.. of A, columns n0.. of B) over k in [0, k_end). a:
+// m_total rows, lda apart; b: n_total columns, its k rows ldb apart (see the top). acc[4j + r] =
+// C(m0 + 16 * warp + g + 8 * (r / 2), n0 + 8j + 2t + r % 2), as wgmma_tf32 lays out d. shared:
+// wgmma_tile_shared_bytes<PR, BN> of dynamic shared memory.
+template <Precision PR, int BN>
 __device__ __forceinline__ void wgmma_tile(const float* a, int m_total, int lda, const float* b, int n_total, int ldb,
-                                           int m0, int n0, int k_begin, int k_end, float* acc, float4* shared) {
+                                           int m0, int n0, int k_end, float* acc, float4* shared) {
     using OpA = WgmmaOperand<PR, 64, true>;
-    using OpB = WgmmaOperand<PR, BN, B_K_CONTIGUOUS>;
+    using OpB = WgmmaOperand<PR, BN, false>;
     constexpr int BUFFER = OpA::SLOTS + OpB::SLOTS;
     unsigned shared_bytes;  // a launch with too little shared memory would corrupt its neighbours': stop it
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));
@@ -141,10 +140,10 @@ __device__ __forceinline__ void wgmma_tile(const float* a, int m_total, int lda,
     OpB stage_b;
 #pragma unroll
     for (int i = 0; i < BN / 2; i++) acc[i] = 0.0f;
-    const int chunks = CEIL_DIV(k_end - k_begin, WG_CHUNK_K);
+    const int chunks = CEIL_DIV(k_end, WG_CHUNK_K);
     if (chunks <= 0) return;
-    stage_a.fetch(a, m_total, lda, m0, k_begin, k_end);
-    stage_b.fetch(b, n_total, ldb, n0, k_begin, k_end);
+    stage_a.fetch(a, m_total, lda, m0, 0, k_end);
+    stage_b.fetch(b, n_total, ldb, n0, 0, k_end);
     stage_a.stage(shared);
     stage_b.stage(shared + OpA::SLOTS);
     fence_proxy_async();  // the stores are visible to the tensor cores after the barrier
@@ -152,7 +151,7 @@ __device__ __forceinline__ void wgmma_tile(const float* a, int m_total, int lda,
     for (int c = 0; c < chunks; c++) {
         const bool more = c + 1 < chunks;
         if (more) {  // in flight during the products below
-            const int k0 = k_begin + (c + 1) * WG_CHUNK_K;
+            const int k0 = (c + 1) * WG_CHUNK_K;
             stage_a.fetch(a, m_total, lda, m0, k0, k_end);
             stage_b.fetch(b, n_total, ldb, n0, k0, k_end);
         }

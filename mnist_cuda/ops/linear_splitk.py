@@ -1,12 +1,11 @@
 """The launch contracts of kernels/fast/linear_splitk.cu: fc1's three products on the tensor cores, the long
 reductions cut into splits that splitk_reduce sums. Each product has a "tiled" form (the mma.sync core,
-kernels/include/gemm_tile.cuh, any GPU); the forward and the input gradient also have a "wgmma" form
+kernels/include/gemm_tile.cuh, any GPU); the input gradient also has a "wgmma" form
 (kernels/include/wgmma_tile.cuh), Hopper's warpgroup MMA, for kernels compiled for sm_90a. form=None takes
-the wgmma form for the input gradient in bf16, for batches of at least WG_MIN_BATCH: much faster at the
-largest batches, slightly slower at some middling ones (docs/performance.md, sections 3 and 6). The
-forward takes the tiled core at every batch: in bf16 the wgmma form's small gains at middling batches do
-not pay for its loss at large ones (docs/performance.md, section 3). form="tiled" or
-"wgmma" forces one.
+the wgmma form in bf16, for batches of at least WG_MIN_BATCH: much faster at the largest batches, slightly
+slower at some middling ones (docs/performance.md, sections 3 and 6). form="tiled" or "wgmma" forces one.
+The forward has the tiled form alone: on wgmma its small gains at middling batches in bf16 do not pay for
+its loss at large ones (docs/performance.md).
 
 precision: the step's precision (conv2_implicit_gemm.PRECISIONS). fc1 runs in 3xTF32 (float32's accuracy)
 at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 by default while its
@@ -22,34 +21,31 @@ TILE, TILE_K = 64, 16  # a block's output tile is TILE x TILE (narrow: half as w
 GEMM_THREADS, GEMM_MIN_BLOCKS = 256, 3  # 3 blocks per SM cap the registers so that 24 warps hide latency
 GEMM_STAGES = 4  # k-steps in a block's copy ring: 3 in flight while one is multiplied (<= 40 KB per block)
 MAX_SPLITS = 64
-# the wgmma form: one warpgroup of WG_THREADS per block, 64 samples x WG_FORWARD_COLS outputs (forward; half
-# as many when narrow) or x WG_INPUT_GRAD_COLS inputs (input gradient: 3136 = 28 x 112); k staged WG_CHUNK_K
-# at a time, in two buffers; WG_BLOCKS_PER_SM blocks per SM size the forward's splits; the forward is narrow
-# where the wide tiles would cut k into more than WG_WIDE_MAX_SPLITS splits
-WG_THREADS, WG_CHUNK_K, WG_FORWARD_COLS, WG_INPUT_GRAD_COLS, WG_BLOCKS_PER_SM = 128, 32, 128, 112, 2
-WG_WIDE_MAX_SPLITS, WG_MIN_BATCH = 8, 256
+# the wgmma form: one warpgroup of WG_THREADS per block, 64 samples x WG_INPUT_GRAD_COLS inputs (3136 = 28 x
+# 112); k staged WG_CHUNK_K at a time, in two buffers
+WG_THREADS, WG_CHUNK_K, WG_INPUT_GRAD_COLS, WG_MIN_BATCH = 128, 32, 112, 256
 FORMS = ("tiled", "wgmma")
 
 _src = source("fast/linear_splitk.cu", TILE_M=TILE, TILE_N=TILE, TILE_K=TILE_K, GEMM_THREADS=GEMM_THREADS,
               GEMM_MIN_BLOCKS=GEMM_MIN_BLOCKS, GEMM_STAGES=GEMM_STAGES, WG_THREADS=WG_THREADS, WG_CHUNK_K=WG_CHUNK_K,
-              WG_FORWARD_COLS=WG_FORWARD_COLS, WG_INPUT_GRAD_COLS=WG_INPUT_GRAD_COLS)
+              WG_INPUT_GRAD_COLS=WG_INPUT_GRAD_COLS)
 PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
 _kernel = precision_kernels(_src, "linear", ("forward", "backward_input", "backward_input_narrow", "backward_weight",
-                                             "forward_wgmma", "forward_wgmma_narrow", "backward_input_wgmma"),
-                            PRECISIONS)
+                                             "backward_input_wgmma"), PRECISIONS)
 
 
-def wgmma_shared_bytes(cols: int, precision: str) -> int:
-    """Dynamic shared memory of a wgmma-form block with `cols` columns: two buffers of both operands' chunks,
-    each part of a chunk [16-byte quad][line + 1 spare slot] (kernels/include/wgmma_tile.cuh)."""
-    _kernel("forward_wgmma", precision)
+def wgmma_shared_bytes(precision: str) -> int:
+    """Dynamic shared memory of a wgmma-form block: two buffers of both operands' chunks, each part of a
+    chunk [16-byte quad][line + 1 spare slot] (kernels/include/wgmma_tile.cuh)."""
+    _kernel("backward_input_wgmma", precision)
     values, parts = (8, 1) if precision == "bf16" else (4, 2)
-    return 2 * 16 * parts * (WG_CHUNK_K // values) * ((64 + 1) + (cols + 1))
+    return 2 * 16 * parts * (WG_CHUNK_K // values) * ((64 + 1) + (WG_INPUT_GRAD_COLS + 1))
 
 
-def _form(form: str | None, product: str, precision: str, n: int) -> str:
+def _form(form: str | None, precision: str, n: int) -> str:
+    """The input gradient's form."""
     if form is None:
-        wgmma = product == "backward_input" and precision == "bf16" and n >= WG_MIN_BATCH
+        wgmma = precision == "bf16" and n >= WG_MIN_BATCH
         return "wgmma" if wgmma and cuda.arch_specific() else "tiled"
     if form not in FORMS:
         raise ValueError(f"unknown form {form!r}; choose from {FORMS}")
@@ -68,49 +64,24 @@ def split_k(k_total: int, tiles: int) -> tuple[int, int]:
     return ceil_div(k_total, k_per_split), k_per_split
 
 
-def wgmma_split_k(k_total: int, tiles: int) -> tuple[int, int]:
-    """split_k for the wgmma form: splits of whole WG_CHUNK_K chunks, tiles * splits blocks in one wave of
-    WG_BLOCKS_PER_SM per SM."""
-    chunks = ceil_div(k_total, WG_CHUNK_K)
-    splits = max(1, min(chunks, MAX_SPLITS, WG_BLOCKS_PER_SM * sm_count() // max(tiles, 1)))
-    k_per_split = ceil_div(chunks, splits) * WG_CHUNK_K
-    return ceil_div(k_total, k_per_split), k_per_split
-
-
 def max_splits(k_total: int) -> int:
     """An upper bound of split_k's splits for any reduction of length <= k_total (to size scratch)."""
     return max(1, min(MAX_SPLITS, ceil_div(k_total, TILE_K) // 4))
 
 
 def forward_partial_size(batch: int, n_in: int, n_out: int) -> int:
-    wgmma_splits = max(1, min(MAX_SPLITS, ceil_div(n_in, WG_CHUNK_K)))  # wgmma_split_k's bound
-    return max(max_splits(n_in), wgmma_splits) * batch * n_out
+    return max_splits(n_in) * batch * n_out
 
 
 def weight_partial_size(batch: int, n_in: int, n_out: int) -> int:
     return max_splits(batch) * n_out * n_in
 
 
-def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int, precision: str = "fp32", form: str | None = None,
-            narrow: bool | None = None):
-    """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size]. The wgmma form's
-    tiles are narrow where the wide ones would cut k into more than WG_WIDE_MAX_SPLITS splits (narrow=None;
-    True or False forces one)."""
-    if _form(form, "forward", precision, n) == "wgmma":
-        splits, k_per_split = wgmma_split_k(n_in, ceil_div(n_out, WG_FORWARD_COLS) * ceil_div(n, 64))
-        if narrow is None:
-            narrow = splits > WG_WIDE_MAX_SPLITS
-        name, cols = ("forward_wgmma_narrow", WG_FORWARD_COLS // 2) if narrow else ("forward_wgmma", WG_FORWARD_COLS)
-        splits, k_per_split = wgmma_split_k(n_in, ceil_div(n_out, cols) * ceil_div(n, 64))
-        _kernel(name, precision).launch(
-            (ceil_div(n_out, cols), ceil_div(n, 64), splits), WG_THREADS, x, w, partial, I32(n), I32(n_in),
-            I32(n_out), I32(k_per_split), shared_mem=wgmma_shared_bytes(cols, precision))
-    else:
-        if narrow:
-            raise ValueError("the tiled forward has one tile width")
-        splits, k_per_split = split_k(n_in, ceil_div(n_out, TILE) * ceil_div(n, TILE))
-        _kernel("forward", precision).launch((ceil_div(n_out, TILE), ceil_div(n, TILE), splits), GEMM_THREADS, x, w,
-                                             partial, I32(n), I32(n_in), I32(n_out), I32(k_per_split))
+def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int, precision: str = "fp32"):
+    """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size]."""
+    splits, k_per_split = split_k(n_in, ceil_div(n_out, TILE) * ceil_div(n, TILE))
+    _kernel("forward", precision).launch((ceil_div(n_out, TILE), ceil_div(n, TILE), splits), GEMM_THREADS, x, w,
+                                         partial, I32(n), I32(n_in), I32(n_out), I32(k_per_split))
     splitk_reduce(partial, splits, out, bias=b, relu=True, count=n * n_out)
 
 
@@ -119,13 +90,12 @@ def backward_input(dy, w, dx, n: int, n_in: int, n_out: int, narrow: bool | None
     """dx [n, n_in] = dy [n, n_out] w. The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
     tiles, or 32-wide ones (narrow) where the wide would be fewer blocks than the GPU has SMs (narrow=None:
     chosen so; True or False forces one)."""
-    if _form(form, "backward_input", precision, n) == "wgmma":
+    if _form(form, precision, n) == "wgmma":
         if narrow:
             raise ValueError("narrow tiles are the tiled form's")
-        cols = WG_INPUT_GRAD_COLS
         _kernel("backward_input_wgmma", precision).launch(
-            (ceil_div(n_in, cols), ceil_div(n, 64)), WG_THREADS, dy, w, dx, I32(n), I32(n_in), I32(n_out),
-            shared_mem=wgmma_shared_bytes(cols, precision))
+            (ceil_div(n_in, WG_INPUT_GRAD_COLS), ceil_div(n, 64)), WG_THREADS, dy, w, dx, I32(n), I32(n_in),
+            I32(n_out), shared_mem=wgmma_shared_bytes(precision))
         return
     rows = ceil_div(n, TILE)
     if narrow is None:
