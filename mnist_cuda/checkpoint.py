@@ -13,7 +13,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import cli, reference, sizes
+from . import reference, sizes
+from .paths import write_atomic
 
 FORMAT = "mnist_cuda.checkpoint/1"
 META_KEY = "__meta__"
@@ -33,7 +34,7 @@ def save_checkpoint(path, state: dict[str, np.ndarray], meta: dict | None = None
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
         raise CheckpointError(f"cannot write {path}: directory {directory} does not exist")
-    cli.write_atomic(path, lambda f: np.savez(f, **arrays))
+    write_atomic(path, lambda f: np.savez(f, **arrays))
     return path
 
 

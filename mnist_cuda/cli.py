@@ -12,10 +12,10 @@ import json
 import math
 import os
 import re
-import stat
 import sys
-import tempfile
 from pathlib import Path
+
+from .paths import UNREACHABLE, kind_of, os_error, write_atomic
 
 SEED_MAX = 2 ** 32 - 1  # NumPy seeds any whole number >= 0; we document 32 bits, as torch.manual_seed reads them
 
@@ -203,31 +203,6 @@ def batch_sizes(text: str) -> list[int]:
     return sizes
 
 
-def kind_of(path) -> str:
-    """What is at path: "missing", "folder", "file", "other" (a device, a pipe, a socket), "unreachable" (a
-    folder on the way may not be searched: a permission error, which Path.exists raises rather than answers)
-    or "unusable" (the system refuses the path itself, a name too long or a loop of links: os_error says why)."""
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return "missing"
-    except PermissionError:
-        return "unreachable"
-    except OSError:
-        return "unusable"
-    return "folder" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
-
-
-def os_error(path) -> str:
-    """The system's words for why path cannot be looked at ("File name too long"), for a path kind_of calls
-    "unusable"."""
-    try:
-        os.stat(path)
-    except OSError as e:
-        return e.strerror or type(e).__name__
-    return "it changed while it was looked at"
-
-
 def output_path(text: str) -> Path:
     """A file to write, checked now rather than after the work: its folder exists and is writable, and the
     path is not a folder (nor an existing file we may not replace)."""
@@ -239,7 +214,7 @@ def output_path(text: str) -> Path:
     if "unusable" in (kind, folder_kind):
         raise argparse.ArgumentTypeError(f"{text}: {os_error(path if kind == 'unusable' else folder)}")
     if "unreachable" in (kind, folder_kind):
-        raise argparse.ArgumentTypeError(f"{text} cannot be reached (permission denied on a folder on the way)")
+        raise argparse.ArgumentTypeError(f"{text} cannot be reached ({UNREACHABLE})")
     if kind == "folder":
         raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it")
     if folder_kind != "folder":
@@ -260,7 +235,7 @@ def _reachable_kind(text: str, named: str) -> str:
     if kind == "unusable":
         raise argparse.ArgumentTypeError(f"{named}: {os_error(text)}")
     if kind == "unreachable":
-        raise argparse.ArgumentTypeError(f"{named} cannot be reached (permission denied on a folder on the way)")
+        raise argparse.ArgumentTypeError(f"{named} cannot be reached ({UNREACHABLE})")
     return kind
 
 
@@ -363,27 +338,6 @@ def data_inputs(dataset: str, data_dir=None, test_only: bool = False) -> list:
     folder = Path(named) if named else data.default_cache_dir()
     label = ("--data-dir" if data_dir is not None else "$MNIST_DATA_DIR") if named else f"the {dataset} cache"
     return [(label, data.present_files(dataset, folder, test_only))]
-
-
-def write_atomic(path: Path, write) -> None:
-    """Call write(file object, binary) on a temporary file beside path, then rename it into place: a failed
-    or interrupted write leaves whatever was at path before."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes the file private; a result is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_json(path: Path, obj, announce: bool = True) -> None:

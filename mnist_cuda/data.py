@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
-from .cli import kind_of, os_error
+from .paths import UNREACHABLE, kind_of, os_error
 
 MEAN, STD = 0.1307, 0.3081  # the usual MNIST normalisation: (x/255 - MEAN) / STD
 IMAGE_SIZE = 28
@@ -211,7 +211,7 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
     tried: list[str] = []
     candidates = _candidates(cache_dir, dataset, spec.name)
     found = [p for p in candidates if kind_of(p) == "file"]
-    tried += [f"cache: cannot read {p} (permission denied on a folder on the way)"
+    tried += [f"cache: cannot read {p} ({UNREACHABLE})"
               for p in candidates if kind_of(p) == "unreachable"][:1]
     tried += [f"cache: cannot read {p} ({os_error(p)})" for p in candidates if kind_of(p) == "unusable"][:1]
     for path in found:
@@ -278,7 +278,7 @@ def _check_named_folder(data_dir: Path) -> None:
     if kind == "unusable":
         raise DataDirError(f"the data folder {data_dir}: {os_error(data_dir)}")
     if kind == "unreachable":
-        raise DataDirError(f"the data folder {data_dir} cannot be reached (permission denied on a folder on the way)")
+        raise DataDirError(f"the data folder {data_dir} cannot be reached ({UNREACHABLE})")
     if kind != "folder":
         raise DataDirError(f"the data folder {data_dir} does not exist" if kind == "missing"
                            else f"the data folder {data_dir} is not a folder")

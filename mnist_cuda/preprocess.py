@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .cli import kind_of, os_error
+from .paths import kind_of, os_error
 
 FIELD = 28  # the MNIST image side
 BOX = 20  # the side of the square the digit's ink box is fitted into
