@@ -123,7 +123,7 @@ COMMANDS = [
     Command("evaluate", ["-m", "mnist_cuda.evaluate"], _module("mnist_cuda.evaluate")),
     Command("predict", ["-m", "mnist_cuda.predict"], _module("mnist_cuda.predict")),
     Command("curves", ["-m", "mnist_cuda.curves"], _module("mnist_cuda.curves")),
-    Command("data", ["-m", "mnist_cuda.data"], _module("mnist_cuda.data")),
+    Command("data", ["-m", "mnist_cuda.data"], _module("mnist_cuda.data_command")),
     Command("compare_pytorch", ["scripts/compare_pytorch.py"], _module("mnist_cuda.compare.main")),
     Command("results_table", ["scripts/results_table.py"], _results_table_parser, writes_in_place=("readme",)),
     Command("sweep_hparams", ["scripts/sweep_hparams.py"], _in_file(REPO / "scripts" / "sweep_hparams.py")),
@@ -475,7 +475,7 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another u
 
 @needs_root
 def test_unreadable_folders_and_files_are_one_line(open_tmp, files):
-    from mnist_cuda import curves, data, evaluate, predict, train
+    from mnist_cuda import curves, data_command, evaluate, predict, train
     locked = open_tmp / "locked"
     locked.mkdir()
     ck = open_tmp / "model.npz"
@@ -500,7 +500,7 @@ def test_unreadable_folders_and_files_are_one_line(open_tmp, files):
         (evaluate.main, [str(ck)], {"MNIST_DATA_DIR": str(locked)}, ["cannot be read"]),
         (predict.main, [str(ck), str(locked / "digit.png")], {}, ["IMAGE", "cannot be reached"]),
         (curves.main, [str(locked / "run.jsonl")], {}, ["METRICS", "cannot be reached"]),
-        (data.main, ["--data-dir", str(locked)], {}, ["cannot be read"]),
+        (data_command.main, ["--data-dir", str(locked)], {}, ["cannot be read"]),
     ]
     for main, argv, env, words in cases:
         status, stderr = _as_nobody(main, argv, env)
@@ -509,7 +509,7 @@ def test_unreadable_folders_and_files_are_one_line(open_tmp, files):
         for word in words:
             assert word in lines[0], (argv, word, lines[0])
     # an unreadable cache is not the user's mistake: no download is tried here, and it says why in one line
-    status, stderr = _as_nobody(data.main, [], {"MNIST_CUDA_CACHE": str(locked)})
+    status, stderr = _as_nobody(data_command.main, [], {"MNIST_CUDA_CACHE": str(locked)})
     assert status == 1 and len(stderr.strip().splitlines()) == 1 and "permission denied" in stderr, stderr
 
 
