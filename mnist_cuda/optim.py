@@ -146,34 +146,6 @@ class Optimizer:
         return int(self.state[0].get())
 
 
-def add_arguments(parser):
-    """The optimizer's flags, for the trainer and the comparison."""
-    import argparse
-
-    from . import cli
-    g = parser.add_argument_group("optimizer (torch.optim.SGD's options; the defaults are plain SGD)")
-    g.add_argument("--momentum", type=cli.number_between(0, 1, high_included=False), default=None,
-                   help="momentum factor (default: 0)")
-    g.add_argument("--dampening", type=cli.non_negative, default=None,
-                   help="dampening of the momentum (needs --momentum > 0; default: 0)")
-    g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
-                   help="Nesterov momentum (needs --momentum > 0 and no dampening; default: off)")
-    g.add_argument("--weight-decay", type=cli.non_negative, default=None,
-                   help="L2 penalty added to the gradient (default: 0)")
-    g.add_argument("--schedule", choices=SCHEDULES, default=None,
-                   help="learning-rate schedule over the run's steps, computed on the GPU: constant, step "
-                        "(x --gamma every --step-size steps), cosine (to 0 at the last step), onecycle (warm up "
-                        "from lr/25 to lr over --pct-start of the steps, then anneal to lr/25e4) (default: constant)")
-    g.add_argument("--step-size", type=cli.int_in_range(1, 2 ** 31 - 1), default=None,
-                   help="the step schedule's period in steps (needs --schedule step)")
-    g.add_argument("--gamma", type=cli.positive_number, default=None,
-                   help="the step schedule's factor (needs --schedule step; default: 0.1)")
-    g.add_argument("--pct-start", type=cli.number_between(0, 1, False, False), default=None,
-                   help="the share of the steps that warm up (needs --schedule onecycle; default: 0.3)")
-    g.add_argument("--anneal", choices=ANNEALS, default=None,
-                   help="the annealing curve (needs --schedule onecycle; default: cos)")
-
-
 ARGUMENTS = ("momentum", "dampening", "nesterov", "weight_decay", "schedule", "step_size", "gamma", "pct_start",
              "anneal")
 SCHEDULE_ARGUMENTS = ("step_size", "gamma", "pct_start", "anneal", "schedule_total")  # belong to one schedule

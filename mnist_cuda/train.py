@@ -221,7 +221,7 @@ def build_parser() -> cli.Parser:
     p.add_argument("--eager", action="store_true",
                    help="launch the kernels one by one instead of replaying a CUDA graph of the step")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    optim.add_arguments(p)
+    cli.add_optimizer_arguments(p)
     return p
 
 

@@ -40,9 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from .. import cuda, data, optim, reference
-from ..cli import (Parser, add_precision_arguments, batch_sizes, data_inputs, existing_dir, fits_gpu_or_exit,
-                   input_file, int_in_range, learning_rate, model_fits_or_fail, non_negative_at_most, output_path,
-                   refuse_clashes, require_matplotlib, seed, write_json)
+from ..cli import (Parser, add_optimizer_arguments, add_precision_arguments, batch_sizes, data_inputs, existing_dir,
+                   fits_gpu_or_exit, input_file, int_in_range, learning_rate, model_fits_or_fail, non_negative_at_most,
+                   output_path, refuse_clashes, require_matplotlib, seed, write_json)
 from ..nets import KERNEL_VERSIONS, LOSS_CAPACITY
 from ..sizes import DEFAULT_CHANNELS, DEFAULT_HIDDEN, MAX_SECONDS, MAX_TIMED
 from ..train import DEFAULTS, RECIPES
@@ -105,7 +105,7 @@ def build_parser():
     p.add_argument("--no-png", action="store_true", help="write no plot")
     p.add_argument("--show", type=input_file, default=None, metavar="JSON",
                    help="print a saved result and exit (no GPU or torch needed)")
-    optim.add_arguments(p)
+    add_optimizer_arguments(p)
     return p
 
 
