@@ -19,7 +19,7 @@ from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
 from mnist_cuda.cli import Parser, add_precision_arguments, int_in_range
 from mnist_cuda.sizes import MAX_BATCH, MAX_TIMED
-from mnist_cuda.train import DEFAULTS
+from mnist_cuda.training import DEFAULTS
 
 PROG = "profile_step.py"
 

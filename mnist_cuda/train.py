@@ -3,6 +3,8 @@
 Every step (load, forward, loss, backward, SGD update, zero-grad) runs our CUDA kernels; by default the
 whole step is one CUDA graph replayed per batch. Every PHASE_SAMPLE_EVERY-th step runs the same kernels
 launched one by one with CUDA events between the phases, which gives the per-phase times of the summary.
+The plan of the batches and the loop over them are mnist_cuda.training's; this module is the command around
+them: its flags and their checks, resuming from a checkpoint, and what a run writes and prints.
 
 Every flag, output path, --init checkpoint and named data folder is checked before any work starts; a
 mistake is one line and exit status 2. A checkpoint records where training stands (the step count, the
@@ -17,128 +19,21 @@ import math
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
 from . import checkpoint, cli, cuda, curves, data, optim, reference, sizes
 from . import nets
 from .nets import KERNEL_VERSIONS
+# (PHASE_SAMPLE_EVERY, which the docstring names, is imported too: tests/test_gpu_training.py reads it here)
+from .training import DEFAULTS, PHASE_SAMPLE_EVERY, RECIPES, Position, TrainingDiverged, plan, run_chunk  # noqa: F401
 
-PHASE_SAMPLE_EVERY = 50
-LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar and the NaN check
-
-# batch size and learning rate as scripts/sweep_hparams.py chose them (README, Results)
-DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels=(32, 64), hidden=128,
-                kernels="fast", precision="fp32", shuffle=True, augment=0)
-# named sets of flags, chosen by scripts/sweep_recipes.py on the H200 (benchmarks/results/recipes-h200.json):
-# fast, the fewest seconds of training to 99.0% test accuracy on every seed; best, the highest mean accuracy
-RECIPES = {
-    "fast": dict(batch_size=128, lr=0.05, epochs=2, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                 schedule="onecycle", target_accuracy=99.0),
-    "best": dict(batch_size=64, lr=0.05, epochs=20, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                 schedule="onecycle", augment=2),
-}
 # what a checkpoint records and --init takes as this run's default (the model's shape comes from its arrays)
 RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "precision", "shuffle", "augment")
 
 
 # how the summary line names a precision other than the default
 PRECISION_WORDS = {"fp32": "", "tf32": ", conv2 in TF32", "bf16": ", conv2 and fc1 in bf16"}
-
-
-class TrainingDiverged(Exception):
-    pass
-
-
-@dataclasses.dataclass(frozen=True)
-class Position:
-    """Where training stands: the next step's number (from 1), the epoch it belongs to (from 0) and the
-    samples of that epoch's order already trained on."""
-    step: int = 0
-    epoch: int = 0
-    sample: int = 0
-
-
-@dataclasses.dataclass
-class Chunk:
-    """The steps of one epoch that a run trains: its batches and where training stands after them."""
-    epoch: int
-    batches: list
-    end: Position
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """The batches of `steps` steps from `start`, one chunk per epoch touched, each made as it is asked for:
-    a long run holds one epoch's order at a time, and each iteration makes the same chunks afresh (the
-    comparison runs one plan on each side). An epoch's order is a permutation seeded by (seed, epoch)
-    (data.epoch_order) and drops its partial last batch, so a run continued from a checkpoint trains the same
-    batches as one run that never stopped."""
-    n_samples: int
-    batch_size: int
-    seed: int
-    shuffle: bool
-    start: Position
-    steps: int
-
-    def __iter__(self) -> Iterator[Chunk]:
-        return _chunks(self.n_samples, self.batch_size, self.seed, self.shuffle, self.start, self.steps)
-
-
-def plan(n_samples: int, batch_size: int, seed: int, shuffle: bool, start: Position, steps: int) -> Plan:
-    """The Plan of `steps` steps from `start` (ValueError for a batch larger than the training set)."""
-    if batch_size > n_samples:
-        raise ValueError(f"batch size {batch_size} is larger than the training set ({n_samples} samples)")
-    return Plan(n_samples, batch_size, seed, shuffle, start, steps)
-
-
-def _chunks(n_samples, batch_size, seed, shuffle, start: Position, steps: int) -> Iterator[Chunk]:
-    epoch, sample, step, left = start.epoch, start.sample, start.step, steps
-    while left > 0:
-        order = data.epoch_order(n_samples, seed, epoch, shuffle)
-        batches = list(data.batch_indices(order[sample:], batch_size, drop_last=True))[:left]
-        if not batches:  # less than a batch left of this epoch (possible after a change of batch size)
-            epoch, sample = epoch + 1, 0
-            continue
-        this_epoch = epoch
-        left -= len(batches)
-        step += len(batches)
-        sample += len(batches) * batch_size
-        if sample + batch_size > n_samples:  # the epoch is done: its partial last batch is dropped
-            epoch, sample = epoch + 1, 0
-        yield Chunk(this_epoch, batches, Position(step, epoch, sample))
-
-
-def run_chunk(step, ds, chunk: Chunk, first_step: int, on_progress=None, phase_events=None) -> np.ndarray:
-    """Train the chunk's batches, loading each next batch while the current one computes; returns their
-    losses. Steps whose number is a multiple of PHASE_SAMPLE_EVERY run eagerly with events between their
-    phases (appended to phase_events, when given). on_progress(done, losses) every LOG_EVERY steps."""
-    from .step import PHASES
-    step.losses(reset=True)
-    losses = np.zeros(0, np.float32)
-    for i, (idx, next_idx) in enumerate(data.with_next(chunk.batches)):
-        events = None
-        if phase_events is not None and (first_step + i) % PHASE_SAMPLE_EVERY == 0:
-            events = [step.cp.cuda.Event() for _ in range(len(PHASES) + 1)]
-            phase_events.append(events)
-        step.run(ds.train_x, ds.train_y, idx, next_idx, mode="eager" if events else None, events=events)
-        if (i + 1) % LOG_EVERY == 0 or i + 1 == len(chunk.batches):
-            losses = step.losses()
-            _check_finite(losses, first_step)
-            if on_progress:
-                on_progress(i + 1, losses)
-    step.synchronize()
-    return losses
-
-
-def _check_finite(losses, first_step):
-    bad = np.flatnonzero(~np.isfinite(losses))
-    if bad.size:
-        raise TrainingDiverged(f"the loss became {losses[bad[0]]} at step {first_step + int(bad[0]) + 1}")
-
-
-# ---- the command line ------------------------------------------------------------------------------------
 
 
 def _channels(text):
@@ -482,7 +377,7 @@ def train(args, parser) -> int:
     accuracy = float("nan")
     try:
         for chunk in chunks:
-            first, epoch = at.step, chunk.epoch
+            first, epoch = chunk.first_step, chunk.epoch
             bar = tqdm(total=len(chunk.batches), desc=f"epoch {chunk.epoch + 1}", unit="step", disable=args.quiet,
                        leave=True, dynamic_ncols=True)
             t0 = time.perf_counter()
@@ -491,7 +386,7 @@ def train(args, parser) -> int:
                 bar.set_postfix(loss=f"{losses[-1]:.4f}",
                                 img_s=f"{done * s.batch_size / (time.perf_counter() - t0):,.0f}")
                 bar.update(done - bar.n)
-            losses = run_chunk(step, ds, chunk, first, progress, phase_events)
+            losses = run_chunk(step, ds, chunk, progress, phase_events)
             epoch_seconds = time.perf_counter() - t0
             times = phase_times_ms(phase_events)  # (the chunk's steps are done: this waits for nothing)
             phase_sum, phase_count = phase_sum + times.sum(axis=0), phase_count + len(times)

@@ -16,14 +16,15 @@ import time
 
 import numpy as np
 
-from mnist_cuda import cuda, data, reference, sizes, train
+from mnist_cuda import cuda, data, reference, sizes
 from mnist_cuda.cli import (Parser, shorten, data_inputs, existing_dir, fail_on, fits_gpu_or_exit, int_in_range,
                             learning_rate, output_path, refuse_clashes, seed, write_json)
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
+from mnist_cuda.training import DEFAULTS, Position, plan, run_chunk
 
 PROG = "sweep_hparams.py"
-D = train.DEFAULTS
+D = DEFAULTS
 CHANNELS, HIDDEN = D["channels"], D["hidden"]  # the trainer's default model
 
 
@@ -54,8 +55,8 @@ def run(ds, batch, lr, seed, epochs, version) -> list[float]:
     step = Step(make_net(params, batch, version), lr)
     steps_per_epoch = len(ds.train_x) // batch
     accuracies = []
-    for chunk in train.plan(len(ds.train_x), batch, seed, True, train.Position(), epochs * steps_per_epoch):
-        train.run_chunk(step, ds, chunk, chunk.end.step - len(chunk.batches))
+    for chunk in plan(len(ds.train_x), batch, seed, True, Position(), epochs * steps_per_epoch):
+        run_chunk(step, ds, chunk)
         accuracies.append(step.evaluate(ds.test_x, ds.test_y))
     return accuracies
 

@@ -5,7 +5,7 @@
 
 Each candidate is a batch size, a learning rate, SGD's options, a schedule, the augmentation's shift (the
 trainer's --augment) and a number of epochs; it trains
-through the trainer's own pieces (train.plan and train.run_chunk: a CUDA graph per step, the trainer's
+through the trainer's own pieces (training.plan and training.run_chunk: a CUDA graph per step, the trainer's
 shuffling and initialisation) for seeds 0-4 and evaluates the test set after every epoch. The training
 time of an epoch is the trainer's (wall clock from its first step's launch to the end of its last step,
 the step graph's capture in the first epoch included); evaluation is timed apart and not counted.
@@ -21,10 +21,11 @@ import time
 
 import numpy as np
 
-from mnist_cuda import cuda, data, optim, reference, train
+from mnist_cuda import cuda, data, optim, reference
 from mnist_cuda.cli import Parser, data_inputs, existing_dir, output_path, refuse_clashes, write_json
 from mnist_cuda.nets import Parameters, make_net
 from mnist_cuda.step import Step
+from mnist_cuda.training import DEFAULTS, Position, TrainingDiverged, plan, run_chunk
 
 PROG = "sweep_recipes.py"
 SEEDS = (0, 1, 2, 3, 4)
@@ -44,17 +45,17 @@ BEST = [(f"best-b{b}-lr{lr}-{s}-e{e}" + (f"-shift{a}" if a else ""), b, lr, {**N
 
 def run(ds, batch, lr, options: dict, epochs: int, seed: int) -> dict:
     """Accuracy and training seconds after each epoch of one run, as the trainer trains it."""
-    params = Parameters(train.DEFAULTS["channels"], train.DEFAULTS["hidden"])
-    params.load_state_dict(reference.init_state_dict(seed, train.DEFAULTS["channels"], train.DEFAULTS["hidden"]))
+    params = Parameters(DEFAULTS["channels"], DEFAULTS["hidden"])
+    params.load_state_dict(reference.init_state_dict(seed, DEFAULTS["channels"], DEFAULTS["hidden"]))
     steps = epochs * (len(ds.train_x) // batch)
     step = Step(make_net(params, batch, "fast"), optim.options_from(options, lr, steps),
                 augment=options.get("augment", 0), seed=seed)
     accuracy, seconds, eval_seconds = [], [], 0.0
-    for chunk in train.plan(len(ds.train_x), batch, seed, True, train.Position(), steps):
+    for chunk in plan(len(ds.train_x), batch, seed, True, Position(), steps):
         t0 = time.perf_counter()
         try:
-            train.run_chunk(step, ds, chunk, chunk.end.step - len(chunk.batches))
-        except train.TrainingDiverged:
+            run_chunk(step, ds, chunk)
+        except TrainingDiverged:
             return {"accuracy": accuracy + [0.0], "train_seconds": np.cumsum(seconds).tolist() + [None],
                     "eval_seconds": eval_seconds, "diverged": True}
         seconds.append(time.perf_counter() - t0)

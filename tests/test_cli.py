@@ -100,7 +100,8 @@ def test_a_checkpoint_inside_an_epoch_keeps_its_order(tmp_path):
 
 
 def test_position_of_a_checkpoint_that_records_only_its_step():
-    from mnist_cuda.train import Position, _position
+    from mnist_cuda.train import _position
+    from mnist_cuda.training import Position
     assert _position({"step": 3749, "epoch": 5}, 64, 60000) == Position(3749, 4, 64)
     assert _position({"step": 3748, "epoch_index": 4, "epoch_sample": 0}, 64, 60000) == Position(3748, 4, 0)
     assert _position({"step": 937 * 4}, 64, 60000) == Position(3748, 4, 0)
@@ -124,7 +125,7 @@ def test_optimizer_flag_mistakes(tmp_path):
 
 
 def test_recipes_fill_the_flags_not_given(tmp_path):
-    from mnist_cuda.train import RECIPES
+    from mnist_cuda.training import RECIPES
     path = tmp_path / "fast.npz"
     r = run_train("--recipe", "fast", "--lr", "0.07", "--steps", "0", "--save", str(path))
     assert r.returncode == 0, r.stderr
@@ -265,12 +266,13 @@ def test_plot_without_matplotlib_is_one_line_before_work(tmp_path):
 
 def test_plan_continues_as_one_run():
     """The batches of 4 epochs and then 6 more (or of 700 steps and then 1200) are those of one run."""
-    from mnist_cuda.train import Position, plan
+    from mnist_cuda.training import Position, plan
     n, b = 1000, 64  # 15 steps per epoch, 40 samples dropped
     whole = [c.batches for c in plan(n, b, 3, True, Position(), 150)]
     first = list(plan(n, b, 3, True, Position(), 60))
     rest = list(plan(n, b, 3, True, first[-1].end, 90))
     assert first[-1].end == Position(60, 4, 0)
+    assert [c.first_step for c in first + rest] == list(range(0, 150, 15))  # the steps trained before each
     flat = lambda chunks: np.concatenate([np.concatenate(c) for c in chunks])
     assert np.array_equal(flat(whole), flat([c.batches for c in first + rest]))
     mid = list(plan(n, b, 3, True, Position(), 7))

@@ -52,7 +52,8 @@ def outer_imports(source: str, module: str) -> list[str]:
 def test_the_core_imports_nothing_outside_it():
     core = [p for p in sorted(PACKAGE.rglob("*.py")) if _module_name(p).split(".")[1] not in NOT_CORE]
     assert {_module_name(p) for p in core} >= {f"mnist_cuda.{m}" for m in (
-        "checkpoint", "optim", "data", "preprocess", "reference", "nets", "step", "cuda", "sizes", "paths")}
+        "checkpoint", "optim", "data", "preprocess", "reference", "nets", "step", "cuda", "sizes", "paths",
+        "training")}
     found = [hit for p in core for hit in outer_imports(p.read_text(), _module_name(p))]
     assert found == [], "\n".join(found)
 

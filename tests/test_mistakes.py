@@ -246,7 +246,7 @@ def test_a_size_far_beyond_its_range_is_refused_at_once(command, flag, value, fi
 def test_the_plan_holds_one_epoch_at_a_time():
     """A run of a million epochs plans as fast, and in as little memory, as a run of one."""
     import tracemalloc
-    from mnist_cuda.train import Position, plan
+    from mnist_cuda.training import Position, plan
     tracemalloc.start()
     run = plan(1000, 1, 0, True, Position(), 1_000_000)  # 1000 epochs of 1000 steps
     chunks = iter(run)

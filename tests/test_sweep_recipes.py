@@ -4,7 +4,7 @@ import importlib.util
 import json
 
 from conftest import REPO
-from mnist_cuda import optim, train
+from mnist_cuda import optim, training
 
 
 def load_script():
@@ -24,7 +24,7 @@ def test_the_committed_choice_is_the_trainers_recipe():
     result = json.loads((REPO / "benchmarks" / "results" / "recipes-h200.json").read_text())
     rows = {r["name"]: r for r in result["candidates"]}
     for recipe, name in result["chosen"].items():
-        row, flags = rows[name], train.RECIPES[recipe]
+        row, flags = rows[name], training.RECIPES[recipe]
         assert (row["batch_size"], row["lr"], row["epochs"]) == (flags["batch_size"], flags["lr"], flags["epochs"])
         for key, value in row["options"].items():
             assert flags[key] == value, (recipe, key)

@@ -45,7 +45,7 @@ from ..cli import (Parser, add_optimizer_arguments, add_precision_arguments, bat
                    output_path, refuse_clashes, require_matplotlib, seed, write_json)
 from ..nets import KERNEL_VERSIONS, LOSS_CAPACITY
 from ..sizes import DEFAULT_CHANNELS, DEFAULT_HIDDEN, MAX_SECONDS, MAX_TIMED
-from ..train import DEFAULTS, RECIPES
+from ..training import DEFAULTS, RECIPES
 from .parity import parity_options, run_parity
 from .recipes import RECIPE_SEEDS, RECIPE_TORCH_MODES, format_recipe, recipe_modes, recipe_seeds, run_recipe
 from .report import SCHEMA, Unavailable, environment, format_tables, parity_words, require_torch_and_gpu, validate_result

@@ -1,4 +1,4 @@
-"""train's --recipe on both sides: the same initial weights, the same batches (train.plan), the same
+"""train's --recipe on both sides: the same initial weights, the same batches (training.plan), the same
 optimizer and schedule, the images shifted by the same offsets where the recipe augments.
 
 PyTorch runs in each mode asked for: eager and compiled with torch's scheduler stepped on the host, and as
@@ -64,11 +64,11 @@ def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
     args.recipe_torch_modes: training seconds to the end of the first epoch that reaches the recipe's target
     accuracy, or of every epoch for a recipe without a target (best); the test accuracy of each epoch;
     evaluation is not counted."""
-    from .. import train
+    from ..training import RECIPES, Position, plan, run_chunk
     from ..nets import Parameters, make_net
     from ..step import Step
     from .torch_side import TorchSide
-    flags = train.RECIPES[args.recipe]
+    flags = RECIPES[args.recipe]
     target = flags["target_accuracy"] / 100 if "target_accuracy" in flags else None
     batch, augment = flags["batch_size"], flags.get("augment", 0)
     steps = flags["epochs"] * (len(ds.train_x) // batch)
@@ -89,11 +89,11 @@ def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
     out = {"recipe": args.recipe, "dataset": args.dataset, "flags": flags, "target": target, "seeds": {}}
     for run_seed in args.recipe_seeds:
         state = reference.init_state_dict(run_seed, channels, hidden)
-        chunks = train.plan(len(ds.train_x), batch, run_seed, True, train.Position(), steps)
+        chunks = plan(len(ds.train_x), batch, run_seed, True, Position(), steps)
         params = Parameters(channels, hidden)
         params.load_state_dict(state)
         ours = Step(make_net(params, batch, "fast"), options, augment=augment, seed=run_seed)
-        row = {"ours": _time_to_target(chunks, target, lambda c: train.run_chunk(ours, ds, c, c.end.step - len(c.batches)),
+        row = {"ours": _time_to_target(chunks, target, lambda c: run_chunk(ours, ds, c),
                                        ours.synchronize, lambda: ours.evaluate(ds.test_x, ds.test_y))}
         for mode, side in sides.items():
             side.restart(state, options, run_seed)
