@@ -5,7 +5,7 @@
     PYTHONPATH=. python dev/bench_kernels.py conv2d batchnorm      # these op families only
     PYTHONPATH=. python dev/bench_kernels.py conv2d --filter fast --batch-sizes 512 --json out.json
 
-The cases come from kernel_cases.OPS (beside this file), which groups them by op family: the naive kernel
+The cases come from mnist_cuda.kernel_cases.OPS, which groups them by op family: the naive kernel
 of an op and the fast kernels that compute it (alone or fused with others). For each case and batch size:
 the relative error against mnist_cuda.reference, then the median time per launch from CUDA graphs of
 PER_GRAPH launches each (an event pair around each replay, after --warmup replays), and GFLOP/s and GB/s
@@ -18,8 +18,8 @@ import sys
 
 import numpy as np
 
-import kernel_cases as kc  # dev/kernel_cases.py: this file's folder is first on sys.path when run as a script
 from mnist_cuda import cuda
+from mnist_cuda import kernel_cases as kc
 
 from mnist_cuda.cli import Parser, batch_sizes, int_in_range, output_path, write_json
 from mnist_cuda.sizes import MAX_TIMED

@@ -1,6 +1,8 @@
-"""Shared test set-up: dev/ on the import path (the kernel cases), and the `gpu` marker, which skips
-with the reason where CuPy finds no CUDA device."""
+"""Shared test set-up: the repository's folders, the programs of dev/ and scripts/ loaded from their files,
+the `gpu` marker, which skips with the reason where CuPy finds no CUDA device, and where the real MNIST and
+Fashion-MNIST files are found."""
 import functools
+import importlib.util
 import os
 import sys
 from pathlib import Path
@@ -8,9 +10,17 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-DEV = REPO / "dev"
+DEV = REPO / "dev"  # programs run from their files (python dev/X.py), as the tests load them (load_script)
 if str(DEV) not in sys.path:
-    sys.path.insert(0, str(DEV))  # kernel_cases: the case definitions shared with dev/bench_kernels.py
+    sys.path.insert(0, str(DEV))  # dev/step_timeline.py, loaded from its file, imports step_launch_costs by name
+
+
+def load_script(path: Path):
+    """A program of dev/ or scripts/ as a module, loaded from its file: neither folder is a package."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @functools.lru_cache(maxsize=None)

@@ -1,8 +1,8 @@
 """Every kernel against the float64 reference on fresh random inputs (GPU; skipped without one). The
-cases are dev/kernel_cases.py's, which dev/bench_kernels.py times."""
+cases are mnist_cuda/kernel_cases.py's, which dev/bench_kernels.py times."""
 import pytest
 
-import kernel_cases as kc
+from mnist_cuda import kernel_cases as kc
 
 pytestmark = pytest.mark.gpu
 

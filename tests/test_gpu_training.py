@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from conftest import mnist_or_skip
-from kernel_cases import rel_err
 from mnist_cuda import data, reference
+from mnist_cuda.kernel_cases import rel_err
 
 pytestmark = pytest.mark.gpu
 STEP_TOL = 1e-4

@@ -123,10 +123,10 @@ def case_kernels(case) -> list[str]:
 
 
 def test_kernel_cases_group_by_op_family():
-    """dev/kernel_cases.py's OPS: one family per naive file; every case listed; each family's naive cases
+    """mnist_cuda/kernel_cases.py's OPS: one family per naive file; every case listed; each family's naive cases
     first; a naive case under its own file's family, a fast case only under families whose naive files
     its kernels' files say they replace."""
-    import kernel_cases as kc
+    from mnist_cuda import kernel_cases as kc
     naive_files = {p for p in SOURCES if p.startswith("naive/")}
     family = lambda naive_file: naive_file[len("naive/"):-len(".cu")]
     assert list(kc.OPS) == list(kc.FAMILIES) and set(kc.FAMILIES) == {family(p) for p in naive_files}
@@ -302,7 +302,7 @@ def test_fc1_input_grad_form_by_batch(monkeypatch):
 
 def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
     """conv2_implicit_gemm.cu's stage_weight_quad<FLIPPED, Precision::Fp32, F> for quad q, in Python."""
-    from kernel_cases import split_tf32
+    from mnist_cuda.kernel_cases import split_tf32
     c_out, c_in = (w.shape[1], w.shape[0]) if flipped else w.shape[:2]
     chunks, group_taps = -(-c_in // 8), 3 if paired else 1
     rows = quads_per_chunk // (2 * 9 // group_taps)
@@ -321,11 +321,11 @@ def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
 
 
 def test_conv2_weight_mirror_is_the_kernels_arithmetic():
-    """dev/kernel_cases.weight_quads, the mirror the GPU tests compare conv2_stage_weights_fast with, holds
+    """mnist_cuda.kernel_cases.weight_quads, the mirror the GPU tests compare conv2_stage_weights_fast with, holds
     what the kernel's index arithmetic (ported above) writes, in every 3xTF32 form, over partial tiles and
     chunks: apart (the big parts of 64 output channels, then their small parts), stacked (32 and 32), paired
     (32 channels, a kernel row's three taps in six runs of 32 rows)."""
-    import kernel_cases as kc
+    from mnist_cuda import kernel_cases as kc
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
     w = np.random.default_rng(0).standard_normal((70, 12, 3, 3)).astype(np.float32)  # K 70, C 12
     for product in ("forward", "forward_stacked", "backward_input", "backward_input_paired"):

@@ -1,10 +1,15 @@
 """dev/loss_sequences.py: a bundled recording compares as its folder does, and a changed byte is found."""
-import loss_sequences  # dev/ (conftest puts it on sys.path)
+import pytest
 
-from conftest import REPO
+from conftest import DEV, REPO, load_script
 
 
-def test_bundle_round_trip_and_a_changed_byte(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def loss_sequences():
+    return load_script(DEV / "loss_sequences.py")
+
+
+def test_bundle_round_trip_and_a_changed_byte(loss_sequences, tmp_path, capsys):
     folder = tmp_path / "rec"
     folder.mkdir()
     (folder / "a.jsonl").write_text('{"step": 1, "loss": 2.5}\n')
@@ -17,7 +22,7 @@ def test_bundle_round_trip_and_a_changed_byte(tmp_path, capsys):
     assert "DIFFERENT b.jsonl" in capsys.readouterr().out
 
 
-def test_the_committed_recording_reads():
+def test_the_committed_recording_reads(loss_sequences):
     runs = loss_sequences.load(REPO / "benchmarks" / "results" / "loss-sequences-h200.jsonl")
     assert set(runs) == {f"{name}.jsonl" for name in loss_sequences.cases()}
     assert len(runs["fast-defaults-600.jsonl"].splitlines()) == 601

@@ -76,7 +76,7 @@ class Command:
         """(exit status, stderr, peak RSS in bytes, seconds) of a run, its address space limited (a real
         allocation of a size asked for fails at once instead of swapping) and no GPU in sight."""
         import threading
-        full_env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(DEV)]), "OPENBLAS_NUM_THREADS": "1",
+        full_env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1",
                     "CUDA_VISIBLE_DEVICES": "", "MNIST_CUDA_CACHE": str(Path(tempfile.gettempdir()) / "no-cache"),
                     **(env or {})}
         # A small runner starts the command and reports its exit status, its own peak RSS and its seconds. A
@@ -129,7 +129,7 @@ COMMANDS = [
     Command("sweep_hparams", ["scripts/sweep_hparams.py"], _in_file(REPO / "scripts" / "sweep_hparams.py")),
     Command("sweep_recipes", ["scripts/sweep_recipes.py"], _in_file(REPO / "scripts" / "sweep_recipes.py")),
     Command("loss_sequences bundle", ["dev/loss_sequences.py", "bundle"], _bundle_parser),
-    Command("kernel_cases", ["dev/kernel_cases.py"], lambda: None),
+    Command("kernel_cases", ["-m", "mnist_cuda.kernel_cases"], lambda: None),
 ] + [Command(name, [f"dev/{name}.py"], _in_file(DEV / f"{name}.py"))
      for name in ("bench_kernels", "bf16_distance", "profile_step", "step_launch_costs", "step_timeline",
                   "time_step")]
@@ -642,7 +642,7 @@ def test_help_explains_in_place(command):
     for action in [] if parser is None else parser._actions:
         assert "see above" not in (action.help or "") and "see below" not in (action.help or ""), action.dest
     out = subprocess.run([sys.executable, *command.argv, "--help"], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(DEV)])})
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.returncode == 0 and out.stdout.startswith("usage:"), (out.stdout[:200], out.stderr[-2000:])
 
 

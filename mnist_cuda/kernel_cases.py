@@ -1,6 +1,5 @@
 """The kernel cases: every kernel against the float64 reference, as data. tests/test_gpu_kernels.py runs
-them and dev/bench_kernels.py times them; this module lives in dev/ beside them and is not part of the
-installed package.
+them and dev/bench_kernels.py times them.
 
 Every case launches through mnist_cuda.ops (the only code that knows grids, blocks and arguments), builds
 fresh random inputs for given dimensions, poisons its outputs (NaN, or 255 for argmax) so that an
@@ -10,7 +9,8 @@ unwritten element fails, and returns a Prepared:
     expected   {name: float64 / integer host array} from mnist_cuda.reference,
     work       (flops, bytes): the floor's two numbers, for the benchmark.
 
-Run as a script, it lists the cases by op family (python dev/kernel_cases.py [--family F]); no GPU needed.
+Run as a module, it lists the cases by op family (python -m mnist_cuda.kernel_cases [--family F]); no GPU
+needed.
 
 A case's name is the kernel it checks (several joined by "+"), with conv2's precision in angle brackets
 as in the kernel's template instantiation ("conv2_forward_fast<tf32>") and the layer whose geometry it
@@ -24,15 +24,15 @@ from typing import Callable
 
 import numpy as np
 
-from mnist_cuda import data
-from mnist_cuda import reference as ref
-from mnist_cuda.cuda import ceil_div
-from mnist_cuda.ops import bn_relu_pool, head, linear_splitk, naive
-from mnist_cuda.ops.common import NO_POSITION
-from mnist_cuda.ops import conv1_bn_relu_pool as conv1
-from mnist_cuda.ops import conv2_implicit_gemm as conv2
-from mnist_cuda.ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
-from mnist_cuda.ops.splitk_reduce import splitk_reduce
+from . import cuda, data
+from . import reference as ref
+from .cuda import ceil_div
+from .ops import bn_relu_pool, head, linear_splitk, naive
+from .ops.common import NO_POSITION
+from .ops import conv1_bn_relu_pool as conv1
+from .ops import conv2_implicit_gemm as conv2
+from .ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
+from .ops.splitk_reduce import splitk_reduce
 
 EPS, MOMENTUM = ref.BN_EPS, ref.BN_MOMENTUM
 # The op families, one per file of kernels/naive/. A fast case belongs to every family whose naive
@@ -84,7 +84,6 @@ class Case:
 def runnable(case: Case) -> bool:
     """Whether the case's kernels can run here (GPU present): an sm_90a-only case needs a Hopper GPU with
     the kernels compiled for it (mnist_cuda.cuda.arch_specific)."""
-    from mnist_cuda import cuda
     return not case.sm90a or cuda.arch_specific()
 
 
@@ -807,7 +806,7 @@ def sgd_fast_case():
 def sgd_momentum_case(version: str, started: bool):
     """torch.optim.SGD's options at a one-cycle rate computed on the GPU from the step counter: the buffers'
     first step (buffer = direction, plain momentum) or a later one (dampening, Nesterov)."""
-    from mnist_cuda.optim import Schedule
+    from .optim import Schedule
     momentum, dampening, weight_decay, nesterov = (0.9, 0.0, 5e-4, True) if started else (0.9, 0.25, 1e-3, False)
     schedule, lr, t = Schedule("onecycle", total=200, anneal="cos"), 0.1, 37
 
@@ -927,8 +926,8 @@ def check(prepared: Prepared) -> dict[str, float]:
 
 
 def main(argv=None) -> int:
-    from mnist_cuda.cli import Parser
-    p = Parser(prog="kernel_cases.py",
+    from .cli import Parser, prog_name
+    p = Parser(prog=prog_name("mnist_cuda.kernel_cases"),
                description="List the kernel cases (every kernel against the float64 reference) by op family. "
                            "tests/test_gpu_kernels.py runs them on a GPU; dev/bench_kernels.py times them.")
     p.add_argument("--family", choices=FAMILIES, default=None, help="list this op family's cases only")
