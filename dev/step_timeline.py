@@ -103,13 +103,9 @@ def instrument(source: str, kernel_ids: dict[str, int], header: str) -> str:
 
 
 def stamp_sources(header: str, kernel_ids: dict[str, int]):
-    """From now on in this process, every kernel source compiles with the stamps.
-
-    cuda.Source compiles the text that cuda.read_source returns and offers no other way to change that
-    text, so the stamps go in by replacing cuda.read_source here, in this process only, before anything
-    is compiled; cuda.Source.compile_check sees the stamped text too."""
-    read = cuda.read_source
-    cuda.read_source = lambda path: instrument(read(path), kernel_ids, header)
+    """From now on in this process, every kernel source compiles with the stamps (cuda.transform_sources:
+    cuda.Source.compile_check sees the stamped text too)."""
+    cuda.transform_sources(lambda path, text: instrument(text, kernel_ids, header))
 
 
 def all_kernels() -> list[str]:

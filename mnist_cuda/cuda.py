@@ -8,6 +8,7 @@ mnist_cuda/ops' business.
     Source.kernel(name)       a Kernel: name is an extern "C" entry point, or a template instantiation
                               such as "conv2_forward_fast<Precision::Tf32>" (an NVRTC name expression)
     Kernel.launch(...)        on the current stream, scalars as explicit NumPy types
+    transform_sources(fn)     from now on, every source compiles from fn(path, text) (instrumenting tools)
     launch_hook(fn)           while active, every launch goes through fn (profilers, timelines)
     SideStream                fork/join of a second stream; inside a graph capture, a branch
 """
@@ -116,6 +117,7 @@ def _define(name: str, value) -> str:
 
 _arch_specific = True  # on Hopper, compile for sm_90a (wgmma: conv2's products, fc1's forward and input gradient)
 _sources: dict[str, "Source"] = {}
+_transform: Callable[[str, str], str] | None = None  # transform_sources' fn
 
 
 class Source:
@@ -129,6 +131,11 @@ class Source:
         self.kernels: dict[str, Kernel] = {}
         self._module = None
         _sources[path] = self
+
+    def text(self) -> str:
+        """The text that compiles: read_source's, passed through transform_sources' fn where one is set."""
+        text = read_source(self.path)
+        return text if _transform is None else _transform(self.path, text)
 
     def options(self, arch_options=()) -> tuple[str, ...]:
         return COMPILE_OPTIONS + tuple(_define(k, v) for k, v in self.defines.items()) + tuple(arch_options)
@@ -149,7 +156,7 @@ class Source:
     def module(self):
         if self._module is None:
             cupy = require_gpu()
-            self._module = cupy.RawModule(code=read_source(self.path), options=self.options(_arch_options(cupy)),
+            self._module = cupy.RawModule(code=self.text(), options=self.options(_arch_options(cupy)),
                                           name_expressions=self.name_expressions or None)
             for k in self.kernels.values():
                 k._fn = None
@@ -161,7 +168,7 @@ class Source:
             from cupy_backends.cuda.libs import nvrtc
         except ImportError as e:
             raise GPUUnavailable(f"NVRTC is not available ({e}); {INSTALL_HINT}") from None
-        prog = nvrtc.createProgram(read_source(self.path), self.path, (), ())
+        prog = nvrtc.createProgram(self.text(), self.path, (), ())
         try:
             for expression in self.name_expressions:
                 nvrtc.addNameExpression(prog, expression)
@@ -195,8 +202,24 @@ def use_arch_specific(on: bool):
     mma.sync form). The tests run both forms on a Hopper GPU; kernels are compiled anew on their next use."""
     global _arch_specific
     _arch_specific = bool(on)
+    _drop_modules()
+
+
+def transform_sources(fn: Callable[[str, str], str] | None):
+    """From now on in this process, every source compiles from fn(path, text), text being read_source's (in
+    Source.module and Source.compile_check): a tool that instruments the kernels sets it, as
+    dev/step_timeline.py stamps each kernel with timers; None compiles the sources as they are again. Modules
+    loaded already are dropped, so every source compiles through fn on its next use. Without fn a source
+    compiles from read_source's text itself: the product's modules keep their CuPy cache keys, and a
+    transformed text is cached as a module of its own."""
+    global _transform
+    _transform = fn
+    _drop_modules()
+
+
+def _drop_modules():
     for s in _sources.values():
-        s._module = None
+        s._module = None  # compiled anew on the next use
 
 
 # Loading a cubin from CuPy's kernel cache takes milliseconds; compiling takes seconds. Where loading takes

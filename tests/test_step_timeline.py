@@ -40,11 +40,28 @@ def test_every_kernel_gets_one_stamp_at_the_top_of_its_body():
     assert sorted(ids.values()) == list(range(len(ids)))
 
 
-def test_stamped_kernels_compile(monkeypatch):
+def test_stamps_go_into_what_compiles_and_come_out_again():
+    """stamp_sources stamps the text every source compiles (cuda.transform_sources); turned off, each source
+    compiles from read_source's text, the product's own, again."""
+    st = load_script()
+    try:
+        st.stamp_sources("// stamped\n", {})
+        for s in cuda.sources():
+            text, kernels = s.text(), cuda.entry_points(cuda.read_source(s.path))
+            assert text.startswith("// stamped\n") and text.count("timeline_stamp_(") == len(kernels), s.path
+    finally:
+        cuda.transform_sources(None)
+    assert all(s.text() == cuda.read_source(s.path) for s in cuda.sources())
+
+
+def test_stamped_kernels_compile():
     pytest.importorskip("cupy", reason="CuPy is not installed (pip install '.[cuda12]')")
     sources, _ = stamped_sources(load_script())
-    monkeypatch.setattr(cuda, "read_source", lambda path: sources[path])
-    errors = {s.path: log for s in cuda.sources() if (log := s.compile_check("sm_90a")) is not None}
+    cuda.transform_sources(lambda path, text: sources[path])
+    try:
+        errors = {s.path: log for s in cuda.sources() if (log := s.compile_check("sm_90a")) is not None}
+    finally:
+        cuda.transform_sources(None)
     assert errors == {}, "\n".join(f"{k}:\n{v}" for k, v in errors.items())
 
 
