@@ -12,7 +12,7 @@ losses stay within a few times PyTorch's own bf16-to-fp32 distance computes what
     PYTHONPATH=. python dev/bf16_distance.py --data-dir data/mnist --out bf16-distance.json
 
 Plain SGD at the parity run's rate (lr 0.002, where fp32 and fp64 stay together: docs/performance.md,
-section 5), batch 64, the shuffled batches of train.plan.
+section 5), batch 64, the shuffled batches of training.plan.
 """
 from __future__ import annotations
 
@@ -86,12 +86,12 @@ def main(argv=None) -> int:
     torch.backends.cudnn.allow_tf32 = False
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
-    from mnist_cuda import train
+    from mnist_cuda import training
     train_x, train_y, _, _ = load_data_or_exit(PROG, "mnist", args.data_dir, quiet=False)
     out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "steps": args.steps,
            "batch_size": args.batch_size, "lr": args.lr, "seeds": {}}
     for s in range(args.first_seed, args.first_seed + args.seeds):
-        chunks = train.plan(len(train_x), args.batch_size, s, True, train.Position(), args.steps)
+        chunks = training.plan(len(train_x), args.batch_size, s, True, training.Position(), args.steps)
         batches = [idx for chunk in chunks for idx in chunk.batches]
         state = reference.init_state_dict(s)
         runs = {p: train_losses(torch, state, train_x, train_y, batches, args.lr, p)

@@ -40,7 +40,7 @@ MAX_BLOCK_THREADS = 1024  # CUDA's threads per block
 # with a layer's float64 draw beside them (reference.init_state_dict)
 HOST_BYTES_PER_PARAMETER = 12
 HOST_BYTES_FIXED = 256 << 20  # the data set (as bytes, pinned and not), the interpreter and its libraries
-DEFAULT_CHANNELS, DEFAULT_HIDDEN = (32, 64), 128  # train.DEFAULTS' model, the yardstick of what is unusual
+DEFAULT_CHANNELS, DEFAULT_HIDDEN = (32, 64), 128  # training.DEFAULTS' model, the yardstick of what is unusual
 
 
 def _count(n: int) -> str:

@@ -25,8 +25,7 @@ import numpy as np
 from . import checkpoint, cli, cuda, curves, data, optim, reference, sizes
 from . import nets
 from .nets import KERNEL_VERSIONS
-# (PHASE_SAMPLE_EVERY, which the docstring names, is imported too: tests/test_gpu_training.py reads it here)
-from .training import DEFAULTS, PHASE_SAMPLE_EVERY, RECIPES, Position, TrainingDiverged, plan, run_chunk  # noqa: F401
+from .training import DEFAULTS, RECIPES, Position, TrainingDiverged, plan, run_chunk
 
 # what a checkpoint records and --init takes as this run's default (the model's shape comes from its arrays)
 RESUMED = ("dataset", "batch_size", "lr", "seed", "kernels", "precision", "shuffle", "augment")

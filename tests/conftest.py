@@ -1,6 +1,7 @@
 """Shared test set-up: the repository's folders, the programs of dev/ and scripts/ loaded from their files,
 the `gpu` marker, which skips with the reason where CuPy finds no CUDA device, and where the real MNIST and
 Fashion-MNIST files are found."""
+import ast
 import functools
 import importlib.util
 import os
@@ -11,16 +12,26 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 DEV = REPO / "dev"  # programs run from their files (python dev/X.py), as the tests load them (load_script)
-if str(DEV) not in sys.path:
-    sys.path.insert(0, str(DEV))  # dev/step_timeline.py, loaded from its file, imports step_launch_costs by name
 
 
 def load_script(path: Path):
-    """A program of dev/ or scripts/ as a module, loaded from its file: neither folder is a package."""
+    """A program of dev/ or scripts/ as a module, loaded from its file: neither folder is a package. A
+    program run as `python dev/X.py` imports its neighbours by name (its folder is first on sys.path then):
+    those are loaded from their files first and registered under their names, so no folder joins sys.path."""
+    for name in _neighbours(path):
+        if name not in sys.modules:
+            sys.modules[name] = load_script(path.parent / f"{name}.py")
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def _neighbours(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text())
+    names = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module and not n.level]
+    names += [a.name for n in tree.body if isinstance(n, ast.Import) for a in n.names]
+    return [name for name in names if (path.parent / f"{name}.py").is_file()]
 
 
 @functools.lru_cache(maxsize=None)

@@ -194,16 +194,16 @@ def test_one_epoch_on_mnist_reaches_98_percent(version):
     """One epoch as train.py runs it: graph steps that load the next batch, every PHASE_SAMPLE_EVERY-th
     step eager with events between its phases."""
     folder = mnist_or_skip()
-    from mnist_cuda import cuda, train
+    from mnist_cuda import cuda, training
     from mnist_cuda.step import PHASES, Step, phase_times_ms
     ds = data.load("mnist", data_dir=folder, empty=cuda.pinned_empty, progress=False)
     net = make_net((32, 64), 128, seed=0, version=version, batch=64)
-    step = Step(net, train.DEFAULTS["lr"])
+    step = Step(net, training.DEFAULTS["lr"])
     batches = list(data.batch_indices(data.epoch_order(60000, 0, 0), 64, drop_last=True))
     event_lists = []
     for idx, next_idx in data.with_next(batches):
         events = None
-        if step.count % train.PHASE_SAMPLE_EVERY == 0:
+        if step.count % training.PHASE_SAMPLE_EVERY == 0:
             events = [net.cp.cuda.Event() for _ in range(len(PHASES) + 1)]
             event_lists.append(events)
         step.run(ds.train_x, ds.train_y, idx, next_idx, mode="eager" if events else None, events=events)
@@ -220,10 +220,10 @@ def test_one_epoch_on_fashion_mnist():
     at the default batch and rate learns its ten classes (a CNN of this size reaches ~85% in one epoch)."""
     from conftest import fashion_or_skip
     folder = fashion_or_skip()
-    from mnist_cuda import cuda, train
+    from mnist_cuda import cuda, training
     from mnist_cuda.step import Step
     ds = data.load("fashion-mnist", data_dir=folder, empty=cuda.pinned_empty, progress=False)
-    step = Step(make_net((32, 64), 128, seed=0, version="fast", batch=64), train.DEFAULTS["lr"])
+    step = Step(make_net((32, 64), 128, seed=0, version="fast", batch=64), training.DEFAULTS["lr"])
     batches = list(data.batch_indices(data.epoch_order(60000, 0, 0), 64, drop_last=True))
     for idx, next_idx in data.with_next(batches):
         step.run(ds.train_x, ds.train_y, idx, next_idx)

@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import conftest
 from conftest import DEV, REPO
 from mnist_cuda import checkpoint, cli, reference
 from mnist_cuda.data import DATASETS
@@ -43,10 +44,7 @@ SECONDS = 1.0
 
 
 def _script(path: Path):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return conftest.load_script(path)
 
 
 def _results_table_parser():

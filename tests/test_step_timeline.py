@@ -1,5 +1,4 @@
 """dev/step_timeline.py: the stamp it puts into every kernel (the timeline itself needs a GPU)."""
-import importlib.util
 import os
 import re
 import subprocess
@@ -8,6 +7,7 @@ import sys
 import pytest
 
 import mnist_cuda.ops  # noqa: F401  (its modules declare the sources)
+import conftest
 from conftest import REPO
 from mnist_cuda import cuda
 
@@ -15,10 +15,7 @@ SCRIPT = REPO / "dev" / "step_timeline.py"
 
 
 def load_script():
-    spec = importlib.util.spec_from_file_location("step_timeline", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return conftest.load_script(SCRIPT)
 
 
 def stamped_sources(st):
