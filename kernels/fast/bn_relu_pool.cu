@@ -48,9 +48,9 @@ __device__ __forceinline__ void stats_images(const float* x, int n0, int C, int 
 }
 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
-batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
-                     unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
-                     float* running_mean, float* running_var) {
+    batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
+                         unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
+                         float* running_mean, float* running_var) {
     const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32;
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     if (c < C) {
@@ -66,8 +66,9 @@ batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, f
         }
     }
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, blockIdx.y * BN_CHANNELS, min(C, blockIdx.y * BN_CHANNELS + BN_CHANNELS),
-                             eps, momentum, save_mean, save_invstd, running_mean, running_var);
+    batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, blockIdx.y * BN_CHANNELS,
+                             min(C, blockIdx.y * BN_CHANNELS + BN_CHANNELS), eps, momentum, save_mean, save_invstd,
+                             running_mean, running_var);
 }
 
 // Evaluation: the statistics the fused forward kernels normalise with become the running ones:
@@ -113,8 +114,8 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const flo
 // Images n0 .. n0 + K - 1 of channel c added to (sdz, sdzx) in image order, by the warp that owns c.
 template <int K>
 __device__ __forceinline__ void reduce_images(const float* x_at, const float* d_pooled, const unsigned char* argmax,
-                                              int n0, int C, int c, int pooled_hw, float mean, float invstd,
-                                              float* sdz, float* sdzx) {
+                                              int n0, int C, int c, int pooled_hw, float mean, float invstd, float* sdz,
+                                              float* sdzx) {
     const int lane = threadIdx.x % 32;
     float dz[K][BN_POOLED_VALUES], xa[K][BN_POOLED_VALUES];
     bool passed[K][BN_POOLED_VALUES];
@@ -139,10 +140,10 @@ __device__ __forceinline__ void reduce_images(const float* x_at, const float* d_
 }
 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
-batchnorm_backward_reduce_fast(const float* x_at, const float* save_mean, const float* save_invstd,
-                               const float* d_pooled, const unsigned char* argmax, int N,
-                               int C, int S, int imgs_per_block, float* partial, unsigned int* counter,
-                               float* dgamma, float* dbeta) {
+    batchnorm_backward_reduce_fast(const float* x_at, const float* save_mean, const float* save_invstd,
+                                   const float* d_pooled, const unsigned char* argmax, int N, int C, int S,
+                                   int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
+                                   float* dbeta) {
     const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32, pooled_hw = (S / 2) * (S / 2);
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     float sdz = 0.0f, sdzx = 0.0f;
@@ -161,7 +162,8 @@ batchnorm_backward_reduce_fast(const float* x_at, const float* save_mean, const 
         pair[1] = sdzx;
     }
     if (!last_block_done(counter + blockIdx.y, gridDim.x)) return;
-    sum_parts_pairs(partial, gridDim.x, blockIdx.y * BN_CHANNELS, min(C, blockIdx.y * BN_CHANNELS + BN_CHANNELS), dbeta, dgamma);
+    sum_parts_pairs(partial, gridDim.x, blockIdx.y * BN_CHANNELS, min(C, blockIdx.y * BN_CHANNELS + BN_CHANNELS), dbeta,
+                    dgamma);
 }
 
 // dx = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
@@ -169,9 +171,8 @@ batchnorm_backward_reduce_fast(const float* x_at, const float* save_mean, const 
 // window, writing its four elements.
 extern "C" __global__ void batchnorm_backward_apply_fast(const float* x, const float* save_mean,
                                                          const float* save_invstd, const float* gamma,
-                                                         const float* dgamma, const float* dbeta,
-                                                         const float* d_pooled, const unsigned char* argmax,
-                                                         int N, int C, int S, float* dx) {
+                                                         const float* dgamma, const float* dbeta, const float* d_pooled,
+                                                         const unsigned char* argmax, int N, int C, int S, float* dx) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;

@@ -37,8 +37,8 @@
 #include "common.cuh"
 #include "tensor_core.cuh"
 
-#define S1 28                      // conv1's input and output size
-#define P1 (S1 + 2)                // with the zero padding
+#define S1 28        // conv1's input and output size
+#define P1 (S1 + 2)  // with the zero padding
 #define POOLED1 (S1 / 2)
 #define WINDOWS (POOLED1 * POOLED1)  // 196 pooled windows per image and channel
 #define TAPS 9
@@ -48,7 +48,7 @@
 // and each of CONV1_GRAD_ROWS pooled rows, CONV1_GRAD_SM_CHANNELS channels over the blocks an SM holds,
 // CONV1_GRAD_STAGES images in its ring of CONV1_GRAD_CHANNEL_BYTES per channel and image, and
 // CONV1_GRAD_SUMS sums per channel (sum dz, then E_t).
-#if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_ROWS) || \
+#if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS) || !defined(CONV1_GRAD_ROWS) ||              \
     !defined(CONV1_GRAD_SM_CHANNELS) || !defined(CONV1_GRAD_STAGES) || !defined(CONV1_GRAD_SUMS) || \
     !defined(CONV1_GRAD_CHANNEL_BYTES)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
@@ -69,7 +69,8 @@ __device__ __forceinline__ bool padded_pixel(int i, int* pixel) {
 template <int THREADS>
 constexpr int image_regs = CEIL_DIV(P1 * P1, THREADS);
 template <int THREADS>
-__device__ __forceinline__ void fetch_padded_image(const unsigned char* x, int n, unsigned char (&v)[image_regs<THREADS>]) {
+__device__ __forceinline__ void fetch_padded_image(const unsigned char* x, int n,
+                                                   unsigned char (&v)[image_regs<THREADS>]) {
 #pragma unroll
     for (int r = 0; r < image_regs<THREADS>; r++) {
         int pixel;
@@ -80,8 +81,8 @@ __device__ __forceinline__ void fetch_padded_image(const unsigned char* x, int n
 // ... then normalised (pixel_value[byte]) into the block's shared copy, zero-padded to P1 x P1 (the
 // padding pads the normalised image, so it stays 0).
 template <int THREADS>
-__device__ __forceinline__ void store_padded_image(const unsigned char (&v)[image_regs<THREADS>], const float* pixel_value,
-                                                   float* img) {
+__device__ __forceinline__ void store_padded_image(const unsigned char (&v)[image_regs<THREADS>],
+                                                   const float* pixel_value, float* img) {
 #pragma unroll
     for (int r = 0; r < image_regs<THREADS>; r++) {
         const int i = threadIdx.x + r * THREADS;
@@ -195,9 +196,7 @@ __device__ __forceinline__ T block_sums(const T (&v)[K], T* red) {
 }
 
 // Where G_tu (t <= u) is among the moments.
-__device__ __forceinline__ int moment_index(int t, int u) {
-    return TAPS + TAPS * t - t * (t - 1) / 2 + (u - t);
-}
+__device__ __forceinline__ int moment_index(int t, int u) { return TAPS + TAPS * t - t * (t - 1) / 2 + (u - t); }
 
 // G_tu for any t, u (G is symmetric).
 __device__ __forceinline__ double gram(const double* moments, int t, int u) {
@@ -208,8 +207,8 @@ __device__ __forceinline__ double gram(const double* moments, int t, int u) {
 // part of the batch; the last block merges the parts in order.
 // grid (parts), CONV1_THREADS threads; moment_partial [parts, CONV1_MOMENTS]; moments [CONV1_MOMENTS]; counter: one.
 extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
-conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, double* moment_partial,
-                         unsigned int* counter, double* moments) {
+    conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, double* moment_partial,
+                             unsigned int* counter, double* moments) {
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ double red[CONV1_THREADS / 32 * CONV1_MOMENTS];
     const int t = threadIdx.x;
@@ -218,23 +217,25 @@ conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, doub
     double acc[CONV1_MOMENTS];
 #pragma unroll
     for (int k = 0; k < CONV1_MOMENTS; k++) acc[k] = 0.0;
-    for_each_image(x, first, last, img, [] {}, [&](int n, const float (&p)[4][4]) {
-        // this window's sums over its four outputs in float, added to the double sums (a quarter of the
-        // double-precision additions; float's rounding on four terms is far below the tests' 1e-5)
+    for_each_image(
+        x, first, last, img, [] {},
+        [&](int n, const float(&p)[4][4]) {
+    // this window's sums over its four outputs in float, added to the double sums (a quarter of the
+    // double-precision additions; float's rounding on four terms is far below the tests' 1e-5)
 #pragma unroll
-        for (int a = 0; a < TAPS; a++) {
+            for (int a = 0; a < TAPS; a++) {
 #pragma unroll
-            for (int b = a - 1; b < TAPS; b++) {  // b = a - 1 stands for S_a
-                float s = 0.0f;
+                for (int b = a - 1; b < TAPS; b++) {  // b = a - 1 stands for S_a
+                    float s = 0.0f;
 #pragma unroll
-                for (int pos = 0; pos < 4; pos++) {
-                    const float xa = p[pos / 2 + a / 3][pos % 2 + a % 3];
-                    s = b < a ? s + xa : fmaf(xa, p[pos / 2 + b / 3][pos % 2 + b % 3], s);
+                    for (int pos = 0; pos < 4; pos++) {
+                        const float xa = p[pos / 2 + a / 3][pos % 2 + a % 3];
+                        s = b < a ? s + xa : fmaf(xa, p[pos / 2 + b / 3][pos % 2 + b % 3], s);
+                    }
+                    acc[b < a ? a : moment_index(a, b)] += s;
                 }
-                acc[b < a ? a : moment_index(a, b)] += s;
             }
-        }
-    });
+        });
     const double sum = block_sums(acc, red);
     if (t < CONV1_MOMENTS) moment_partial[(size_t)blockIdx.x * CONV1_MOMENTS + t] = sum;
     if (!last_block_done(counter, gridDim.x)) return;
@@ -244,8 +245,8 @@ conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, doub
 // A channel's BatchNorm statistics over the batch's count outputs from its image moments and its
 // weights wq (as load_channel_weights stages them): mean = w.S / count, var = w'Gw / count - mean^2, in
 // double.
-__device__ __forceinline__ void channel_stats(const double* moments, const float4 wq[3], double count,
-                                              float* mean, float* var) {
+__device__ __forceinline__ void channel_stats(const double* moments, const float4 wq[3], double count, float* mean,
+                                              float* var) {
     const double wc[TAPS] = {wq[0].x, wq[0].y, wq[0].z, wq[0].w, wq[1].x, wq[1].y, wq[1].z, wq[1].w, wq[2].x};
     double m = 0.0, square = 0.0;
 #pragma unroll
@@ -278,9 +279,9 @@ __device__ __forceinline__ void channel_stats(const double* moments, const float
 #define GROUP_CHANNELS 4
 template <int CHANNELS>
 __global__ void __launch_bounds__(CONV1_THREADS, 4)
-conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
-                        float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
-                        const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
+    conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
+                            float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
+                            const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
     static_assert(CHANNELS % GROUP_CHANNELS == 0, "whole groups of channels per block");
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ float4 ws[CHANNELS][3];
@@ -304,28 +305,29 @@ conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const
         if (blockIdx.x == 0)
             batchnorm_finalize(c, m, var, (float)count, eps, momentum, mean, invstd, running_mean, running_var);
     };
-    for_each_staged_image<CONV1_THREADS>(x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float* image) {
-        for (int item = threadIdx.x; item < WINDOWS * (CHANNELS / GROUP_CHANNELS); item += CONV1_THREADS) {
-            const int t = item % WINDOWS, g0 = item / WINDOWS * GROUP_CHANNELS;
-            const int channels = min(GROUP_CHANNELS, C - (c0 + g0));  // (fewer in a last group past C)
-            const size_t at0 = ((size_t)n * C + c0 + g0) * WINDOWS + t;  // output of the group's first channel
-            float p[4][4];
-            load_patch(image, t, p);
+    for_each_staged_image<CONV1_THREADS>(
+        x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float* image) {
+            for (int item = threadIdx.x; item < WINDOWS * (CHANNELS / GROUP_CHANNELS); item += CONV1_THREADS) {
+                const int t = item % WINDOWS, g0 = item / WINDOWS * GROUP_CHANNELS;
+                const int channels = min(GROUP_CHANNELS, C - (c0 + g0));     // (fewer in a last group past C)
+                const size_t at0 = ((size_t)n * C + c0 + g0) * WINDOWS + t;  // output of the group's first channel
+                float p[4][4];
+                load_patch(image, t, p);
 #pragma unroll
-            for (int k = 0; k < GROUP_CHANNELS; k++) {
-                if (k >= channels) break;
-                float a[4];
-                conv1_window(p, ws[g0 + k], a);
-                const float4 s = bn[g0 + k];
-                int at;
-                const float v = relu_max4(batchnorm_apply(a[0], s.x, s.y, s.z, s.w), batchnorm_apply(a[1], s.x, s.y, s.z, s.w),
-                                          batchnorm_apply(a[2], s.x, s.y, s.z, s.w), batchnorm_apply(a[3], s.x, s.y, s.z, s.w),
-                                          &at);
-                pooled[at0 + k * WINDOWS] = v;
-                argmax[at0 + k * WINDOWS] = pool_position(v, at);
+                for (int k = 0; k < GROUP_CHANNELS; k++) {
+                    if (k >= channels) break;
+                    float a[4];
+                    conv1_window(p, ws[g0 + k], a);
+                    const float4 s = bn[g0 + k];
+                    int at;
+                    const float v = relu_max4(
+                        batchnorm_apply(a[0], s.x, s.y, s.z, s.w), batchnorm_apply(a[1], s.x, s.y, s.z, s.w),
+                        batchnorm_apply(a[2], s.x, s.y, s.z, s.w), batchnorm_apply(a[3], s.x, s.y, s.z, s.w), &at);
+                    pooled[at0 + k * WINDOWS] = v;
+                    argmax[at0 + k * WINDOWS] = pool_position(v, at);
+                }
             }
-        }
-    });
+        });
 }
 
 // The backward's block geometry for CHANNELS channels per block: a thread per pooled row and channel, a
@@ -344,22 +346,20 @@ constexpr int grad_blocks_per_sm = CONV1_GRAD_SM_CHANNELS / CHANNELS;
 // copies (784 bytes of gradient per channel; the positions, 196 bytes per channel, by 4-byte copies where
 // their run is not 16-byte aligned, i.e. where C or `channels` is not a multiple of 4).
 template <int CHANNELS>
-__device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const unsigned char* argmax, int n, int C, int c0,
-                                                  int channels, unsigned char* stage) {
+__device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const unsigned char* argmax, int n, int C,
+                                                  int c0, int channels, unsigned char* stage) {
     constexpr int THREADS = grad_threads<CHANNELS>;
     const size_t first = (size_t)n * C + c0;  // the run's first channel row
     float* grads = reinterpret_cast<float*>(stage);
     const float* from = d_pooled + first * WINDOWS;
-    for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += THREADS)
-        cp_async16(grads + 4 * i, from + 4 * i);
+    for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += THREADS) cp_async16(grads + 4 * i, from + 4 * i);
     float* positions = reinterpret_cast<float*>(stage + CHANNELS * WINDOWS * sizeof(float));
     const float* bytes = reinterpret_cast<const float*>(argmax + first * WINDOWS);  // 4-byte aligned: 196 = 4 x 49
     if (C % 4 == 0 && channels % 4 == 0) {
         for (int i = threadIdx.x; i < channels * WINDOWS / 16; i += THREADS)
             cp_async16(positions + 4 * i, bytes + 4 * i);
     } else {
-        for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += THREADS)
-            cp_async4(positions + i, bytes + i);
+        for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += THREADS) cp_async4(positions + i, bytes + i);
     }
 }
 
@@ -394,16 +394,17 @@ static_assert(CONV1_GRAD_CHANNEL_BYTES == WINDOWS * (sizeof(float) + 1) && CONV1
 static_assert(CONV1_GRAD_STAGES >= 2, "one image ahead at least");
 template <int CHANNELS>
 __global__ void __launch_bounds__(grad_threads<CHANNELS>, grad_blocks_per_sm<CHANNELS>)
-conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
-                    const float* gamma, const double* moments, const float* d_pooled, const unsigned char* argmax,
-                    int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
-                    float* dbeta, float* dw) {
+    conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
+                        const float* gamma, const double* moments, const float* d_pooled, const unsigned char* argmax,
+                        int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
+                        float* dbeta, float* dw) {
     constexpr int THREADS = grad_threads<CHANNELS>, STAGE_BYTES = grad_stage_bytes<CHANNELS>;
     static_assert(CONV1_GRAD_SM_CHANNELS % CHANNELS == 0 && CHANNELS % 4 == 0,
                   "blocks per SM, and 16-byte aligned stages");
     static_assert(THREADS * CONV1_GRAD_SUMS * sizeof(float) <= CONV1_GRAD_STAGES * STAGE_BYTES,
                   "the block's sums fit in the ring");
-    static_assert(CHANNELS * CONV1_GRAD_SUMS <= THREADS && CONV1_MOMENTS <= THREADS, "a thread per channel and sum, and per moment");
+    static_assert(CHANNELS * CONV1_GRAD_SUMS <= THREADS && CONV1_MOMENTS <= THREADS,
+                  "a thread per channel and sum, and per moment");
     extern __shared__ __align__(16) unsigned char ring[];  // CONV1_GRAD_STAGES stages: gradients, then positions
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ float total[CHANNELS * CONV1_GRAD_SUMS];
@@ -429,7 +430,9 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
         for (int tap = 0; tap < TAPS; tap++) acc[1 + tap] = fmaf(dz, patch[(tap / 3) * P1 + tap % 3], acc[1 + tap]);
     };
     const auto copy = [&](int n) {  // image n's gradients, into its stage, as one commit group (empty past last)
-        if (n < last) copy_pooled_grads<CHANNELS>(d_pooled, argmax, n, C, c0, channels, ring + (n - first) % CONV1_GRAD_STAGES * STAGE_BYTES);
+        if (n < last)
+            copy_pooled_grads<CHANNELS>(d_pooled, argmax, n, C, c0, channels,
+                                        ring + (n - first) % CONV1_GRAD_STAGES * STAGE_BYTES);
         cp_async_commit();
     };
     const auto setup = [&] {  // the first images' copies; this thread's of the first image landed
@@ -454,7 +457,8 @@ conv1_backward_fast(const unsigned char* x, const float* w, const float* save_me
                 add(dz.y, at.y, windows + 2 * k + 2);
             }
         }
-        cp_async_wait<CONV1_GRAD_STAGES - 2>();  // this thread's copies of image n + 1 landed; the loop's barrier shows them to all
+        cp_async_wait<CONV1_GRAD_STAGES -
+                      2>();  // this thread's copies of image n + 1 landed; the loop's barrier shows them to all
     });
     // the block's sums: each thread's into the ring (its copies are done: the last groups are empty), then
     // per channel and sum over the rows in order

@@ -62,7 +62,9 @@
 // rows and a border row above and below, and 2 pixels that the last column's last tap reads). The block's
 // dynamic shared memory is sized there too: two buffers of the staged image and of the chunk's weights
 // (one in the apart form, whose chunks are twice as large), the accumulators at the end.
-#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) || !defined(CONV_TILE_CHANNELS_STACKED) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
+#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) ||             \
+    !defined(CONV_TILE_CHANNELS_STACKED) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || \
+    !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 #define CONV_PADDED 16  // the staged grid is 16 wide: the image with its zero border
@@ -72,8 +74,9 @@
 // OnePart (a row per channel, rounded) in the others.
 enum class TileForm { Apart, Stacked, Paired, OnePart };
 template <Precision PR, bool FLIPPED>  // FLIPPED: the input gradient
-constexpr TileForm tile_form =
-    PR != Precision::Fp32 ? TileForm::OnePart : FLIPPED ? TileForm::Stacked : TileForm::Apart;
+constexpr TileForm tile_form = PR != Precision::Fp32 ? TileForm::OnePart
+                               : FLIPPED             ? TileForm::Stacked
+                                                     : TileForm::Apart;
 // Output channels per block, rows of A per tap (a row holds one part of one channel), weight quads per
 // chunk, buffers of them, and the accumulator sets.
 template <TileForm F>
@@ -109,11 +112,18 @@ __host__ __device__ constexpr bool paired_run_small(int run) { return run == 0 |
 //   0 and 1 together * B_small from column 0, into the second set.
 // - One part: the one product.
 template <TileForm F>
-constexpr int group_products = F == TileForm::Apart ? 3 : F == TileForm::Stacked ? 2 : F == TileForm::Paired ? 5 : 1;
+constexpr int group_products = F == TileForm::Apart     ? 3
+                               : F == TileForm::Stacked ? 2
+                               : F == TileForm::Paired  ? 5
+                                                        : 1;
 template <TileForm F>
 __host__ __device__ constexpr int product_a_row(int i) {
-    return F == TileForm::Paired ? (i == 0 ? 0 : i == 1 ? 64 : i == 4 ? 32 : 128)
-                                 : F == TileForm::Apart && i == 0 ? 64 : 0;
+    return F == TileForm::Paired            ? (i == 0   ? 0
+                                               : i == 1 ? 64
+                                               : i == 4 ? 32
+                                                        : 128)
+           : F == TileForm::Apart && i == 0 ? 64
+                                            : 0;
 }
 template <TileForm F>
 __host__ __device__ constexpr int product_b_part(int i) {
@@ -124,7 +134,9 @@ __host__ __device__ constexpr int product_column(int i) {
     return F == TileForm::Paired ? (i == 1 ? 1 : i == 2 || i == 3 ? 2 : 0) : 0;
 }
 template <TileForm F>
-__host__ __device__ constexpr int product_set(int i) { return F == TileForm::Paired && i == 4 ? 1 : 0; }
+__host__ __device__ constexpr int product_set(int i) {
+    return F == TileForm::Paired && i == 4 ? 1 : 0;
+}
 // Where product i of group g reads B: the staged pixel of its tap, counted from the block's first column.
 template <TileForm F>
 __host__ __device__ constexpr int product_shift(int g, int i) {
@@ -182,8 +194,8 @@ template <Precision PR, TileForm FORM>
 __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin,
                                                    int Cout) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = ROWS * P;  // N: columns
-    constexpr int PLANE = CONV_STAGED_PIXELS * 4;                               // floats per (part, quad)
-    constexpr int IN_PIXELS = (ROWS + 2) * S, IN_TASKS = 2 * IN_PIXELS;         // per chunk: (quad, pixel)
+    constexpr int PLANE = CONV_STAGED_PIXELS * 4;                        // floats per (part, quad)
+    constexpr int IN_PIXELS = (ROWS + 2) * S, IN_TASKS = 2 * IN_PIXELS;  // per chunk: (quad, pixel)
     constexpr int IN_PER_THREAD = CEIL_DIV(IN_TASKS, CONV_THREADS), ACC_STRIDE = N + 8;
     constexpr int TILE = tile_channels<FORM>, GROUP_ROWS = group_rows<FORM>, QUADS = chunk_quads<FORM>;
     constexpr int GROUPS = 9 / group_taps<FORM>, PRODUCTS = group_products<FORM>, SETS = accumulator_sets<FORM>;
@@ -230,7 +242,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
             if (e < IN_TASKS) {
                 const int pixel = (p / S) * P + p % S + 1;
                 stage16<PR>(in_next[r], reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
-                             reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
+                            reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
             }
         }
     };
@@ -262,12 +274,14 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         for (int grp = 0; grp < GROUPS; grp++) {  // A at a_chunk[grp * 2 * GROUP_ROWS]
 #pragma unroll
             for (int i = 0; i < PRODUCTS; i++) {
-                const unsigned long long a = wgmma_descriptor(
-                    a_chunk + grp * 2 * GROUP_ROWS + product_a_row<FORM>(i), GROUP_ROWS * 16, 128);
+                const unsigned long long a =
+                    wgmma_descriptor(a_chunk + grp * 2 * GROUP_ROWS + product_a_row<FORM>(i), GROUP_ROWS * 16, 128);
                 const unsigned long long b = wgmma_descriptor(
                     b_planes + 2 * product_b_part<FORM>(i) * PLANE + product_shift<FORM>(grp, i) * 4, PLANE * 4, 128);
-                if constexpr (PR == Precision::Bf16) wgmma_bf16<N>(acc[product_set<FORM>(i)], a, b);
-                else wgmma_tf32<N>(acc[product_set<FORM>(i)], a, b);
+                if constexpr (PR == Precision::Bf16)
+                    wgmma_bf16<N>(acc[product_set<FORM>(i)], a, b);
+                else
+                    wgmma_tf32<N>(acc[product_set<FORM>(i)], a, b);
             }
         }
         wgmma_commit();
@@ -331,8 +345,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     const float next_j = j + 1 < N / 8 ? acc[1][4 * (j + 1) + 2 * h] : 0.0f;
-                    const float right = __shfl_sync(0xffffffffu, t == 0 ? next_j : acc[1][4 * j + 2 * h],
-                                                    (tid & 28) | ((t + 1) & 3));
+                    const float right =
+                        __shfl_sync(0xffffffffu, t == 0 ? next_j : acc[1][4 * j + 2 * h], (tid & 28) | ((t + 1) & 3));
                     acc[0][4 * j + 2 * h] += acc[1][4 * j + 2 * h + 1];
                     acc[0][4 * j + 2 * h + 1] += right;
                 }
@@ -340,7 +354,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     }
     // Rows c and c + 32 in the stacked and paired forms (both hold parts of channel c's sums; in the others,
     // row c alone) added through shared memory, then written out coalesced.
-    __syncthreads();  // every product is done: the staging slots are free
+    __syncthreads();                                       // every product is done: the staging slots are free
     float* acc_s = reinterpret_cast<float*>(conv_shared);  // [64][ACC_STRIDE]: the 4 rows of a half-warp's
     // float2 stores start 8 banks apart (120 = -8 mod 32), so they have no bank conflicts
 #pragma unroll
@@ -355,8 +369,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
         const int c = e / (ROWS * S), p = e % (ROWS * S), column = (p / S) * P + p % S;
         if (n0 + c >= Cout) continue;
         const float* d = acc_s + column;
-        y[(n0 + c) * SS + p] =
-            TILE == 32 ? d[c * ACC_STRIDE] + d[(c + 32) * ACC_STRIDE] : d[c * ACC_STRIDE];
+        y[(n0 + c) * SS + p] = TILE == 32 ? d[c * ACC_STRIDE] + d[(c + 32) * ACC_STRIDE] : d[c * ACC_STRIDE];
     }
 }
 
@@ -386,7 +399,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
 // WGRAD_CHANNELS input channels per block (a tap's 32 columns of B, of one part), WGRAD_IMAGES images per
 // 16-byte unit of k, WGRAD_X_SLOTS staged x rows (the three an item reads, and up to three for the next
 // item); the block's dynamic shared memory (the x rows and two dy rows) is sized there too.
-#if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || !defined(WGRAD_X_SLOTS)
+#if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || \
+    !defined(WGRAD_X_SLOTS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 // Images per 16 staged bytes of k: WGRAD_IMAGES float32 values, twice as many in bf16.
@@ -394,8 +408,8 @@ template <Precision PR>
 constexpr int wgrad_images = PR == Precision::Bf16 ? 2 * WGRAD_IMAGES : WGRAD_IMAGES;
 
 template <Precision PR>
-__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N,
-                                                         int C, int K, int items_per_part) {
+__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N, int C,
+                                                         int K, int items_per_part) {
     constexpr bool SPLIT = PR == Precision::Fp32;  // two parts (3xTF32)
     constexpr int IMAGES = wgrad_images<PR>;
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, PAIRS = S / 2;
@@ -413,7 +427,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     // r .. r + 2, and the next item's new rows (r + 3, or rows 0-2 of quad q + 1) are in other slots.
     auto x_slot = [&](int item, int p) { return smem + (P * (item / S) + p) % WGRAD_X_SLOTS * X_ROW; };
 
-    for (int i = tid; i < WGRAD_X_SLOTS * 2 * X_PIXEL / 4; i += WGRAD_THREADS) {  // border columns: no stash writes them
+    for (int i = tid; i < WGRAD_X_SLOTS * 2 * X_PIXEL / 4;
+         i += WGRAD_THREADS) {  // border columns: no stash writes them
         const int slot = i / (2 * X_PIXEL / 4), column = i / (X_PIXEL / 4) % 2 * (P - 1);
         conv_shared[(slot * X_ROW + column * X_PIXEL) / 4 + i % (X_PIXEL / 4)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
@@ -456,14 +471,18 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
     auto fetch = [&](int item) {
         const int img0 = item / S * IMAGES, r = item % S;
         load(dy_row(item), f_dy, K - o0, K * SS, true, img0, next[0]);
-        if (tid < 128) load(dy_row(item), f_second, K - o0, K * SS, true, img0, next[1]);
-        else load(x_row(item, r + 2), f_second, C - c0, C * SS, r + 1 < S, img0, next[1]);
+        if (tid < 128)
+            load(dy_row(item), f_second, K - o0, K * SS, true, img0, next[1]);
+        else
+            load(x_row(item, r + 2), f_second, C - c0, C * SS, r + 1 < S, img0, next[1]);
     };
     auto stash = [&](int item) {
         float* dy_s = dy_slots + (item - first) % 2 * DY_ROW;
         store(dy_s, f_dy, DY_PIXEL, next[0]);
-        if (tid < 128) store(dy_s, f_second, DY_PIXEL, next[1]);
-        else store(x_slot(item, item % S + 2) + X_PIXEL, f_second, X_PIXEL, next[1]);  // after the border column
+        if (tid < 128)
+            store(dy_s, f_second, DY_PIXEL, next[1]);
+        else
+            store(x_slot(item, item % S + 2) + X_PIXEL, f_second, X_PIXEL, next[1]);  // after the border column
     };
     // An item that starts a run or an image quad also needs its first two x rows (grid rows r, r + 1).
     auto stage_first_rows = [&](int item) {
@@ -528,8 +547,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
             unsigned a[2][4];
 #pragma unroll
             for (int part = 0; part < (SPLIT ? 2 : 1); part++)
-                ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + (2 * warp + lane / 8 % 2) * 64 + part * 32 +
-                                         lane % 8 * 4);
+                ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + (2 * warp + lane / 8 % 2) * 64 +
+                                         part * 32 + lane % 8 * 4);
 #pragma unroll
             for (int tc = 0; tc < 3; tc++) {
                 if constexpr (PR == Precision::Bf16) {
@@ -538,7 +557,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
                         // B: tiles (pixel 2j + tc, octet o), (2j + 1 + tc, o), (2j + tc, o + 1), (2j + 1 + tc,
                         // o + 1), big parts only: b[0..1] of octet o's 8 columns, b[2..3] of octet o + 1's
                         unsigned b[4];
-                        ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (16 * (o + lane / 16) + lane % 8) * 4);
+                        ldmatrix_x4(
+                            b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (16 * (o + lane / 16) + lane % 8) * 4);
                         mma_bf16(acc[0] + 16 * tc + 4 * o, a[0], b);
                         mma_bf16(acc[0] + 16 * tc + 4 * o + 4, a[0], b + 2);
                     }
@@ -549,7 +569,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
                         // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. (octet i / 2's big parts) and
                         // b[2..3] of 8i + 8.. (its small parts)
                         unsigned b[4];
-                        ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
+                        ldmatrix_x4(b,
+                                    x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
                         float* big = acc[0] + 16 * tc + 2 * i;
                         float* small = acc[1] + 16 * tc + 2 * i;
                         mma_tf32(big, a[0], b);
@@ -619,8 +640,10 @@ __device__ __forceinline__ void stage_weights(const float* w, int C, int K, floa
                                       ? stage_product_quad<false, PR, TileForm::Stacked>(w, C, K, forward_quads, q)
                                       : stage_product_quad<false, PR, TileForm::Apart>(w, C, K, forward_quads, q);
         if (forward_done) return;
-        if (input_grad_paired) stage_product_quad<true, PR, TileForm::Paired>(w, K, C, input_grad_quads, q);
-        else stage_product_quad<true, PR, TileForm::Stacked>(w, K, C, input_grad_quads, q);
+        if (input_grad_paired)
+            stage_product_quad<true, PR, TileForm::Paired>(w, K, C, input_grad_quads, q);
+        else
+            stage_product_quad<true, PR, TileForm::Stacked>(w, K, C, input_grad_quads, q);
         return;
     }
     if (!stage_product_quad<false, PR, tile_form<PR, false>>(w, C, K, forward_quads, q))
@@ -637,8 +660,8 @@ __device__ __forceinline__ void stage_weights(const float* w, int C, int K, floa
 // channels and a weight-gradient item 8 images, and each product needs half the instructions of plain TF32.
 
 template <Precision P>
-__global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* forward_quads,
-                                         float4* input_grad_quads, int forward_stacked, int input_grad_paired) {
+__global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* forward_quads, float4* input_grad_quads,
+                                         int forward_stacked, int input_grad_paired) {
     stage_weights<P>(w, C, K, forward_quads, input_grad_quads, forward_stacked, input_grad_paired);
 }
 
@@ -650,28 +673,28 @@ constexpr int image_tile_blocks_per_sm = F == TileForm::Paired ? 3 : 4;
 // grid (N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, false>>)
-conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
+    conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
     conv3x3_image_tile<P, tile_form<P, false>>(x, forward_quads, y, C, K);
 }
 
 // The 3xTF32 forward in the input gradient's stacked form, 32 output channels per block: twice the blocks
 // of the form above, for small batches, where those leave SMs idle; weights staged with forward_stacked.
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Stacked>)
-conv2_forward_stacked_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
+    conv2_forward_stacked_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
     conv3x3_image_tile<Precision::Fp32, TileForm::Stacked>(x, forward_quads, y, C, K);
 }
 
 // grid (N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, true>>)
-conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
+    conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
     conv3x3_image_tile<P, tile_form<P, true>>(dy, input_grad_quads, dx, K, C);
 }
 
 // The 3xTF32 input gradient in the paired form, for large batches (five products per kernel row instead of
 // six, three blocks per SM instead of four); weights staged with input_grad_paired.
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Paired>)
-conv2_backward_input_paired_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
+    conv2_backward_input_paired_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
     conv3x3_image_tile<Precision::Fp32, TileForm::Paired>(dy, input_grad_quads, dx, K, C);
 }
 
@@ -679,7 +702,7 @@ conv2_backward_input_paired_fast(const float* dy, const float4* input_grad_quads
 // memory; partial [parts, K, C, 3, 3] (with one part: dw itself)
 template <Precision P>
 __global__ void __launch_bounds__(WGRAD_THREADS, 1)
-conv2_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K,
-                           int items_per_part) {
+    conv2_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K,
+                               int items_per_part) {
     conv3x3_weight_grad_rows<P>(x, dy, partial, N, C, K, items_per_part);
 }

@@ -22,15 +22,15 @@
 #if !defined(HEAD_SAMPLES) || !defined(HEAD_THREADS) || !defined(HEAD_SUMS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
-#define HEAD_GROUPS 4  // threads per column in step 3 (a power of two, at most 32)
+#define HEAD_GROUPS 4   // threads per column in step 3 (a power of two, at most 32)
 #define HEAD_CHUNK 128  // columns of h and W staged at a time in step 1
 #define HEAD_STAGE_REGS CEIL_DIV((HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK, HEAD_THREADS)
 
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
-head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
-                           int train, float* logits, float* d_pre, float* partial) {
+    head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
+                               int train, float* logits, float* d_pre, float* partial) {
     __shared__ float rows[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1];  // (+1: conflict-free columns)
-    __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];  // logits, then dlogits
+    __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];                      // logits, then dlogits
     __shared__ float sample_loss[HEAD_SAMPLES];
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int s0 = blockIdx.x * HEAD_SAMPLES, count = min(HEAD_SAMPLES, N - s0);
@@ -48,7 +48,8 @@ head_forward_backward_fast(const float* h, const float* w, const float* b, const
         for (int r = 0; r < HEAD_STAGE_REGS; r++) {  // rows 0..count-1 of rows[] are h, then W's ten
             const int i = t + r * HEAD_THREADS, row = i / HEAD_CHUNK, o = c0 + i % HEAD_CHUNK;
             v[r] = 0.0f;
-            if (row < count && o < H) v[r] = h[(size_t)(s0 + row) * H + o];
+            if (row < count && o < H)
+                v[r] = h[(size_t)(s0 + row) * H + o];
             else if (row >= HEAD_SAMPLES && row < HEAD_SAMPLES + NUM_CLASSES && o < H)
                 v[r] = w[(row - HEAD_SAMPLES) * H + o];
         }
@@ -142,8 +143,12 @@ extern "C" __global__ void head_sum_parts_fast(const float* partial, int blocks,
     const int i = blockIdx.x * blockDim.x + threadIdx.x, size = HEAD_SUMS(H);
     if (i >= size) return;
     const float s = sum_in_order(partial + i, blocks, size);
-    if (i < NUM_CLASSES * H) dw[i] = s;
-    else if (i < 11 * H) d_bias_fc1[i - NUM_CLASSES * H] = s;
-    else if (i < 11 * H + NUM_CLASSES) db[i - 11 * H] = s;
-    else record_loss(s / N, loss, loss_log, loss_count, loss_capacity);
+    if (i < NUM_CLASSES * H)
+        dw[i] = s;
+    else if (i < 11 * H)
+        d_bias_fc1[i - NUM_CLASSES * H] = s;
+    else if (i < 11 * H + NUM_CLASSES)
+        db[i - 11 * H] = s;
+    else
+        record_loss(s / N, loss, loss_log, loss_count, loss_capacity);
 }

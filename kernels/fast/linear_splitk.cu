@@ -14,7 +14,7 @@
 // grid (ceil(O/64), ceil(N/64), splits); partial [splits, N, O]
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-linear_forward_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split) {
+    linear_forward_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, I, &k_begin, &k_end);
@@ -38,7 +38,7 @@ __device__ __forceinline__ void linear_backward_input(const float* dy, const flo
 }
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
+    linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
     linear_backward_input<P, TILE_N>(dy, w, dx, N, I, O);
 }
 // The same in tiles half as wide, for when the 64-wide ones would leave SMs idle (fc1 at batch 64: 49
@@ -46,7 +46,7 @@ linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, in
 // wide tiles' fewer loads win (docs/performance.md).
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
+    linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
     linear_backward_input<P, TILE_N / 2>(dy, w, dx, N, I, O);
 }
 
@@ -54,13 +54,12 @@ linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, in
 // grid (ceil(I/64), ceil(O/64), splits); out [splits, O, I] (with one split: dW itself)
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, int I, int O, int k_per_split) {
+    linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, int I, int O, int k_per_split) {
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
     split_range(blockIdx.z, k_per_split, N, &k_begin, &k_end);
     float acc[4][4];
-    gemm_tile<P, TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, I, N, 1, I}, m0, n0, k_begin, k_end,
-                                           acc);
+    gemm_tile<P, TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, I, N, 1, I}, m0, n0, k_begin, k_end, acc);
     float* dst = out + (size_t)blockIdx.z * O * I;
     gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int o, int i, float v) {
         if (o < O && i < I) dst[o * I + i] = v;
@@ -75,7 +74,7 @@ linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, 
 // grid (ceil(I/WG_INPUT_GRAD_COLS), ceil(N/64))
 template <Precision P>
 __global__ void __launch_bounds__(WG_THREADS)
-linear_backward_input_wgmma_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
+    linear_backward_input_wgmma_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ float4 wg_shared[];
     const int m0 = blockIdx.y * 64, n0 = blockIdx.x * WG_INPUT_GRAD_COLS;

@@ -1,11 +1,11 @@
-// splitk_reduce.cu: the second half of a split-K matrix product (fc1's, and conv2's weight gradient). The k range of a product was cut into
-// `splits` pieces, each block writing its own partial result; here they are summed in split order
+// splitk_reduce.cu: the second half of a split-K matrix product (fc1's, and conv2's weight gradient). The k range of a
+// product was cut into `splits` pieces, each block writing its own partial result; here they are summed in split order
 // (deterministic), with an optional bias (indexed by column) and ReLU.
 #include "common.cuh"
 
 // out[i] = sum_z partial[z*count + i] (+ bias[i % cols]) (then relu), one thread per output element
-extern "C" __global__ void splitk_reduce_fast(const float* partial, int splits, int count, const float* bias,
-                                              int cols, int has_bias, int apply_relu, float* out) {
+extern "C" __global__ void splitk_reduce_fast(const float* partial, int splits, int count, const float* bias, int cols,
+                                              int has_bias, int apply_relu, float* out) {
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= count) return;
     float s = sum_in_order(partial + i, splits, count);

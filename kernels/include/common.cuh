@@ -21,7 +21,7 @@ __device__ __forceinline__ float block_sum(float v) {
     __shared__ float partial[32];
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
     v = warp_sum(v);
-    __syncthreads();                      // partial[] may still be read by a previous call
+    __syncthreads();  // partial[] may still be read by a previous call
     if (lane == 0) partial[warp] = v;
     __syncthreads();
     v = lane < warps ? partial[lane] : 0.0f;
@@ -65,9 +65,9 @@ __device__ __forceinline__ float batchnorm_apply(float x, float mean, float invs
 
 // BatchNorm's training statistics of channel c are known: save the mean and 1/std (forward's
 // normalisation and backward's xhat) and apply PyTorch's running-statistics update.
-__device__ __forceinline__ void batchnorm_finalize(int c, float mean, float var, float count, float eps,
-                                                   float momentum, float* save_mean, float* save_invstd,
-                                                   float* running_mean, float* running_var) {
+__device__ __forceinline__ void batchnorm_finalize(int c, float mean, float var, float count, float eps, float momentum,
+                                                   float* save_mean, float* save_invstd, float* running_mean,
+                                                   float* running_var) {
     const float invstd = rsqrtf(var + eps);
     save_mean[c] = mean;
     save_invstd[c] = invstd;
@@ -106,14 +106,20 @@ __device__ __forceinline__ float relu_max4(float top_left, float top_right, floa
 #pragma unroll
         for (int p = 1; p < 4; p++) {
             const float r = relu(v[p]);
-            if (r > best || (isnan(r) && !isnan(best))) { best = r; best_at = p; }
+            if (r > best || (isnan(r) && !isnan(best))) {
+                best = r;
+                best_at = p;
+            }
         }
         *at = best_at;
         return best;
     }
 #pragma unroll
     for (int p = 1; p < 4; p++)
-        if (v[p] > best) { best = v[p]; best_at = p; }
+        if (v[p] > best) {
+            best = v[p];
+            best_at = p;
+        }
     *at = best > 0.0f ? best_at : 0;
     return best > 0.0f ? best : 0.0f;
 }

@@ -20,11 +20,13 @@
     !defined(GEMM_STAGES)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
-#define TILE_PAD 8  // an operand staged k-major has rows of lines+8 floats (a multiple of 8 banks, but not of
-                    // 32): the lanes of a fragment load, rows k+t and lines g, hit banks 8t+g, all different
-#define TILE_K_PAD 4  // an operand staged line-major has rows of TILE_K+4 floats: the lanes of a 3xTF32
-                      // fragment load hit banks 20g+t, all different (bf16's k = 2t pairs: 2-way), and each
-                      // row starts 16-byte aligned for the copies
+#define TILE_PAD \
+    8  // an operand staged k-major has rows of lines+8 floats (a multiple of 8 banks, but not of
+       // 32): the lanes of a fragment load, rows k+t and lines g, hit banks 8t+g, all different
+#define TILE_K_PAD \
+    4  // an operand staged line-major has rows of TILE_K+4 floats: the lanes of a 3xTF32
+       // fragment load hit banks 20g+t, all different (bf16's k = 2t pairs: 2-way), and each
+       // row starts 16-byte aligned for the copies
 
 // An operand: its line j (A's row m, B's column n), element k is p[j*sj + k*sk]; lines x len elements.
 struct Dense {

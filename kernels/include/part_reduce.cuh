@@ -52,12 +52,12 @@ __device__ __forceinline__ void reduce_channel_parts(const float* partial, int p
 // batchnorm_finalize, by thread c - c0 for channel c: the warps leave (mean, variance) in save_mean and
 // save_invstd first. (Done by the warp that merged the channel, each channel's read of its running
 // statistics waited for the previous channel's writes, which it may alias: a memory latency per channel.)
-__device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw,
-                                         int c0, int c1, float eps, float momentum, float* save_mean,
-                                         float* save_invstd, float* running_mean, float* running_var) {
+__device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw, int c0,
+                                         int c1, float eps, float momentum, float* save_mean, float* save_invstd,
+                                         float* running_mean, float* running_var) {
     const int lane = threadIdx.x % 32;
     const float total = (float)N * hw;
-    reduce_channel_parts(partial, parts, c0, c1, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
+    reduce_channel_parts(partial, parts, c0, c1, [&](int c, const float(&v)[PARTS_PER_LANE][2]) {
         float n_b[PARTS_PER_LANE], s = 0.0f, q = 0.0f;
 #pragma unroll
         for (int i = 0; i < PARTS_PER_LANE; i++) {
@@ -76,15 +76,15 @@ __device__ void batchnorm_merge_finalize(const float* partial, int parts, int im
     });
     __syncthreads();  // (a block sees its own global writes after a barrier)
     for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
-        batchnorm_finalize(c, save_mean[c], save_invstd[c], total, eps, momentum, save_mean, save_invstd,
-                           running_mean, running_var);
+        batchnorm_finalize(c, save_mean[c], save_invstd[c], total, eps, momentum, save_mean, save_invstd, running_mean,
+                           running_var);
 }
 
 // In the last block of channel group [c0, c1): out0[c] = sum_b partial[c, b, 0], out1[c] = sum_b
 // partial[c, b, 1] (fixed order).
 __device__ void sum_parts_pairs(const float* partial, int parts, int c0, int c1, float* out0, float* out1) {
     const int lane = threadIdx.x % 32;
-    reduce_channel_parts(partial, parts, c0, c1, [&](int c, const float (&v)[PARTS_PER_LANE][2]) {
+    reduce_channel_parts(partial, parts, c0, c1, [&](int c, const float(&v)[PARTS_PER_LANE][2]) {
         float s0 = 0.0f, s1 = 0.0f;
 #pragma unroll
         for (int i = 0; i < PARTS_PER_LANE; i++) {

@@ -7,19 +7,20 @@
 #define SGD_PI 3.141592653589793  // math.pi, as the schedulers use it
 
 #define SCHEDULE_CONSTANT 0
-#define SCHEDULE_STEP 1      // StepLR(step_size, gamma): lr * gamma^(t / step_size)
-#define SCHEDULE_COSINE 2    // CosineAnnealingLR(T_max = total, eta_min = 0)
-#define SCHEDULE_ONECYCLE 3  // OneCycleLR(max_lr = lr, total_steps = total, pct_start, div_factor,
-                             //            final_div_factor, anneal_strategy), two phases
+#define SCHEDULE_STEP 1    // StepLR(step_size, gamma): lr * gamma^(t / step_size)
+#define SCHEDULE_COSINE 2  // CosineAnnealingLR(T_max = total, eta_min = 0)
+#define SCHEDULE_ONECYCLE \
+    3  // OneCycleLR(max_lr = lr, total_steps = total, pct_start, div_factor,
+       //            final_div_factor, anneal_strategy), two phases
 
 struct LrSchedule {
     int kind;
-    double lr;         // the base rate (OneCycleLR: max_lr)
-    int step_size;     // StepLR
-    double gamma;      // StepLR
-    int total;         // CosineAnnealingLR's T_max, OneCycleLR's total_steps
+    double lr;                                       // the base rate (OneCycleLR: max_lr)
+    int step_size;                                   // StepLR
+    double gamma;                                    // StepLR
+    int total;                                       // CosineAnnealingLR's T_max, OneCycleLR's total_steps
     double pct_start, div_factor, final_div_factor;  // OneCycleLR
-    int anneal_cos;    // OneCycleLR: 1 "cos", 0 "linear"
+    int anneal_cos;                                  // OneCycleLR: 1 "cos", 0 "linear"
 };
 
 __device__ __forceinline__ double one_cycle_anneal(double start, double end, double pct, int anneal_cos) {
@@ -29,18 +30,18 @@ __device__ __forceinline__ double one_cycle_anneal(double start, double end, dou
 
 __device__ inline double lr_at(const LrSchedule& s, int t) {
     switch (s.kind) {
-    case SCHEDULE_STEP:
-        return s.lr * pow(s.gamma, (double)(t / s.step_size));
-    case SCHEDULE_COSINE:
-        return s.lr * (1.0 + cos(SGD_PI * (double)t / (double)s.total)) / 2.0;
-    case SCHEDULE_ONECYCLE: {
-        const double initial = s.lr / s.div_factor, minimum = initial / s.final_div_factor;
-        const double warm_end = s.pct_start * (double)s.total - 1.0, end = (double)s.total - 1.0;
-        if ((double)t <= warm_end) return one_cycle_anneal(initial, s.lr, (double)t / warm_end, s.anneal_cos);
-        return one_cycle_anneal(s.lr, minimum, ((double)t - warm_end) / (end - warm_end), s.anneal_cos);
-    }
-    default:
-        return s.lr;
+        case SCHEDULE_STEP:
+            return s.lr * pow(s.gamma, (double)(t / s.step_size));
+        case SCHEDULE_COSINE:
+            return s.lr * (1.0 + cos(SGD_PI * (double)t / (double)s.total)) / 2.0;
+        case SCHEDULE_ONECYCLE: {
+            const double initial = s.lr / s.div_factor, minimum = initial / s.final_div_factor;
+            const double warm_end = s.pct_start * (double)s.total - 1.0, end = (double)s.total - 1.0;
+            if ((double)t <= warm_end) return one_cycle_anneal(initial, s.lr, (double)t / warm_end, s.anneal_cos);
+            return one_cycle_anneal(s.lr, minimum, ((double)t - warm_end) / (end - warm_end), s.anneal_cos);
+        }
+        default:
+            return s.lr;
     }
 }
 

@@ -73,7 +73,8 @@ struct WgmmaOperand {
                 const float* src = p + (size_t)line * ld + k;
                 if (whole && line < lines && k + V <= k_end) {
 #pragma unroll
-                    for (int i = 0; i < V; i += 4) *reinterpret_cast<float4*>(&v[r][i]) = *reinterpret_cast<const float4*>(src + i);
+                    for (int i = 0; i < V; i += 4)
+                        *reinterpret_cast<float4*>(&v[r][i]) = *reinterpret_cast<const float4*>(src + i);
                 } else {
 #pragma unroll
                     for (int i = 0; i < V; i++) v[r][i] = line < lines && k + i < k_end ? src[i] : 0.0f;
@@ -159,7 +160,8 @@ __device__ __forceinline__ void wgmma_tile(const float* a, int m_total, int lda,
         wgmma_fence();
 #pragma unroll
         for (int s = 0; s < wg_quads<PR> / 2; s++) {
-            const unsigned long long a_big = OpA::descriptor(buf, 0, s), b_big = OpB::descriptor(buf + OpA::SLOTS, 0, s);
+            const unsigned long long a_big = OpA::descriptor(buf, 0, s),
+                                     b_big = OpB::descriptor(buf + OpA::SLOTS, 0, s);
             if constexpr (PR == Precision::Bf16) {
                 wgmma_bf16<BN>(acc, a_big, b_big);
             } else {

@@ -9,9 +9,8 @@
 
 // Per channel: mean, invstd = 1/sqrt(var + eps), and the running-statistics update. Two passes
 // over the channel (mean first, then squared deviations) for an accurate variance.
-extern "C" __global__ void batchnorm_stats_naive(const float* x, float* mean, float* invstd,
-                                                 float* running_mean, float* running_var,
-                                                 int N, int C, int HW, float eps, float momentum) {
+extern "C" __global__ void batchnorm_stats_naive(const float* x, float* mean, float* invstd, float* running_mean,
+                                                 float* running_var, int N, int C, int HW, float eps, float momentum) {
     const int c = blockIdx.x, count = N * HW;
     float s = 0.0f;
     for (int i = threadIdx.x; i < count; i += blockDim.x) s += x[((i / HW) * C + c) * HW + i % HW];
@@ -33,8 +32,8 @@ extern "C" __global__ void batchnorm_stats_naive(const float* x, float* mean, fl
 
 // y = (x - mean[c]) * invstd[c] * gamma[c] + beta[c]; training passes the batch statistics.
 extern "C" __global__ void batchnorm_apply_naive(const float* x, const float* mean, const float* invstd,
-                                                 const float* gamma, const float* beta, float* y,
-                                                 int N, int C, int HW) {
+                                                 const float* gamma, const float* beta, float* y, int N, int C,
+                                                 int HW) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * HW) return;
     int c = (idx / HW) % C;
@@ -42,9 +41,8 @@ extern "C" __global__ void batchnorm_apply_naive(const float* x, const float* me
 }
 
 // Evaluation: the same with the running statistics.
-extern "C" __global__ void batchnorm_eval_naive(const float* x, const float* running_mean,
-                                                const float* running_var, const float* gamma,
-                                                const float* beta, float* y, int N, int C, int HW,
+extern "C" __global__ void batchnorm_eval_naive(const float* x, const float* running_mean, const float* running_var,
+                                                const float* gamma, const float* beta, float* y, int N, int C, int HW,
                                                 float eps) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * HW) return;
@@ -56,9 +54,8 @@ extern "C" __global__ void batchnorm_eval_naive(const float* x, const float* run
 //   dbeta = sum dy, dgamma = sum dy*xhat,
 //   dx = gamma*invstd/count * (count*dy - dbeta - xhat*dgamma),  xhat = (x - mean)*invstd.
 extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float* x, const float* mean,
-                                                    const float* invstd, const float* gamma,
-                                                    float* dx, float* dgamma, float* dbeta,
-                                                    int N, int C, int HW) {
+                                                    const float* invstd, const float* gamma, float* dx, float* dgamma,
+                                                    float* dbeta, int N, int C, int HW) {
     const int c = blockIdx.x, count = N * HW;
     const float m = mean[c], is = invstd[c];
     float sdy = 0.0f, sdyx = 0.0f;
@@ -68,7 +65,10 @@ extern "C" __global__ void batchnorm_backward_naive(const float* dy, const float
         sdyx += dy[at] * (x[at] - m) * is;
     }
     const float db = block_sum(sdy), dg = block_sum(sdyx);
-    if (threadIdx.x == 0) { dbeta[c] = db; dgamma[c] = dg; }
+    if (threadIdx.x == 0) {
+        dbeta[c] = db;
+        dgamma[c] = dg;
+    }
     const float scale = gamma[c] * is / count;
     for (int i = threadIdx.x; i < count; i += blockDim.x) {
         int at = ((i / HW) * C + c) * HW + i % HW;

@@ -6,8 +6,8 @@
 
 
 // y[n,k,h,w] = sum_{c,i,j} x[n,c,h+i-1,w+j-1] * w[k,c,i,j]
-extern "C" __global__ void conv2d_forward_naive(const float* x, const float* w, float* y,
-                                                int N, int C, int K, int H, int W) {
+extern "C" __global__ void conv2d_forward_naive(const float* x, const float* w, float* y, int N, int C, int K, int H,
+                                                int W) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * K * H * W) return;
     int ow = idx % W, oh = (idx / W) % H, k = (idx / (W * H)) % K, n = idx / (W * H * K);
@@ -26,8 +26,8 @@ extern "C" __global__ void conv2d_forward_naive(const float* x, const float* w, 
 }
 
 // dx[n,c,h,w] = sum_{k,i,j} dy[n,k,h+1-i,w+1-j] * w[k,c,i,j]   (each input pixel feeds 9 outputs)
-extern "C" __global__ void conv2d_backward_input_naive(const float* dy, const float* w, float* dx,
-                                                       int N, int C, int K, int H, int W) {
+extern "C" __global__ void conv2d_backward_input_naive(const float* dy, const float* w, float* dx, int N, int C, int K,
+                                                       int H, int W) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * H * W) return;
     int iw = idx % W, ih = (idx / W) % H, c = (idx / (W * H)) % C, n = idx / (W * H * C);
@@ -46,8 +46,8 @@ extern "C" __global__ void conv2d_backward_input_naive(const float* dy, const fl
 }
 
 // dw[k,c,i,j] = sum_{n,h,w} dy[n,k,h,w] * x[n,c,h+i-1,w+j-1]   (one thread per weight)
-extern "C" __global__ void conv2d_backward_weight_naive(const float* x, const float* dy, float* dw,
-                                                        int N, int C, int K, int H, int W) {
+extern "C" __global__ void conv2d_backward_weight_naive(const float* x, const float* dy, float* dw, int N, int C, int K,
+                                                        int H, int W) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= K * C * 9) return;
     int j = idx % 3, i = (idx / 3) % 3, c = (idx / 9) % C, k = idx / (9 * C);

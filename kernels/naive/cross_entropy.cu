@@ -7,9 +7,8 @@
 // One block: each thread takes samples tid, tid+blockDim, ... and computes
 //   loss_n = logsumexp(logits_n) - logits_n[label],  dlogits_n = (softmax(logits_n) - onehot) / N;
 // the mean loss is a block reduction in a fixed order, recorded by record_loss.
-extern "C" __global__ void cross_entropy_naive(const float* logits, const int* labels, float* dlogits,
-                                               float* loss, float* loss_log, int* loss_count,
-                                               int loss_capacity, int N) {
+extern "C" __global__ void cross_entropy_naive(const float* logits, const int* labels, float* dlogits, float* loss,
+                                               float* loss_log, int* loss_count, int loss_capacity, int N) {
     float sum = 0.0f;
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
         const float* z = logits + n * NUM_CLASSES;
@@ -33,7 +32,8 @@ extern "C" __global__ void count_correct(const float* logits, const int* labels,
     for (int n = threadIdx.x; n < N; n += blockDim.x) {
         const float* z = logits + n * NUM_CLASSES;
         int best = 0;
-        for (int j = 1; j < NUM_CLASSES; j++) if (z[j] > z[best]) best = j;
+        for (int j = 1; j < NUM_CLASSES; j++)
+            if (z[j] > z[best]) best = j;
         hits += best == labels[n] ? 1.0f : 0.0f;
     }
     const float total = block_sum(hits);  // exact: integers far below 2^24

@@ -5,8 +5,8 @@
 #include "common.cuh"
 
 
-extern "C" __global__ void linear_forward_naive(const float* x, const float* w, const float* b, float* y,
-                                                int N, int I, int O) {
+extern "C" __global__ void linear_forward_naive(const float* x, const float* w, const float* b, float* y, int N, int I,
+                                                int O) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * O) return;
     int o = idx % O, n = idx / O;
@@ -16,8 +16,8 @@ extern "C" __global__ void linear_forward_naive(const float* x, const float* w, 
 }
 
 // dx[n,i] = sum_o dy[n,o] * W[o,i]
-extern "C" __global__ void linear_backward_input_naive(const float* dy, const float* w, float* dx,
-                                                       int N, int I, int O) {
+extern "C" __global__ void linear_backward_input_naive(const float* dy, const float* w, float* dx, int N, int I,
+                                                       int O) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * I) return;
     int i = idx % I, n = idx / I;
@@ -27,8 +27,8 @@ extern "C" __global__ void linear_backward_input_naive(const float* dy, const fl
 }
 
 // dW[o,i] = sum_n dy[n,o] * x[n,i];  the last O threads also compute db[o] = sum_n dy[n,o].
-extern "C" __global__ void linear_backward_params_naive(const float* x, const float* dy, float* dw,
-                                                        float* db, int N, int I, int O) {
+extern "C" __global__ void linear_backward_params_naive(const float* x, const float* dy, float* dw, float* db, int N,
+                                                        int I, int O) {
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx < O * I) {
         int i = idx % I, o = idx / I;

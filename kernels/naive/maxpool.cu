@@ -5,8 +5,8 @@
 #include "common.cuh"
 
 
-extern "C" __global__ void maxpool2x2_forward_naive(const float* x, float* y, unsigned char* argmax,
-                                                    int N, int C, int H, int W) {
+extern "C" __global__ void maxpool2x2_forward_naive(const float* x, float* y, unsigned char* argmax, int N, int C,
+                                                    int H, int W) {
     const int Ho = H / 2, Wo = W / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * Ho * Wo) return;
@@ -16,16 +16,19 @@ extern "C" __global__ void maxpool2x2_forward_naive(const float* x, float* y, un
     int best_at = 0;
     for (int p = 1; p < 4; p++) {
         float v = window[(p / 2) * W + p % 2];
-        if (v > best || isnan(v)) { best = v; best_at = p; }  // strict '>': the first maximum wins
-        if (isnan(best)) break;                               // NaN propagates, as in PyTorch
+        if (v > best || isnan(v)) {
+            best = v;
+            best_at = p;
+        }  // strict '>': the first maximum wins
+        if (isnan(best)) break;  // NaN propagates, as in PyTorch
     }
     y[idx] = best;
     argmax[idx] = (unsigned char)best_at;
 }
 
 // dx[n,c,h,w] = dy of its window if (h,w) was that window's argmax, else 0.
-extern "C" __global__ void maxpool2x2_backward_naive(const float* dy, const unsigned char* argmax,
-                                                     float* dx, int N, int C, int H, int W) {
+extern "C" __global__ void maxpool2x2_backward_naive(const float* dy, const unsigned char* argmax, float* dx, int N,
+                                                     int C, int H, int W) {
     const int Ho = H / 2, Wo = W / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * H * W) return;

@@ -15,8 +15,8 @@ extern "C" __global__ void sgd_naive(float* params, const float* grads, float lr
 extern "C" __global__ void sgd_schedule(int* state, float* lr, int* first, int kind, double base_lr, int step_size,
                                         double gamma, int total, double pct_start, double div_factor,
                                         double final_div_factor, int anneal_cos) {
-    const LrSchedule schedule = {kind, base_lr, step_size, gamma, total, pct_start, div_factor, final_div_factor,
-                                 anneal_cos};
+    const LrSchedule schedule = {kind,      base_lr,    step_size,        gamma,     total,
+                                 pct_start, div_factor, final_div_factor, anneal_cos};
     const int t = state[0];
     *lr = (float)lr_at(schedule, t);
     *first = state[1] == 0;
@@ -30,7 +30,7 @@ extern "C" __global__ void sgd_momentum_naive(float* params, const float* grads,
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     float b = buffers[i];
-    params[i] = sgd_element(grads[i], params[i], b, *lr, *first != 0, momentum, one_minus_dampening, weight_decay,
-                            nesterov);
+    params[i] =
+        sgd_element(grads[i], params[i], b, *lr, *first != 0, momentum, one_minus_dampening, weight_decay, nesterov);
     if (momentum != 0.0f) buffers[i] = b;
 }
