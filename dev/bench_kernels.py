@@ -12,6 +12,7 @@ PER_GRAPH launches each (an event pair around each replay, after --warmup replay
 against the case's own count of FLOPs and fewest bytes. A fused case belongs to several families and runs
 once, under the first one named. Exit status 1 if a check fails.
 """
+
 from __future__ import annotations
 
 import sys
@@ -20,7 +21,6 @@ import numpy as np
 
 from mnist_cuda import cuda
 from mnist_cuda import kernel_cases as kc
-
 from mnist_cuda.cli import Parser, batch_sizes, int_in_range, output_path, write_json
 from mnist_cuda.sizes import MAX_TIMED
 
@@ -49,16 +49,30 @@ def time_case(prepared, warmup: int, repeat: int, per_graph: int = PER_GRAPH) ->
 
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("ops", nargs="*", metavar="OP",
-                   help=f"op families to check and time, any of: {', '.join(kc.OPS)} (default: all of them)")
-    p.add_argument("--batch-sizes", type=batch_sizes, default="64,512",
-                   help="comma-separated batch sizes (default: 64,512)")
-    p.add_argument("--filter", default="", metavar="TEXT",
-                   help="only cases whose name contains TEXT, e.g. fast, naive or tf32 (default: every case)")
-    p.add_argument("--warmup", type=int_in_range(0, MAX_TIMED), default=5,
-                   help="untimed graph replays before timing (default: 5)")
-    p.add_argument("--repeat", type=int_in_range(1, MAX_TIMED), default=200,
-                   help=f"timed runs per case and batch size, in graphs of {PER_GRAPH} (default: 200)")
+    p.add_argument(
+        "ops",
+        nargs="*",
+        metavar="OP",
+        help=f"op families to check and time, any of: {', '.join(kc.OPS)} (default: all of them)",
+    )
+    p.add_argument(
+        "--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes (default: 64,512)"
+    )
+    p.add_argument(
+        "--filter",
+        default="",
+        metavar="TEXT",
+        help="only cases whose name contains TEXT, e.g. fast, naive or tf32 (default: every case)",
+    )
+    p.add_argument(
+        "--warmup", type=int_in_range(0, MAX_TIMED), default=5, help="untimed graph replays before timing (default: 5)"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int_in_range(1, MAX_TIMED),
+        default=200,
+        help=f"timed runs per case and batch size, in graphs of {PER_GRAPH} (default: 200)",
+    )
     p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="also write the rows here")
     return p
 
@@ -101,10 +115,23 @@ def main(argv=None) -> int:
                 flops, nbytes = prepared.work
                 ok = err < case.tol
                 failed += not ok
-                rows.append({"op": op, "kernel": case.name, "batch": batch, "rel_err": err, "us": us,
-                             "gflops": flops / us / 1e3, "gbs": nbytes / us / 1e3, "ok": ok})
-                print(f"{case.name:{width}s} {batch:5d} {err:9.1e} {us:9.1f} {flops / us / 1e3:9.0f} "
-                      f"{nbytes / us / 1e3:8.0f}" + ("" if ok else "   FAIL"), flush=True)
+                rows.append(
+                    {
+                        "op": op,
+                        "kernel": case.name,
+                        "batch": batch,
+                        "rel_err": err,
+                        "us": us,
+                        "gflops": flops / us / 1e3,
+                        "gbs": nbytes / us / 1e3,
+                        "ok": ok,
+                    }
+                )
+                print(
+                    f"{case.name:{width}s} {batch:5d} {err:9.1e} {us:9.1f} {flops / us / 1e3:9.0f} "
+                    f"{nbytes / us / 1e3:8.0f}" + ("" if ok else "   FAIL"),
+                    flush=True,
+                )
     if args.json:
         name = cp.cuda.runtime.getDeviceProperties(0)["name"]
         write_json(args.json, {"device": name.decode() if isinstance(name, bytes) else name, "rows": rows})

@@ -14,6 +14,7 @@ losses stay within a few times PyTorch's own bf16-to-fp32 distance computes what
 Plain SGD at the parity run's rate (lr 0.002, where fp32 and fp64 stay together: docs/performance.md,
 section 5), batch 64, the shuffled batches of training.plan.
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,8 +22,19 @@ import sys
 import numpy as np
 
 from mnist_cuda import data, reference
-from mnist_cuda.cli import (SEED_MAX, Parser, data_inputs, existing_dir, int_in_range, learning_rate, load_data_or_exit,
-                            output_path, refuse_clashes, seed, write_json)
+from mnist_cuda.cli import (
+    SEED_MAX,
+    Parser,
+    data_inputs,
+    existing_dir,
+    int_in_range,
+    learning_rate,
+    load_data_or_exit,
+    output_path,
+    refuse_clashes,
+    seed,
+    write_json,
+)
 from mnist_cuda.sizes import MAX_BATCH, MAX_TIMED
 
 PROG = "bf16_distance.py"
@@ -31,8 +43,12 @@ FIRST = 50  # the parity run's first window
 
 def build_parser():
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=existing_dir, default=None,
-                   help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)")
+    p.add_argument(
+        "--data-dir",
+        type=existing_dir,
+        default=None,
+        help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)",
+    )
     p.add_argument("--steps", type=int_in_range(1, MAX_TIMED), default=200, help="training steps per run")
     p.add_argument("--batch-size", type=int_in_range(2, MAX_BATCH), default=64, help="samples per step")
     p.add_argument("--lr", type=learning_rate, default=0.002, help="plain SGD's learning rate")
@@ -44,8 +60,10 @@ def build_parser():
 
 def train_losses(torch, state, x, y, batches, lr, precision):
     """The losses of len(batches) plain-SGD steps of PyTorch's model at `precision` (fp64, fp32, bf16)."""
-    from mnist_cuda.torch_model import make_torch_model
     import torch.nn.functional as F
+
+    from mnist_cuda.torch_model import make_torch_model
+
     dtype = torch.float64 if precision == "fp64" else torch.float32
     net = make_torch_model().to("cuda", dtype)
     net.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in state.items()})
@@ -87,21 +105,33 @@ def main(argv=None) -> int:
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.deterministic = True
     from mnist_cuda import training
+
     train_x, train_y, _, _ = load_data_or_exit(PROG, "mnist", args.data_dir, quiet=False)
-    out = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "steps": args.steps,
-           "batch_size": args.batch_size, "lr": args.lr, "seeds": {}}
+    out = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "steps": args.steps,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seeds": {},
+    }
     for s in range(args.first_seed, args.first_seed + args.seeds):
         chunks = training.plan(len(train_x), args.batch_size, s, True, training.Position(), args.steps)
         batches = [idx for chunk in chunks for idx in chunk.batches]
         state = reference.init_state_dict(s)
-        runs = {p: train_losses(torch, state, train_x, train_y, batches, args.lr, p)
-                for p in ("fp64", "fp32", "bf16")}
-        row = {"fp32_vs_fp64": distance(runs["fp32"], runs["fp64"]), "bf16_vs_fp32": distance(runs["bf16"], runs["fp32"]),
-               "final_loss": {p: float(v[-1]) for p, v in runs.items()}}
+        runs = {p: train_losses(torch, state, train_x, train_y, batches, args.lr, p) for p in ("fp64", "fp32", "bf16")}
+        row = {
+            "fp32_vs_fp64": distance(runs["fp32"], runs["fp64"]),
+            "bf16_vs_fp32": distance(runs["bf16"], runs["fp32"]),
+            "final_loss": {p: float(v[-1]) for p, v in runs.items()},
+        }
         out["seeds"][str(s)] = row
-        print(f"seed {s}: max |loss diff| first {FIRST} / all {args.steps}: fp32 vs fp64 "
-              f"{row['fp32_vs_fp64']['first_50']:.2e} / {row['fp32_vs_fp64']['all']:.2e}, bf16 vs fp32 "
-              f"{row['bf16_vs_fp32']['first_50']:.2e} / {row['bf16_vs_fp32']['all']:.2e}", flush=True)
+        print(
+            f"seed {s}: max |loss diff| first {FIRST} / all {args.steps}: fp32 vs fp64 "
+            f"{row['fp32_vs_fp64']['first_50']:.2e} / {row['fp32_vs_fp64']['all']:.2e}, bf16 vs fp32 "
+            f"{row['bf16_vs_fp32']['first_50']:.2e} / {row['bf16_vs_fp32']['all']:.2e}",
+            flush=True,
+        )
     if args.out:
         write_json(args.out, out)
     return 0

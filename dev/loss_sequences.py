@@ -11,6 +11,7 @@ so the same script records any two trees of the project. The cases: 600 steps at
 for each kernel version, and the first 20 steps at batch 1, 7 and 1000 of a small model (channels 8,16,
 hidden 33) for each version, which exercises partial tiles and odd batch sizes.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,12 @@ from pathlib import Path
 
 from mnist_cuda.cli import Parser, existing_dir, input_file, output_path, refuse_clashes, write_atomic
 
-VERSIONS = {"naive": ["--kernels", "naive"], "fast": ["--kernels", "fast"],
-            "tf32": ["--kernels", "fast", "--tf32"], "bf16": ["--kernels", "fast", "--precision", "bf16"]}
+VERSIONS = {
+    "naive": ["--kernels", "naive"],
+    "fast": ["--kernels", "fast"],
+    "tf32": ["--kernels", "fast", "--tf32"],
+    "bf16": ["--kernels", "fast", "--precision", "bf16"],
+}
 
 
 def cases() -> dict[str, list[str]]:
@@ -31,8 +36,16 @@ def cases() -> dict[str, list[str]]:
     for version, flags in VERSIONS.items():
         out[f"{version}-defaults-600"] = flags + ["--steps", "600"]
         for batch in (1, 7, 1000):
-            out[f"{version}-small-b{batch}-20"] = flags + ["--steps", "20", "--batch-size", str(batch),
-                                                            "--channels", "8,16", "--hidden", "33"]
+            out[f"{version}-small-b{batch}-20"] = flags + [
+                "--steps",
+                "20",
+                "--batch-size",
+                str(batch),
+                "--channels",
+                "8,16",
+                "--hidden",
+                "33",
+            ]
     return out
 
 
@@ -43,8 +56,20 @@ def record(out_dir: Path, data_dir: Path | None, only: str) -> int:
     for name, flags in cases().items():
         if only and only not in name:
             continue
-        cmd = [sys.executable, "-m", "mnist_cuda.train", "--seed", "0", "--quiet", "--metrics",
-               str(out_dir / f"{name}.jsonl")] + flags + (["--data-dir", str(data_dir)] if data_dir else [])
+        cmd = (
+            [
+                sys.executable,
+                "-m",
+                "mnist_cuda.train",
+                "--seed",
+                "0",
+                "--quiet",
+                "--metrics",
+                str(out_dir / f"{name}.jsonl"),
+            ]
+            + flags
+            + (["--data-dir", str(data_dir)] if data_dir else [])
+        )
         print(f"== {name}: {' '.join(cmd[1:])}", flush=True)
         rc = subprocess.call(cmd, env=env)
         if rc != 0:

@@ -8,6 +8,7 @@ Random images and labels (the kernels' timing does not depend on the values), th
 learning rate, the fast kernels unless --kernels naive. Each step runs through mnist_cuda.step.Step in
 its "eager" mode, kernel by kernel (no graph), so a kernel profiler sees every launch with its name.
 """
+
 from __future__ import annotations
 
 import sys
@@ -15,10 +16,10 @@ import sys
 import numpy as np
 
 from mnist_cuda import cuda, data, reference
-from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
-from mnist_cuda.step import Step
 from mnist_cuda.cli import Parser, add_precision_arguments, int_in_range
+from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.sizes import MAX_BATCH, MAX_TIMED
+from mnist_cuda.step import Step
 from mnist_cuda.training import DEFAULTS
 
 PROG = "profile_step.py"
@@ -38,7 +39,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.precision = args.precision or "fp32"
     if args.precision != "fp32" and args.kernels != "fast":
-        p.error(f"argument --precision: {args.precision} needs --kernels fast (the naive kernels compute in plain fp32)")
+        p.error(
+            f"argument --precision: {args.precision} needs --kernels fast (the naive kernels compute in plain fp32)"
+        )
     try:
         cuda.require_gpu()
     except cuda.GPUUnavailable as e:

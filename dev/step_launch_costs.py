@@ -14,6 +14,7 @@ between replays). The second launch of a kernel repeats its work on the same dat
 that kernel takes, not what a changed kernel would take. The launches are seen through
 mnist_cuda.cuda.launch_hook; the batch copy, which is no kernel, through Step.load.
 """
+
 from __future__ import annotations
 
 import sys
@@ -21,11 +22,10 @@ import sys
 import numpy as np
 
 from mnist_cuda import cuda, data, reference
-from mnist_cuda.nets import Parameters, make_net
-from mnist_cuda.step import SLOTS, Step
-
 from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_in_range, output_path, write_json
+from mnist_cuda.nets import Parameters, make_net
 from mnist_cuda.sizes import MAX_TIMED
+from mnist_cuda.step import SLOTS, Step
 
 PROG = "step_launch_costs.py"
 COPY = "load (host-to-device copy)"
@@ -51,7 +51,7 @@ class LaunchDoubler:
     def hook(self, kernel, grid, block, args, shared_mem, launch):
         self.launch(kernel.name, launch)
 
-    def capture(self, step: "RecordingStep", double_at=None):
+    def capture(self, step: RecordingStep, double_at=None):
         """The step graph of slot 0 with launch number double_at done twice (None: the plain step); the
         launches' names are in self.last_names afterwards."""
         self.names, self.double_at = [], double_at
@@ -154,8 +154,11 @@ def main(argv=None) -> int:
     cp = gpu_or_exit(PROG)
     doubler = LaunchDoubler()
     nets = fast_nets(p, default_params(), args.batch_sizes, args.precision or "fp32")
-    result = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "precision": args.precision or "fp32",
-              "batch_sizes": {}}
+    result = {
+        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "precision": args.precision or "fp32",
+        "batch_sizes": {},
+    }
     for batch, net in zip(args.batch_sizes, nets):
         step = RecordingStep(net, doubler)
         random_batches(step)
@@ -180,15 +183,21 @@ def main(argv=None) -> int:
     stream = cp.cuda.Stream(non_blocking=True)
     pixels = data.IMAGE_SIZE * data.IMAGE_SIZE
     for batch in args.batch_sizes:
-        for label, nbytes in (("uint8 images + labels", batch * (pixels + 4)),
-                              ("float32 images + labels", batch * (4 * pixels + 4))):
+        for label, nbytes in (
+            ("uint8 images + labels", batch * (pixels + 4)),
+            ("float32 images + labels", batch * (4 * pixels + 4)),
+        ):
             host = cuda.pinned_empty((nbytes,), np.uint8)
             device = cp.empty(nbytes, cp.uint8)
-            graph = cuda.capture(lambda: rt.memcpyAsync(device.data.ptr, host.ctypes.data, nbytes,
-                                                        rt.memcpyHostToDevice, cp.cuda.get_current_stream().ptr))
+            graph = cuda.capture(
+                lambda: rt.memcpyAsync(
+                    device.data.ptr, host.ctypes.data, nbytes, rt.memcpyHostToDevice, cp.cuda.get_current_stream().ptr
+                )
+            )
             copies[f"{batch}: {label}"] = {"bytes": nbytes, "us": replay_us(cp, graph, stream, args.reps)}
-            print(f"copy of batch {batch}'s {label} ({nbytes:,} B) in a graph: "
-                  f"{copies[f'{batch}: {label}']['us']:.2f} us")
+            print(
+                f"copy of batch {batch}'s {label} ({nbytes:,} B) in a graph: {copies[f'{batch}: {label}']['us']:.2f} us"
+            )
     result["copies"] = copies
     if args.out:
         write_json(args.out, result)

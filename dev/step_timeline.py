@@ -15,6 +15,7 @@ one's start are the launch latencies that removal probes cannot separate from th
 Random images and labels, the default model and the fast kernels, lr 0. The stamps make the step a few
 us longer at batch 64 than unstamped.
 """
+
 from __future__ import annotations
 
 import re
@@ -22,12 +23,13 @@ import sys
 
 import numpy as np
 
-from mnist_cuda import cuda
-from mnist_cuda.step import SLOTS, Step
-from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_in_range, output_path, write_json
-from mnist_cuda.sizes import MAX_TIMED
 # (dev/step_launch_costs.py: this file's folder is first on sys.path when run as a script)
 from step_launch_costs import default_params, fast_nets, gpu_or_exit, random_batches
+
+from mnist_cuda import cuda
+from mnist_cuda.cli import Parser, add_precision_arguments, batch_sizes, int_in_range, output_path, write_json
+from mnist_cuda.sizes import MAX_TIMED
+from mnist_cuda.step import SLOTS, Step
 
 PROG = "step_timeline.py"
 SIZE_CLASSES = 7  # launches of one kernel in a step are told apart by their block count % 7
@@ -61,8 +63,8 @@ struct TimelineStamp {
     __device__ ~TimelineStamp() {
         if (!on) return;
         const unsigned long long end = tl_now();
-        unsigned long long *r = TL_RECORDS + (((size_t)(cell / TL_MAX_BLOCKS) * TL_RING + k %% TL_RING) * TL_MAX_BLOCKS +
-                                              cell %% TL_MAX_BLOCKS) * 3;
+        const size_t slot = (size_t)(cell / TL_MAX_BLOCKS) * TL_RING + k %% TL_RING;
+        unsigned long long *r = TL_RECORDS + (slot * TL_MAX_BLOCKS + cell %% TL_MAX_BLOCKS) * 3;
         r[0] = start; r[1] = end; r[2] = gridDim.x * gridDim.y * gridDim.z;
         TL_COUNTS[cell] = k + 1;
     }
@@ -96,7 +98,7 @@ def instrument(source: str, kernel_ids: dict[str, int], header: str) -> str:
         if source[i:brace].strip():  # a declaration, not the definition
             continue
         kid = kernel_ids.setdefault(m.group(1), len(kernel_ids))
-        out.append(source[pos:brace + 1] + f" TimelineStamp timeline_stamp_({kid});")
+        out.append(source[pos : brace + 1] + f" TimelineStamp timeline_stamp_({kid});")
         pos = brace + 1
     out.append(source[pos:])
     return "".join(out)
@@ -117,10 +119,12 @@ def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated batch sizes")
     add_precision_arguments(p, "default: fp32")
-    p.add_argument("--rounds", type=int_in_range(1, MAX_TIMED), default=20,
-                   help="bursts of steps; the figures are medians")
-    p.add_argument("--steps", type=int_in_range(4, MAX_TIMED), default=12,
-                   help="step graphs replayed back to back per round")
+    p.add_argument(
+        "--rounds", type=int_in_range(1, MAX_TIMED), default=20, help="bursts of steps; the figures are medians"
+    )
+    p.add_argument(
+        "--steps", type=int_in_range(4, MAX_TIMED), default=12, help="step graphs replayed back to back per round"
+    )
     p.add_argument("--out", type=output_path, default=None, metavar="PATH", help="write the figures as JSON here")
     return p
 
@@ -129,22 +133,33 @@ def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
     cp = gpu_or_exit(PROG)
-    nets = fast_nets(p, default_params(), args.batch_sizes, args.precision or "fp32")  # (allocates; compiles nothing yet)
+    nets = fast_nets(
+        p, default_params(), args.batch_sizes, args.precision or "fp32"
+    )  # (allocates; compiles nothing yet)
 
     # (the most blocks of a launch: batchnorm_relu_maxpool_fast's 12.25 per image at conv2's 64 channels)
     ring, max_blocks = args.steps + 4, max(1024, 13 * max(args.batch_sizes))
     ids = {name: i for i, name in enumerate(all_kernels())}
     records = cp.zeros(len(ids) * SIZE_CLASSES * ring * max_blocks * 3, cp.uint64)
     counts = cp.zeros(len(ids) * SIZE_CLASSES * max_blocks, cp.uint32)
-    stamp_sources(STAMP % dict(ring=ring, max_blocks=max_blocks, classes=SIZE_CLASSES, records=records.data.ptr,
-                               counts=counts.data.ptr), ids)
+    stamp_sources(
+        STAMP
+        % dict(
+            ring=ring, max_blocks=max_blocks, classes=SIZE_CLASSES, records=records.data.ptr, counts=counts.data.ptr
+        ),
+        ids,
+    )
     launches = []  # (launch name, blocks, stream) in step order, recorded while capturing
 
     def record(kernel, grid, block, args_, shared_mem, launch):
         launches.append((kernel.name, int(np.prod(grid)), cp.cuda.get_current_stream().ptr))
         launch()
 
-    result = {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "precision": args.precision or "fp32", "batch_sizes": {}}
+    result = {
+        "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+        "precision": args.precision or "fp32",
+        "batch_sizes": {},
+    }
     for batch, net in zip(args.batch_sizes, nets):
         step = Step(net, 0.0)
         stream = step.stream
@@ -171,8 +186,8 @@ def main(argv=None) -> int:
             for launch, blocks in dict.fromkeys((n, b) for n, b, _ in in_step):
                 cell = ids[kernel_name(launch)] * SIZE_CLASSES + blocks % SIZE_CLASSES
                 size = ring * max_blocks * 3
-                a = records[cell * size:(cell + 1) * size].get().reshape(ring, max_blocks, 3).astype(np.int64)
-                a = a[:, :min(blocks, max_blocks)]
+                a = records[cell * size : (cell + 1) * size].get().reshape(ring, max_blocks, 3).astype(np.int64)
+                a = a[:, : min(blocks, max_blocks)]
                 full = [(r[:, 0], r[:, 1]) for r in a if (r[:, 2] == blocks).all()]
                 done[(launch, blocks)] = sorted(full, key=lambda se: se[0].min())
             updates = done[in_step[-1][:2]]  # the step's last kernel (the update)
@@ -184,8 +199,15 @@ def main(argv=None) -> int:
             for launch, blocks, _ in in_step:  # the i-th launch of a (kernel, blocks) in the step is its i-th in time
                 inside = [se for se in done[(launch, blocks)] if lo < se[0].min() <= hi]
                 i = taken[(launch, blocks)] = taken.get((launch, blocks), -1) + 1
-                row.append(None if i >= len(inside) else
-                           [(inside[i][0].min() - t0) / 1e3, (inside[i][0].max() - t0) / 1e3, (inside[i][1].max() - t0) / 1e3])
+                row.append(
+                    None
+                    if i >= len(inside)
+                    else [
+                        (inside[i][0].min() - t0) / 1e3,
+                        (inside[i][0].max() - t0) / 1e3,
+                        (inside[i][1].max() - t0) / 1e3,
+                    ]
+                )
             rows.append(row)
         if not rows:
             print(f"{PROG}: no complete step was recorded (try more --steps)", file=sys.stderr)
@@ -195,16 +217,29 @@ def main(argv=None) -> int:
             got = [r[i] for r in rows if r[i] is not None]
             # None (null in the JSON) where no round recorded the launch, e.g. a side branch that outran the ring
             first, last, end = (float(np.median([g[j] for g in got])) if got else None for j in range(3))
-            table.append({"launch": launch, "stream": names[s], "blocks": blocks, "first_start_us": first,
-                          "last_start_us": last, "end_us": end, "rounds": len(got)})
+            table.append(
+                {
+                    "launch": launch,
+                    "stream": names[s],
+                    "blocks": blocks,
+                    "first_start_us": first,
+                    "last_start_us": last,
+                    "end_us": end,
+                    "rounds": len(got),
+                }
+            )
         period = float(np.median(periods))
         result["batch_sizes"][batch] = {"step_us": period, "launches": table}
-        print(f"batch {batch}{' --precision ' + args.precision if args.precision else ''}: step {period:.1f} us (update to update, median of "
-              f"{len(periods)} rounds); times in us after the step before ended")
+        print(
+            f"batch {batch}{' --precision ' + args.precision if args.precision else ''}: "
+            f"step {period:.1f} us (update to update, median of "
+            f"{len(periods)} rounds); times in us after the step before ended"
+        )
         print(f"  {'launch':44s} {'stream':8s} {'blocks':>6s} {'first':>7s} {'last':>7s} {'end':>7s}")
         for r in table:
-            times = " ".join("      -" if r[k] is None else f"{r[k]:7.2f}"
-                             for k in ("first_start_us", "last_start_us", "end_us"))
+            times = " ".join(
+                "      -" if r[k] is None else f"{r[k]:7.2f}" for k in ("first_start_us", "last_start_us", "end_us")
+            )
             print(f"  {r['launch']:44s} {r['stream']:8s} {r['blocks']:6d} {times}")
     if args.out:
         write_json(args.out, result)

@@ -7,6 +7,7 @@ event every 10 steps; each window's mean step is one sample; prints the median p
 
 For checking that a change did not slow the step: run it several times on each tree, in one session.
 """
+
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,18 @@ import time
 
 import numpy as np
 
-from mnist_cuda.cli import (Parser, add_precision_arguments, batch_sizes, data_inputs, existing_dir, int_in_range,
-                            non_negative_at_most, output_path, refuse_clashes, write_json)
+from mnist_cuda.cli import (
+    Parser,
+    add_precision_arguments,
+    batch_sizes,
+    data_inputs,
+    existing_dir,
+    int_in_range,
+    non_negative_at_most,
+    output_path,
+    refuse_clashes,
+    write_json,
+)
 from mnist_cuda.sizes import MAX_SECONDS, MAX_TIMED
 
 WINDOW = 10
@@ -23,13 +34,25 @@ WINDOW = 10
 
 def build_parser() -> Parser:
     p = Parser(prog="time_step.py", description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=existing_dir, default=None,
-                   help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)")
+    p.add_argument(
+        "--data-dir",
+        type=existing_dir,
+        default=None,
+        help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)",
+    )
     p.add_argument("--batch-sizes", type=batch_sizes, default="64,512", help="comma-separated")
-    p.add_argument("--steps", type=int_in_range(WINDOW, MAX_TIMED), default=500,
-                   help="timed steps per batch size (whole windows of 10 are timed)")
-    p.add_argument("--warmup-seconds", type=non_negative_at_most(MAX_SECONDS), default=1.0,
-                   help="untimed steps for at least this long first")
+    p.add_argument(
+        "--steps",
+        type=int_in_range(WINDOW, MAX_TIMED),
+        default=500,
+        help="timed steps per batch size (whole windows of 10 are timed)",
+    )
+    p.add_argument(
+        "--warmup-seconds",
+        type=non_negative_at_most(MAX_SECONDS),
+        default=1.0,
+        help="untimed steps for at least this long first",
+    )
     p.add_argument("--kernels", choices=("naive", "fast"), default="fast", help="kernel version")
     add_precision_arguments(p, "default: fp32")
     p.add_argument("--json", type=output_path, default=None, help="also write the medians here")
@@ -41,6 +64,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     refuse_clashes(p, inputs=data_inputs("mnist", args.data_dir), outputs=[("--json", args.json)])
     from mnist_cuda import cuda, data, reference
+
     try:
         cp = cuda.require_gpu()
     except cuda.GPUUnavailable as e:
@@ -48,6 +72,7 @@ def main(argv=None) -> int:
         return 2
     from mnist_cuda.nets import Parameters, make_net
     from mnist_cuda.step import Step
+
     ds = data.load("mnist", args.data_dir, empty=cuda.pinned_empty, progress=False)
     out = {}
     for batch in args.batch_sizes:
@@ -55,7 +80,7 @@ def main(argv=None) -> int:
         params.load_state_dict(reference.init_state_dict(0))
         step = Step(make_net(params, batch, args.kernels, args.precision or "fp32"), 0.05)
         idxs = list(data.batch_indices(data.epoch_order(len(ds.train_x), 0, 0), batch, drop_last=True))
-        idxs = (idxs * (1 + (args.steps + 100) // len(idxs)))
+        idxs = idxs * (1 + (args.steps + 100) // len(idxs))
         i, t0 = 0, time.perf_counter()
         while i < 20 or time.perf_counter() - t0 < args.warmup_seconds:
             step.run(ds.train_x, ds.train_y, idxs[i % len(idxs)], idxs[(i + 1) % len(idxs)])

@@ -4,6 +4,7 @@ buffers (momentum_buffer.<parameter name>), and a metadata record.
 Written atomically (a temporary file in the same directory, then a rename), so a crash or a full disk
 never leaves a half-written checkpoint where a good one was.
 """
+
 from __future__ import annotations
 
 import json
@@ -44,6 +45,7 @@ META_MAX_BYTES = 1 << 20  # the metadata record is a few hundred bytes of JSON
 
 class Header(NamedTuple):
     """What an .npy member of a checkpoint says it holds, read before its data."""
+
     shape: tuple
     dtype: np.dtype
 
@@ -66,8 +68,10 @@ def _check_file(path: Path) -> None:
 
 
 def _unreadable(path, e: Exception) -> CheckpointError:
-    return CheckpointError(f"{path} is not a readable .npz checkpoint ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else 'damaged'}); {NOT_A_CHECKPOINT}")
+    return CheckpointError(
+        f"{path} is not a readable .npz checkpoint ({type(e).__name__}: "
+        f"{str(e).splitlines()[0] if str(e) else 'damaged'}); {NOT_A_CHECKPOINT}"
+    )
 
 
 def read_headers(path) -> dict[str, Header]:
@@ -83,25 +87,29 @@ def read_headers(path) -> dict[str, Header]:
                 name = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
                 with archive.open(info) as member:
                     version = np.lib.format.read_magic(member)
-                    read = {(1, 0): np.lib.format.read_array_header_1_0,
-                            (2, 0): np.lib.format.read_array_header_2_0}.get(version)
+                    read = {
+                        (1, 0): np.lib.format.read_array_header_1_0,
+                        (2, 0): np.lib.format.read_array_header_2_0,
+                    }.get(version)
                     if read is None:
                         raise ValueError(f"{name} is in .npy format {version[0]}.{version[1]}")
                     shape, _, dtype = read(member)
                 headers[name] = Header(tuple(shape), dtype)
     except (zipfile.BadZipFile, OSError, EOFError, KeyError, ValueError) as e:
         raise _unreadable(path, e) from None
-    for name, header in headers.items():
+    for header in headers.values():
         if header.dtype.hasobject:
-            raise CheckpointError(f"{path} is not a checkpoint: it holds pickled Python objects (a torch.save "
-                                  f"file?); {NOT_A_CHECKPOINT}")
+            raise CheckpointError(
+                f"{path} is not a checkpoint: it holds pickled Python objects (a torch.save file?); {NOT_A_CHECKPOINT}"
+            )
     if META_KEY not in headers:
         raise CheckpointError(f"{path} has no mnist_cuda metadata record; {NOT_A_CHECKPOINT}")
     return headers
 
 
-def load_checkpoint(path, spec: dict[str, tuple[tuple, np.dtype]] | None = None,
-                    headers: dict[str, Header] | None = None):
+def load_checkpoint(
+    path, spec: dict[str, tuple[tuple, np.dtype]] | None = None, headers: dict[str, Header] | None = None
+):
     """Read (state, meta). With spec {name: (shape, dtype)} check that names, shapes and dtypes fit (before
     any array's data is read) and that the values are finite (check_values). headers: read_headers' answer
     where the caller has it already. Every problem is a CheckpointError whose message says what is wrong and
@@ -118,8 +126,9 @@ def load_checkpoint(path, spec: dict[str, tuple[tuple, np.dtype]] | None = None,
             meta_text = str(z[META_KEY])
             arrays = {k: z[k] for k in (spec if spec is not None else headers)}
     except ValueError:  # a member's data is shorter than its header says (read_headers refuses pickled objects)
-        raise CheckpointError(f"{path} is not a checkpoint: a member is not a NumPy array; "
-                              f"{NOT_A_CHECKPOINT}") from None
+        raise CheckpointError(
+            f"{path} is not a checkpoint: a member is not a NumPy array; {NOT_A_CHECKPOINT}"
+        ) from None
     except (zipfile.BadZipFile, OSError, EOFError, KeyError) as e:
         raise _unreadable(path, e) from None
     try:
@@ -128,9 +137,11 @@ def load_checkpoint(path, spec: dict[str, tuple[tuple, np.dtype]] | None = None,
     except (json.JSONDecodeError, AssertionError):
         raise CheckpointError(f"{path}: the metadata record is not a JSON object") from None
     if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path} is in checkpoint format {meta.get('format')!r}; this version of mnist_cuda "
-                              f"reads {FORMAT!r} only (write it again with this version's --save, or load it with "
-                              f"the version that wrote it)")
+        raise CheckpointError(
+            f"{path} is in checkpoint format {meta.get('format')!r}; this version of mnist_cuda "
+            f"reads {FORMAT!r} only (write it again with this version's --save, or load it with "
+            f"the version that wrote it)"
+        )
     if spec is not None:
         check_values(arrays, path)
     return arrays, meta
@@ -169,12 +180,15 @@ def check_values(arrays: dict[str, np.ndarray], path) -> None:
         bad = ~np.isfinite(a)
         if bad.any():
             where = tuple(int(i) for i in np.argwhere(bad)[0])
-            raise CheckpointError(f"{path}: {name} holds {a[where]} (first at {list(where)}); a checkpoint must hold "
-                                  f"finite values: start from an earlier one")
+            raise CheckpointError(
+                f"{path}: {name} holds {a[where]} (first at {list(where)}); a checkpoint must hold "
+                f"finite values: start from an earlier one"
+            )
         if name.endswith("running_var") and (a < 0).any():
             where = int(np.argmax(a < 0))
-            raise CheckpointError(f"{path}: {name} holds a negative variance ({a[where]} at [{where}]); "
-                                  f"{NOT_A_CHECKPOINT}")
+            raise CheckpointError(
+                f"{path}: {name} holds a negative variance ({a[where]} at [{where}]); {NOT_A_CHECKPOINT}"
+            )
 
 
 def model_of(state, path) -> tuple[tuple[int, int], int]:
@@ -191,8 +205,12 @@ def model_spec(channels, hidden, momentum: bool) -> dict[str, tuple[tuple, np.dt
     """What a checkpoint of this model holds: the state_dict and, with momentum, a float32 buffer per parameter."""
     spec = reference.state_dict_spec(channels, hidden)
     if momentum:
-        spec.update({MOMENTUM_PREFIX + k: (shape, np.dtype(np.float32))
-                     for k, shape in reference.param_shapes(channels, hidden).items()})
+        spec.update(
+            {
+                MOMENTUM_PREFIX + k: (shape, np.dtype(np.float32))
+                for k, shape in reference.param_shapes(channels, hidden).items()
+            }
+        )
     return spec
 
 
@@ -207,5 +225,5 @@ def load_model(path):
         raise CheckpointError(f"{path}: {problem[1]}")
     momentum = any(k.startswith(MOMENTUM_PREFIX) for k in headers)
     arrays, meta = load_checkpoint(path, model_spec(channels, hidden, momentum), headers)
-    buffers = {k[len(MOMENTUM_PREFIX):]: arrays.pop(k) for k in list(arrays) if k.startswith(MOMENTUM_PREFIX)}
+    buffers = {k[len(MOMENTUM_PREFIX) :]: arrays.pop(k) for k in list(arrays) if k.startswith(MOMENTUM_PREFIX)}
     return arrays, meta, channels, hidden, buffers

@@ -5,6 +5,7 @@ A user mistake costs one line on stderr, `PROG: error: WHAT (see PROG --help)`, 
 traceback and never a half-written file: outputs are checked when the flags are parsed (their folder exists
 and is writable, the path is not a folder) and written through a temporary file renamed into place.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from .paths import UNREACHABLE, kind_of, os_error, write_atomic
 
-SEED_MAX = 2 ** 32 - 1  # NumPy seeds any whole number >= 0; we document 32 bits, as torch.manual_seed reads them
+SEED_MAX = 2**32 - 1  # NumPy seeds any whole number >= 0; we document 32 bits, as torch.manual_seed reads them
 
 
 def prog_name(module: str) -> str:
@@ -65,41 +66,75 @@ class Parser(argparse.ArgumentParser):
 def add_precision_arguments(p: Parser, default: str):
     """--precision and its shorthand --tf32 (one or the other); `default` ends the help text."""
     from .nets import PRECISIONS
+
     group = p.add_mutually_exclusive_group()
-    group.add_argument("--precision", choices=PRECISIONS, default=None,
-                       help="the tensor-core products' precision (fast kernels only for tf32 and bf16): fp32 keeps "
-                            "float32's accuracy (3xTF32, ~1e-6 relative error); tf32 runs conv2 in plain TF32, as "
-                            "PyTorch's cuDNN convolutions by default (~3e-4); bf16 runs conv2 and fc1 on bf16 "
-                            "operands, as torch.autocast(dtype=torch.bfloat16) (~3e-3); every product accumulates "
-                            f"in float32 ({default})")
-    group.add_argument("--tf32", dest="precision", action="store_const", const="tf32",
-                       help="the same as --precision tf32")
+    group.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default=None,
+        help="the tensor-core products' precision (fast kernels only for tf32 and bf16): fp32 keeps "
+        "float32's accuracy (3xTF32, ~1e-6 relative error); tf32 runs conv2 in plain TF32, as "
+        "PyTorch's cuDNN convolutions by default (~3e-4); bf16 runs conv2 and fc1 on bf16 "
+        "operands, as torch.autocast(dtype=torch.bfloat16) (~3e-3); every product accumulates "
+        f"in float32 ({default})",
+    )
+    group.add_argument(
+        "--tf32", dest="precision", action="store_const", const="tf32", help="the same as --precision tf32"
+    )
 
 
 def add_optimizer_arguments(parser):
     """SGD's flags (mnist_cuda.optim's options), for the trainer and the comparison."""
     from .optim import ANNEALS, SCHEDULES
+
     g = parser.add_argument_group("optimizer (torch.optim.SGD's options; the defaults are plain SGD)")
-    g.add_argument("--momentum", type=number_between(0, 1, high_included=False), default=None,
-                   help="momentum factor (default: 0)")
-    g.add_argument("--dampening", type=non_negative, default=None,
-                   help="dampening of the momentum (needs --momentum > 0; default: 0)")
-    g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
-                   help="Nesterov momentum (needs --momentum > 0 and no dampening; default: off)")
-    g.add_argument("--weight-decay", type=non_negative, default=None,
-                   help="L2 penalty added to the gradient (default: 0)")
-    g.add_argument("--schedule", choices=SCHEDULES, default=None,
-                   help="learning-rate schedule over the run's steps, computed on the GPU: constant, step "
-                        "(x --gamma every --step-size steps), cosine (to 0 at the last step), onecycle (warm up "
-                        "from lr/25 to lr over --pct-start of the steps, then anneal to lr/25e4) (default: constant)")
-    g.add_argument("--step-size", type=int_in_range(1, 2 ** 31 - 1), default=None,
-                   help="the step schedule's period in steps (needs --schedule step)")
-    g.add_argument("--gamma", type=positive_number, default=None,
-                   help="the step schedule's factor (needs --schedule step; default: 0.1)")
-    g.add_argument("--pct-start", type=number_between(0, 1, False, False), default=None,
-                   help="the share of the steps that warm up (needs --schedule onecycle; default: 0.3)")
-    g.add_argument("--anneal", choices=ANNEALS, default=None,
-                   help="the annealing curve (needs --schedule onecycle; default: cos)")
+    g.add_argument(
+        "--momentum", type=number_between(0, 1, high_included=False), default=None, help="momentum factor (default: 0)"
+    )
+    g.add_argument(
+        "--dampening",
+        type=non_negative,
+        default=None,
+        help="dampening of the momentum (needs --momentum > 0; default: 0)",
+    )
+    g.add_argument(
+        "--nesterov",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Nesterov momentum (needs --momentum > 0 and no dampening; default: off)",
+    )
+    g.add_argument(
+        "--weight-decay", type=non_negative, default=None, help="L2 penalty added to the gradient (default: 0)"
+    )
+    g.add_argument(
+        "--schedule",
+        choices=SCHEDULES,
+        default=None,
+        help="learning-rate schedule over the run's steps, computed on the GPU: constant, step "
+        "(x --gamma every --step-size steps), cosine (to 0 at the last step), onecycle (warm up "
+        "from lr/25 to lr over --pct-start of the steps, then anneal to lr/25e4) (default: constant)",
+    )
+    g.add_argument(
+        "--step-size",
+        type=int_in_range(1, 2**31 - 1),
+        default=None,
+        help="the step schedule's period in steps (needs --schedule step)",
+    )
+    g.add_argument(
+        "--gamma",
+        type=positive_number,
+        default=None,
+        help="the step schedule's factor (needs --schedule step; default: 0.1)",
+    )
+    g.add_argument(
+        "--pct-start",
+        type=number_between(0, 1, False, False),
+        default=None,
+        help="the share of the steps that warm up (needs --schedule onecycle; default: 0.3)",
+    )
+    g.add_argument(
+        "--anneal", choices=ANNEALS, default=None, help="the annealing curve (needs --schedule onecycle; default: cos)"
+    )
 
 
 def precision_of(record: dict, default: str = "fp32") -> str:
@@ -111,6 +146,7 @@ def precision_of(record: dict, default: str = "fp32") -> str:
 
 def int_at_least(minimum: int):
     """An argparse type: a whole number >= minimum (argparse names the flag in the error)."""
+
     def parse(text):
         try:
             value = int(text)
@@ -119,6 +155,7 @@ def int_at_least(minimum: int):
         if value < minimum:
             raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {shorten(text)}")
         return value
+
     return parse
 
 
@@ -133,6 +170,7 @@ def int_in_range(minimum: int, maximum: int, why: str = ""):
             because = f" ({why})" if why else ""
             raise argparse.ArgumentTypeError(f"must be at most {maximum}{because}, got {shorten(text)}")
         return value
+
     return parse
 
 
@@ -162,8 +200,9 @@ def _number(text) -> float:
 
 def _float32(value: float, text: str) -> float:
     if value > FLOAT32_MAX:
-        raise argparse.ArgumentTypeError(f"must be at most {FLOAT32_MAX:.4g} (the kernels take it as a float32), "
-                                         f"got {shorten(text)}")
+        raise argparse.ArgumentTypeError(
+            f"must be at most {FLOAT32_MAX:.4g} (the kernels take it as a float32), got {shorten(text)}"
+        )
     return value
 
 
@@ -199,11 +238,13 @@ def number_between(low: float, high: float, low_included: bool = True, high_incl
         if not (math.isfinite(value) and above and below):
             raise argparse.ArgumentTypeError(f"must be {lower} and {upper}, got {shorten(text)}")
         return value
+
     return parse
 
 
 def non_negative_at_most(maximum: float):
     """An argparse type: a finite number from 0 to maximum."""
+
     def parse(text):
         value = _number(text)
         if not (math.isfinite(value) and value >= 0):
@@ -211,19 +252,22 @@ def non_negative_at_most(maximum: float):
         if value > maximum:
             raise argparse.ArgumentTypeError(f"must be at most {maximum:g}, got {shorten(text)}")
         return value
+
     return parse
 
 
 def batch_sizes(text: str) -> list[int]:
     """--batch-sizes: whole numbers from 1 to the largest training set (sizes.MAX_BATCH), separated by commas."""
     from .sizes import MAX_BATCH
+
     try:
         sizes = [int(b) for b in text.split(",")]
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive whole numbers separated by commas (e.g. 64,512), "
-                                         f"got {shorten(text)!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected positive whole numbers separated by commas (e.g. 64,512), got {shorten(text)!r}"
+        )
     if max(sizes) > MAX_BATCH:
         raise argparse.ArgumentTypeError(f"{max(sizes)} is larger than any training set ({MAX_BATCH} samples)")
     return sizes
@@ -244,8 +288,9 @@ def output_path(text: str) -> Path:
     if kind == "folder":
         raise argparse.ArgumentTypeError(f"{text} is a folder; name a file in it")
     if folder_kind != "folder":
-        raise argparse.ArgumentTypeError(f"the folder {folder} does not exist" if folder_kind == "missing"
-                                         else f"{folder} is not a folder")
+        raise argparse.ArgumentTypeError(
+            f"the folder {folder} does not exist" if folder_kind == "missing" else f"{folder} is not a folder"
+        )
     if kind == "other":
         raise argparse.ArgumentTypeError(f"{text} is not a regular file (a device or a pipe?); name a file")
     if not os.access(folder, os.W_OK | os.X_OK) or (kind == "file" and not os.access(path, os.W_OK)):
@@ -303,18 +348,21 @@ def refuse_clashes(parser: Parser, inputs=(), outputs=(), allowed=()):
     """A usage error where an output would replace an input (or another output): (flag, path) pairs, a path
     None where the flag is not given, or a list of paths for a flag that takes several. allowed: (output
     flag, input flag) pairs that may name one file (a checkpoint continued and replaced in place)."""
+
     def each(pairs):
         for flag, value in pairs:
-            for path in (value if isinstance(value, (list, tuple)) else [value]):
+            for path in value if isinstance(value, (list, tuple)) else [value]:
                 if path is not None:
                     yield flag, Path(path)
+
     outs, ins = list(each(outputs)), list(each(inputs))
     for i, (flag, path) in enumerate(outs):
         for other, other_path in ins + outs[:i]:
             if (flag, other) not in allowed and same_file(path, other_path):
                 what = "read as" if (other, other_path) in ins else "also written as"
-                parser.fail(flag, f"{path} is the file {what} {other}; writing it would destroy that: name "
-                                  f"another file")
+                parser.fail(
+                    flag, f"{path} is the file {what} {other}; writing it would destroy that: name another file"
+                )
 
 
 def fail_on(parser: Parser, problem) -> None:
@@ -323,12 +371,21 @@ def fail_on(parser: Parser, problem) -> None:
         parser.fail(*problem)
 
 
-def model_fits_or_fail(parser: Parser, channels, hidden, batch: int, kernels=("naive", "fast"),
-                       batch_flag: str = "--batch-size", initialise: bool = True, blame=None) -> None:
+def model_fits_or_fail(
+    parser: Parser,
+    channels,
+    hidden,
+    batch: int,
+    kernels=("naive", "fast"),
+    batch_flag: str = "--batch-size",
+    initialise: bool = True,
+    blame=None,
+) -> None:
     """The model and batch size within what the kernels take and, where its weights are to be drawn
     (initialise: the trainer's flags make the model), the host's memory: checked before anything is
     allocated. blame: a sizes.Blame, whom a problem with the model blames (default: the trainer's flags)."""
     from . import sizes
+
     blame = blame or sizes.FLAGS
     fail_on(parser, sizes.model_problem(channels, hidden, blame))
     fail_on(parser, sizes.batch_problem(channels, hidden, batch, batch_flag, kernels, blame=blame))
@@ -339,27 +396,56 @@ def model_fits_or_fail(parser: Parser, channels, hidden, batch: int, kernels=("n
 def fits_host_or_fail(parser: Parser, flag: str, need: int, what: str) -> None:
     """A usage error where `what` needs more than the host's available memory (need bytes)."""
     from . import sizes
+
     available = sizes.available_host_bytes()
     if available is not None and need > available:
-        parser.fail(flag, f"{what} needs about {need / 1e9:.1f} GB of memory; this machine has "
-                          f"{available / 1e9:.1f} GB available")
+        parser.fail(
+            flag,
+            f"{what} needs about {need / 1e9:.1f} GB of memory; this machine has {available / 1e9:.1f} GB available",
+        )
 
 
-def fits_gpu_or_exit(parser: Parser, channels, hidden, batch: int, kernels: str, precision: str, momentum: bool = False,
-                     augment: bool = False, batch_flag: str = "--batch-size", blame=None) -> None:
+def fits_gpu_or_exit(
+    parser: Parser,
+    channels,
+    hidden,
+    batch: int,
+    kernels: str,
+    precision: str,
+    momentum: bool = False,
+    augment: bool = False,
+    batch_flag: str = "--batch-size",
+    blame=None,
+) -> None:
     """Once the GPU is known and before the first buffer: the net's buffers fit its free memory and, where a
     buffer holds a part per SM, the 32-bit indexing on this GPU. blame: as model_fits_or_fail's."""
     from . import cuda, sizes
+
     cp = cuda.require_gpu()
     free, _ = cp.cuda.Device().mem_info
-    fail_on(parser, sizes.device_problem(channels, hidden, batch, kernels, precision, momentum, augment, free,
-                                         cuda.sm_count(), batch_flag, blame or sizes.FLAGS))
+    fail_on(
+        parser,
+        sizes.device_problem(
+            channels,
+            hidden,
+            batch,
+            kernels,
+            precision,
+            momentum,
+            augment,
+            free,
+            cuda.sm_count(),
+            batch_flag,
+            blame or sizes.FLAGS,
+        ),
+    )
 
 
 def data_inputs(dataset: str, data_dir=None, test_only: bool = False) -> list:
     """(label, files) of a data set's files where a run reads them, for refuse_clashes: the named folder's
     (--data-dir, else $MNIST_DATA_DIR), else the cache's."""
     from . import data
+
     named = data_dir if data_dir is not None else os.environ.get("MNIST_DATA_DIR") or None
     folder = Path(named) if named else data.default_cache_dir()
     label = ("--data-dir" if data_dir is not None else "$MNIST_DATA_DIR") if named else f"the {dataset} cache"
@@ -386,6 +472,7 @@ def require_matplotlib(parser: Parser, flag: str):
         parser.fail(flag, "needs matplotlib: pip install '.[plot]' in the source folder, or pip install matplotlib")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+
     return plt
 
 
@@ -404,6 +491,7 @@ def check_data_dir_or_exit(prog, dataset, data_dir, test_only=False):
     """A named data folder (--data-dir or $MNIST_DATA_DIR) that is missing or lacks a file is a user
     mistake: one line, exit 2, before the GPU or a download is tried."""
     from . import data
+
     try:
         data.named_dir(dataset, data_dir, test_only)
     except data.DataDirError as e:
@@ -415,6 +503,7 @@ def load_data_or_exit(prog, dataset, data_dir, quiet, test_only=False):
     """The dataset's four verified arrays; a named folder whose files do not verify is a user mistake
     (exit 2), a failed download not (exit 1)."""
     from . import data
+
     try:
         return data.load_arrays(dataset, data_dir, progress=not quiet, test_only=test_only)
     except data.DataDirError as e:
@@ -428,6 +517,7 @@ def load_data_or_exit(prog, dataset, data_dir, quiet, test_only=False):
 def gpu_or_exit(prog):
     """Exit 2 with one line saying what to install where CuPy or a CUDA device is missing."""
     from . import cuda
+
     try:
         cuda.require_gpu()
     except cuda.GPUUnavailable as e:

@@ -12,6 +12,7 @@ mnist_cuda/ops' business.
     launch_hook(fn)           while active, every launch goes through fn (profilers, timelines)
     SideStream                fork/join of a second stream; inside a graph capture, a branch
 """
+
 from __future__ import annotations
 
 import concurrent.futures
@@ -21,14 +22,16 @@ import os
 import re
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 
 COMPILE_OPTIONS = ("--std=c++17",)
-INSTALL_HINT = ("install the CUDA extra from the checkout: pip install '.[cuda12]' "
-                "(or '.[cuda13]' for a CUDA 13 driver); only an NVIDIA driver is needed besides")
+INSTALL_HINT = (
+    "install the CUDA extra from the checkout: pip install '.[cuda12]' "
+    "(or '.[cuda13]' for a CUDA 13 driver); only an NVIDIA driver is needed besides"
+)
 ARG_TYPES = (np.int32, np.uint32, np.int64, np.float32, np.float64)
 
 
@@ -51,8 +54,7 @@ def require_gpu():
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as e:  # CUDARuntimeError: no driver, insufficient driver, ...
-        hint = (" (no NVIDIA driver here, or one older than this CuPy's CUDA)"
-                if "InsufficientDriver" in str(e) else "")
+        hint = " (no NVIDIA driver here, or one older than this CuPy's CUDA)" if "InsufficientDriver" in str(e) else ""
         raise GPUUnavailable(f"no usable CUDA GPU: {e}{hint}; this trainer needs an NVIDIA GPU and driver") from None
     if count == 0:
         raise GPUUnavailable("no CUDA GPU found; this trainer needs an NVIDIA GPU and driver")
@@ -63,7 +65,7 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sm_count() -> int:
     return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
 
@@ -80,8 +82,10 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 # ---- sources ------------------------------------------------------------------------------------
 
 _INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.MULTILINE)
-_ENTRY = re.compile(r'(?:extern\s+"C"\s+|template\s*<[^>]*>\s*)__global__\s+void\s+'
-                    r'(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(')
+_ENTRY = re.compile(
+    r'(?:extern\s+"C"\s+|template\s*<[^>]*>\s*)__global__\s+void\s+'
+    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\("
+)
 
 
 def read_source(path: str) -> str:
@@ -99,6 +103,7 @@ def read_source(path: str) -> str:
             found = here / header if (here / header).is_file() else root / "include" / header
             body = found.read_text().replace("#pragma once", "")  # inlined once already
             return f"// ---- {header} ----\n" + expand(body) + f"\n// ---- end {header} ----"
+
         return _INCLUDE.sub(repl, text)
 
     return expand((root / path).read_text())
@@ -116,7 +121,7 @@ def _define(name: str, value) -> str:
 
 
 _arch_specific = True  # on Hopper, compile for sm_90a (wgmma: conv2's products, fc1's forward and input gradient)
-_sources: dict[str, "Source"] = {}
+_sources: dict[str, Source] = {}
 _transform: Callable[[str, str], str] | None = None  # transform_sources' fn
 
 
@@ -140,7 +145,7 @@ class Source:
     def options(self, arch_options=()) -> tuple[str, ...]:
         return COMPILE_OPTIONS + tuple(_define(k, v) for k, v in self.defines.items()) + tuple(arch_options)
 
-    def kernel(self, name: str) -> "Kernel":
+    def kernel(self, name: str) -> Kernel:
         """The kernel `name` of this source (an entry point, or a template instantiation)."""
         if name not in self.kernels:
             if "<" in name:
@@ -156,8 +161,11 @@ class Source:
     def module(self):
         if self._module is None:
             cupy = require_gpu()
-            self._module = cupy.RawModule(code=self.text(), options=self.options(_arch_options(cupy)),
-                                          name_expressions=self.name_expressions or None)
+            self._module = cupy.RawModule(
+                code=self.text(),
+                options=self.options(_arch_options(cupy)),
+                name_expressions=self.name_expressions or None,
+            )
             for k in self.kernels.values():
                 k._fn = None
         return self._module
@@ -246,9 +254,12 @@ def preload(sources=None):
                 k.function()
 
     kernels = sum(len(s.kernels) for s in todo)
-    notice = threading.Timer(COMPILE_NOTICE_SECONDS, print, (f"compiling {kernels} CUDA kernels ({len(todo)} sources) "
-                                                             f"for sm_{arch} (first run only; cached after)",),
-                             {"file": sys.stderr, "flush": True})
+    notice = threading.Timer(
+        COMPILE_NOTICE_SECONDS,
+        print,
+        (f"compiling {kernels} CUDA kernels ({len(todo)} sources) for sm_{arch} (first run only; cached after)",),
+        {"file": sys.stderr, "flush": True},
+    )
     notice.daemon = True
     notice.start()
     try:
@@ -300,10 +311,15 @@ class Kernel:
         """Launch on the current stream. Scalars must be explicit NumPy types (np.int32, np.float32):
         a bare Python int would be passed as 64 bits and silently corrupt the following arguments."""
         for i, a in enumerate(args):
-            if not (isinstance(a, ARG_TYPES) or hasattr(a, "data") and hasattr(a, "dtype") and
-                    type(a).__module__.startswith("cupy")):
-                raise TypeError(f"{self.name}: argument {i} is {type(a).__name__}; pass a cupy array, "
-                                "np.int32 or np.float32")
+            if not (
+                isinstance(a, ARG_TYPES)
+                or hasattr(a, "data")
+                and hasattr(a, "dtype")
+                and type(a).__module__.startswith("cupy")
+            ):
+                raise TypeError(
+                    f"{self.name}: argument {i} is {type(a).__name__}; pass a cupy array, np.int32 or np.float32"
+                )
         grid = tuple(int(g) for g in grid) if isinstance(grid, tuple) else (int(grid),)
         block = tuple(int(b) for b in block) if isinstance(block, tuple) else (int(block),)
         fn = self.function()

@@ -6,6 +6,7 @@ The metrics are the JSON lines `python -m mnist_cuda.train --metrics` writes: {"
 step and {"step", "epoch", "test_accuracy"} per epoch. A run continued with --init appends to the same file,
 so one file draws the whole run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,7 @@ SHORTEST_RECORD = 36  # bytes of the shortest step record the trainer writes, '{
 @dataclasses.dataclass
 class Curves:
     """A run's curves: every step's loss and each epoch's test accuracy, as (step, epoch, accuracy)."""
+
     steps: np.ndarray
     losses: np.ndarray
     evals: list
@@ -80,6 +82,7 @@ def plot_training(curves: Curves, path: Path, title: str | None = None) -> None:
 
 def _draw(curves: Curves, path: Path, title: str | None) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -88,7 +91,7 @@ def _draw(curves: Curves, path: Path, title: str | None) -> None:
     ax_loss.plot(steps, losses, lw=0.5, alpha=0.35, color="tab:blue", label="loss of each batch")
     if len(losses) >= SMOOTH_STEPS:
         mean = np.convolve(losses, np.ones(SMOOTH_STEPS) / SMOOTH_STEPS, mode="valid")
-        ax_loss.plot(steps[SMOOTH_STEPS - 1:], mean, color="tab:blue", label=f"mean of the last {SMOOTH_STEPS}")
+        ax_loss.plot(steps[SMOOTH_STEPS - 1 :], mean, color="tab:blue", label=f"mean of the last {SMOOTH_STEPS}")
     if (losses > 0).any():  # (a loss of exactly 0 everywhere has no log scale)
         ax_loss.set_yscale("log")
     ax_loss.set_xlabel("step")
@@ -99,8 +102,9 @@ def _draw(curves: Curves, path: Path, title: str | None) -> None:
         eval_steps, epochs, accuracy = (np.array(v) for v in zip(*evals))
         ax_acc.plot(epochs, 100 * accuracy, "o-", color="tab:green")
         for e, a in zip(epochs, accuracy):
-            ax_acc.annotate(f"{100 * a:.2f}", (e, 100 * a), textcoords="offset points", xytext=(0, 6),
-                            ha="center", fontsize=8)
+            ax_acc.annotate(
+                f"{100 * a:.2f}", (e, 100 * a), textcoords="offset points", xytext=(0, 6), ha="center", fontsize=8
+            )
         ax_acc.set_xticks(epochs)
         low = min(100 * accuracy.min(), 99.0)
         ax_acc.set_ylim(low - 0.1 * (100.2 - low), 100.0)
@@ -117,8 +121,9 @@ def _draw(curves: Curves, path: Path, title: str | None) -> None:
 def build_parser() -> cli.Parser:
     p = cli.Parser(prog=cli.prog_name("mnist_cuda.curves"), description=__doc__.split("\n\n")[0])
     p.add_argument("metrics", type=cli.input_file, metavar="METRICS", help="a --metrics file of mnist_cuda.train")
-    p.add_argument("--out", type=cli.output_path, default=None, metavar="PNG",
-                   help="where to draw (default: METRICS with .png)")
+    p.add_argument(
+        "--out", type=cli.output_path, default=None, metavar="PNG", help="where to draw (default: METRICS with .png)"
+    )
     p.add_argument("--title", default=None, help="a title over the panels (default: the metrics file's name)")
     return p
 
@@ -128,15 +133,22 @@ def main(argv=None) -> int:
 
 
 def draw(args, p) -> int:
-    default = args.metrics.with_name(args.metrics.name + ".png") if args.metrics.suffix == ".png" \
-        else args.metrics.with_suffix(".png")  # never the metrics file itself (but maybe a link to it)
+    default = (
+        args.metrics.with_name(args.metrics.name + ".png")
+        if args.metrics.suffix == ".png"
+        else args.metrics.with_suffix(".png")
+    )  # never the metrics file itself (but maybe a link to it)
     try:
         out = args.out or cli.output_path(str(default))
     except argparse.ArgumentTypeError as e:
         p.fail("--out", f"the default {e}")
     cli.refuse_clashes(p, inputs=[("METRICS", args.metrics)], outputs=[("--out", out)])
-    cli.fits_host_or_fail(p, "METRICS", plot_bytes(args.metrics.stat().st_size // SHORTEST_RECORD + 1),
-                          f"drawing {args.metrics} ({args.metrics.stat().st_size / 1e9:.1f} GB of records)")
+    cli.fits_host_or_fail(
+        p,
+        "METRICS",
+        plot_bytes(args.metrics.stat().st_size // SHORTEST_RECORD + 1),
+        f"drawing {args.metrics} ({args.metrics.stat().st_size / 1e9:.1f} GB of records)",
+    )
     try:
         curves = read_metrics(args.metrics)
     except UnicodeDecodeError:

@@ -15,6 +15,7 @@ for); batches are gathered from there by index and copied to the GPU as bytes, a
 batch. The kernels normalise each pixel with normalize()'s float32 operations (the same bits: a GPU test
 checks all 256 values).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,8 @@ import sys
 import tempfile
 import time
 import zlib
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -76,26 +77,43 @@ def _spec(name, mirrors, hashes):
 DATASETS = {
     "mnist": _spec(
         "mnist",
-        ["https://ossci-datasets.s3.amazonaws.com/mnist/",
-         "https://storage.googleapis.com/cvdf-datasets/mnist/"],
-        {"train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
-         "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
-         "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
-         "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2"}),
+        ["https://ossci-datasets.s3.amazonaws.com/mnist/", "https://storage.googleapis.com/cvdf-datasets/mnist/"],
+        {
+            "train-images-idx3-ubyte": "ba891046e6505d7aadcbbe25680a0738ad16aec93bde7f9b65e87a2fc25776db",
+            "train-labels-idx1-ubyte": "65a50cbbf4e906d70832878ad85ccda5333a97f0f4c3dd2ef09a8a9eef7101c5",
+            "t10k-images-idx3-ubyte": "0fa7898d509279e482958e8ce81c8e77db3f2f8254e26661ceb7762c4d494ce7",
+            "t10k-labels-idx1-ubyte": "ff7bcfd416de33731a308c3f266cc351222c34898ecbeaf847f06e48f7ec33f2",
+        },
+    ),
     "fashion-mnist": _spec(
         "fashion-mnist",
-        ["http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-         "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/"],
-        {"train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
-         "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
-         "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
-         "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34"}),
+        [
+            "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+            "https://github.com/zalandoresearch/fashion-mnist/raw/master/data/fashion/",
+        ],
+        {
+            "train-images-idx3-ubyte": "c59f468a2f672dc815687fe0f83887768d799fd8a3f3276145d20f83aa44d888",
+            "train-labels-idx1-ubyte": "bad3541b69d912435c50bb6ba87bec294ff4f6a2e1246121d8633921760443d9",
+            "t10k-images-idx3-ubyte": "5b4141f0afbad91edebe8549f8fcffe087ea10ca49f1dbef5c9a5cd8815ce37b",
+            "t10k-labels-idx1-ubyte": "0402a96d92fd2663957122ceb108a494c5af83dab82d92729df917d7dec38c34",
+        },
+    ),
 }
 
 CLASS_NAMES = {
     "mnist": tuple(str(d) for d in range(NUM_CLASSES)),
-    "fashion-mnist": ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag",
-                      "Ankle boot"),
+    "fashion-mnist": (
+        "T-shirt/top",
+        "Trouser",
+        "Pullover",
+        "Dress",
+        "Coat",
+        "Sandal",
+        "Shirt",
+        "Sneaker",
+        "Bag",
+        "Ankle boot",
+    ),
 }
 TRAIN_SAMPLES = {name: spec.train_images.count for name, spec in DATASETS.items()}
 
@@ -116,7 +134,7 @@ def read_idx(raw: bytes, what: str = "IDX data") -> np.ndarray:
     header = 4 + 4 * ndim
     if len(raw) < header:
         raise DataError(f"{what}: truncated header")
-    dims = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], "big") for i in range(ndim))
+    dims = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
     expected = header + int(np.prod(dims, dtype=np.int64))
     if len(raw) != expected:
         raise DataError(f"{what}: dims {dims} need {expected} bytes, the file has {len(raw)}")
@@ -138,8 +156,10 @@ def verify(blob: bytes, spec: FileSpec, what: str) -> np.ndarray:
     raw = decompress(blob, what)
     digest = hashlib.sha256(raw).hexdigest()
     if digest != spec.sha256:
-        raise DataError(f"{what}: SHA-256 of the decompressed data is {digest[:16]}..., "
-                        f"expected {spec.sha256[:16]}... (corrupt or a different file)")
+        raise DataError(
+            f"{what}: SHA-256 of the decompressed data is {digest[:16]}..., "
+            f"expected {spec.sha256[:16]}... (corrupt or a different file)"
+        )
     arr = read_idx(raw, what)
     if spec.is_images:
         if arr.ndim != 3 or arr.shape[1:] != (IMAGE_SIZE, IMAGE_SIZE):
@@ -170,8 +190,9 @@ def _candidates(directory: Path, dataset: str, name: str) -> list[Path]:
     return out
 
 
-def _download(url: str, dest_dir: Path, spec: FileSpec, timeout: float, retries: int,
-              progress: bool) -> tuple[np.ndarray, Path]:
+def _download(
+    url: str, dest_dir: Path, spec: FileSpec, timeout: float, retries: int, progress: bool
+) -> tuple[np.ndarray, Path]:
     """Fetch url into a temporary file in dest_dir, verify it; return the array and the temp path."""
     import requests
     from tqdm import tqdm
@@ -179,15 +200,16 @@ def _download(url: str, dest_dir: Path, spec: FileSpec, timeout: float, retries:
     last = None
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(min(2.0, 0.25 * 2 ** attempt))
+            time.sleep(min(2.0, 0.25 * 2**attempt))
         fd, tmp = tempfile.mkstemp(prefix=f".{spec.name}.", suffix=".part", dir=dest_dir)
         try:
             with os.fdopen(fd, "wb") as f, requests.get(url, stream=True, timeout=timeout) as r:
                 if r.status_code != 200:
                     raise DataError(f"{url}: HTTP {r.status_code}")
                 total = int(r.headers.get("Content-Length") or 0) or None
-                with tqdm(total=total, unit="B", unit_scale=True, desc=spec.name, leave=False,
-                          disable=not progress) as bar:
+                with tqdm(
+                    total=total, unit="B", unit_scale=True, desc=spec.name, leave=False, disable=not progress
+                ) as bar:
                     for chunk in r.iter_content(chunk_size=1 << 16):
                         f.write(chunk)
                         bar.update(len(chunk))
@@ -201,9 +223,16 @@ def _download(url: str, dest_dir: Path, spec: FileSpec, timeout: float, retries:
     raise last
 
 
-def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: Path,
-               mirrors: Sequence[str], progress: bool = True, timeout: float = 30.0,
-               retries: int = 2) -> np.ndarray:
+def fetch_file(
+    spec: FileSpec,
+    dataset: str,
+    data_dir: Path | None,
+    cache_dir: Path,
+    mirrors: Sequence[str],
+    progress: bool = True,
+    timeout: float = 30.0,
+    retries: int = 2,
+) -> np.ndarray:
     """Return the verified contents of one IDX file: from data_dir alone when it is given, else from the
     cache, then each mirror."""
     if data_dir is not None:
@@ -211,8 +240,7 @@ def fetch_file(spec: FileSpec, dataset: str, data_dir: Path | None, cache_dir: P
     tried: list[str] = []
     candidates = _candidates(cache_dir, dataset, spec.name)
     found = [p for p in candidates if kind_of(p) == "file"]
-    tried += [f"cache: cannot read {p} ({UNREACHABLE})"
-              for p in candidates if kind_of(p) == "unreachable"][:1]
+    tried += [f"cache: cannot read {p} ({UNREACHABLE})" for p in candidates if kind_of(p) == "unreachable"][:1]
     tried += [f"cache: cannot read {p} ({os_error(p)})" for p in candidates if kind_of(p) == "unusable"][:1]
     for path in found:
         try:
@@ -260,7 +288,7 @@ def named_dir(dataset: str, data_dir=None, test_only: bool = False) -> Path | No
         return None
     data_dir = Path(data_dir)
     _check_named_folder(data_dir)
-    for spec in DATASETS[dataset].files[2 if test_only else 0:]:
+    for spec in DATASETS[dataset].files[2 if test_only else 0 :]:
         paths = _candidates(data_dir, dataset, spec.name)
         kinds = [kind_of(p) for p in paths]
         if "file" not in kinds:
@@ -280,22 +308,31 @@ def _check_named_folder(data_dir: Path) -> None:
     if kind == "unreachable":
         raise DataDirError(f"the data folder {data_dir} cannot be reached ({UNREACHABLE})")
     if kind != "folder":
-        raise DataDirError(f"the data folder {data_dir} does not exist" if kind == "missing"
-                           else f"the data folder {data_dir} is not a folder")
+        raise DataDirError(
+            f"the data folder {data_dir} does not exist"
+            if kind == "missing"
+            else f"the data folder {data_dir} is not a folder"
+        )
     if not os.access(data_dir, os.R_OK | os.X_OK):
         raise DataDirError(f"the data folder {data_dir} cannot be read (permission denied)")
 
 
 def present_files(dataset: str, folder: Path, test_only: bool = False) -> list[Path]:
     """The dataset's files that lie in folder (flat or in its per-dataset subfolder), the ones a run reads."""
-    return [p for spec in DATASETS[dataset].files[2 if test_only else 0:]
-            for p in _candidates(Path(folder), dataset, spec.name) if kind_of(p) == "file"]
+    return [
+        p
+        for spec in DATASETS[dataset].files[2 if test_only else 0 :]
+        for p in _candidates(Path(folder), dataset, spec.name)
+        if kind_of(p) == "file"
+    ]
 
 
 def _missing(spec: FileSpec, dataset: str, data_dir: Path) -> DataDirError:
-    return DataDirError(f"the data folder {data_dir} has no {spec.name}[.gz] (looked in {data_dir} and "
-                        f"{data_dir / dataset}); name the folder holding the four {dataset} IDX files, or "
-                        f"leave out --data-dir to use the cache and the download")
+    return DataDirError(
+        f"the data folder {data_dir} has no {spec.name}[.gz] (looked in {data_dir} and "
+        f"{data_dir / dataset}); name the folder holding the four {dataset} IDX files, or "
+        f"leave out --data-dir to use the cache and the download"
+    )
 
 
 def _from_named_dir(spec: FileSpec, dataset: str, data_dir: Path) -> np.ndarray:
@@ -313,9 +350,16 @@ def _from_named_dir(spec: FileSpec, dataset: str, data_dir: Path) -> np.ndarray:
     raise DataDirError("; ".join(problems))
 
 
-def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
-                cache_dir: str | Path | None = None, mirrors: Sequence[str] | None = None,
-                spec: DatasetSpec | None = None, progress: bool = True, test_only: bool = False, **fetch_kw):
+def load_arrays(
+    dataset: str = "mnist",
+    data_dir: str | Path | None = None,
+    cache_dir: str | Path | None = None,
+    mirrors: Sequence[str] | None = None,
+    spec: DatasetSpec | None = None,
+    progress: bool = True,
+    test_only: bool = False,
+    **fetch_kw,
+):
     """The four verified uint8 arrays: (train_images, train_labels, test_images, test_labels); with
     test_only the training pair is (None, None) and its files are not needed."""
     if spec is None:
@@ -329,12 +373,16 @@ def load_arrays(dataset: str = "mnist", data_dir: str | Path | None = None,
         _check_named_folder(data_dir)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     mirrors = spec.mirrors if mirrors is None else tuple(mirrors)
-    arrays = [None if test_only and i < 2 else fetch_file(f, spec.name, data_dir, cache_dir, mirrors, progress, **fetch_kw)
-              for i, f in enumerate(spec.files)]
+    arrays = [
+        None if test_only and i < 2 else fetch_file(f, spec.name, data_dir, cache_dir, mirrors, progress, **fetch_kw)
+        for i, f in enumerate(spec.files)
+    ]
     for i, j in ((0, 1), (2, 3)):
         if arrays[i] is not None and arrays[i].shape[0] != arrays[j].shape[0]:
-            raise DataError(f"{spec.files[i].name} has {arrays[i].shape[0]} images but "
-                            f"{spec.files[j].name} has {arrays[j].shape[0]} labels")
+            raise DataError(
+                f"{spec.files[i].name} has {arrays[i].shape[0]} images but "
+                f"{spec.files[j].name} has {arrays[j].shape[0]} labels"
+            )
     return tuple(arrays)
 
 
@@ -357,6 +405,7 @@ def normalize(images: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
 class HostData:
     """uint8 images [N,1,28,28] (as stored; normalize() gives what the network sees) and int32 labels
     [N], train and test, in host DRAM."""
+
     name: str
     train_x: np.ndarray
     train_y: np.ndarray
@@ -367,8 +416,7 @@ class HostData:
 EmptyFn = Callable[[tuple, np.dtype], np.ndarray]
 
 
-def load(dataset: str = "mnist", data_dir=None, cache_dir=None, empty: EmptyFn | None = None,
-         **kw) -> HostData:
+def load(dataset: str = "mnist", data_dir=None, cache_dir=None, empty: EmptyFn | None = None, **kw) -> HostData:
     """Load and verify a dataset once. `empty(shape, dtype)` allocates the host arrays (the GPU trainer
     passes a pinned-memory allocator so host-to-device copies are truly async)."""
     return host_data(dataset, load_arrays(dataset, data_dir, cache_dir, **kw), empty)
@@ -407,7 +455,7 @@ def batch_indices(order: np.ndarray, batch_size: int, drop_last: bool) -> Iterat
     """Consecutive slices of `order`; training drops a partial last batch, evaluation keeps it."""
     stop = len(order) - len(order) % batch_size if drop_last else len(order)
     for start in range(0, stop, batch_size):
-        yield order[start:start + batch_size]
+        yield order[start : start + batch_size]
 
 
 def with_next(batches: list) -> Iterator[tuple]:
@@ -427,4 +475,5 @@ def gather(x: np.ndarray, y: np.ndarray, idx: np.ndarray, out_x: np.ndarray, out
 
 if __name__ == "__main__":  # python -m mnist_cuda.data: the command lives apart from the data it checks
     from mnist_cuda.data_command import main
+
     sys.exit(main())

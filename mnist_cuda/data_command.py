@@ -4,6 +4,7 @@ Checks that a data set's four IDX files are where a run would read them and matc
 or (--download) fetches the missing ones first; no GPU needed. The finding, verifying and fetching are
 mnist_cuda.data's; this module only parses the flags and says the outcome in one line.
 """
+
 from __future__ import annotations
 
 import os
@@ -16,16 +17,26 @@ from .paths import kind_of, os_error
 
 
 def build_parser():
-    p = cli.Parser(prog=cli.prog_name("mnist_cuda.data"),
-                   description="Check that a data set's four IDX files are where a run would read them and match "
-                               "their published SHA-256, or (--download) fetch the missing ones first. No GPU needed.")
+    p = cli.Parser(
+        prog=cli.prog_name("mnist_cuda.data"),
+        description="Check that a data set's four IDX files are where a run would read them and match "
+        "their published SHA-256, or (--download) fetch the missing ones first. No GPU needed.",
+    )
     p.add_argument("--dataset", choices=sorted(DATASETS), default="mnist", help="which data set")
-    p.add_argument("--data-dir", type=Path, default=None, metavar="DIR",
-                   help="the folder to check, or with --download to fetch into (as the cache: the files land in "
-                        "DIR/<dataset>/) (default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>)")
-    p.add_argument("--download", action="store_true",
-                   help="fetch each file that is missing or does not verify from the download mirrors, verify it, "
-                        "then move it into place")
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the folder to check, or with --download to fetch into (as the cache: the files land in "
+        "DIR/<dataset>/) (default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>)",
+    )
+    p.add_argument(
+        "--download",
+        action="store_true",
+        help="fetch each file that is missing or does not verify from the download mirrors, verify it, "
+        "then move it into place",
+    )
     p.add_argument("--quiet", action="store_true", help="no download progress bars")
     return p
 
@@ -58,8 +69,10 @@ def _check_or_download(args, parser) -> int:
         hint = "" if args.download else " (--download fetches it)"
         print(f"{parser.prog}: {_one_line(e)}{hint}", file=sys.stderr)
         return 1
-    print(f"{spec.name}: the four files verified (SHA-256) in {where}: {len(arrays[0]):,} training and "
-          f"{len(arrays[2]):,} test images")
+    print(
+        f"{spec.name}: the four files verified (SHA-256) in {where}: {len(arrays[0]):,} training and "
+        f"{len(arrays[2]):,} test images"
+    )
     return 0
 
 

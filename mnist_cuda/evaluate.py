@@ -8,6 +8,7 @@ and batch size the checkpoint was trained with, unless flags say otherwise, so t
 trainer printed at the end of that epoch. The accuracy is counted on the GPU as the trainer counts it; the
 per-class figures, the confusion matrix and the loss come from the same logits, copied to the host.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,6 +30,7 @@ class Inference:
     def __init__(self, state, channels, hidden, batch_size: int, kernels: str, precision: str):
         from .nets import Parameters, make_net
         from .step import Step
+
         params = Parameters(channels, hidden)
         params.load_state_dict(state)
         self.step = Step(make_net(params, batch_size, kernels, precision), 0.0)  # a rate of 0: no training step runs
@@ -59,24 +61,40 @@ def report(logits: np.ndarray, labels: np.ndarray, class_names) -> dict:
     nll = -log_p[np.arange(len(labels)), labels]
     wrong = np.flatnonzero(predicted != labels)
     wrong = wrong[np.argsort(-nll[wrong], kind="stable")]
-    return {"samples": int(len(labels)), "correct": int(confusion.trace()),
-            "accuracy": float(confusion.trace() / len(labels)), "loss": float(nll.mean()),
-            "per_class": {name: float(a) for name, a in zip(class_names, per_class)},
-            "confusion": confusion.tolist(),
-            "misclassified": [{"index": int(i), "label": class_names[labels[i]],
-                               "predicted": class_names[predicted[i]],
-                               "probability": float(np.exp(log_p[i, predicted[i]]))} for i in wrong]}
+    return {
+        "samples": int(len(labels)),
+        "correct": int(confusion.trace()),
+        "accuracy": float(confusion.trace() / len(labels)),
+        "loss": float(nll.mean()),
+        "per_class": {name: float(a) for name, a in zip(class_names, per_class)},
+        "confusion": confusion.tolist(),
+        "misclassified": [
+            {
+                "index": int(i),
+                "label": class_names[labels[i]],
+                "predicted": class_names[predicted[i]],
+                "probability": float(np.exp(log_p[i, predicted[i]])),
+            }
+            for i in wrong
+        ],
+    }
 
 
 def format_report(r: dict, header: str) -> str:
     names = list(r["per_class"])
     width = max(6, max(len(n) for n in names) + 1)
-    lines = [header,
-             f"test accuracy {100 * r['accuracy']:.2f}% ({r['correct']} of {r['samples']}), loss {r['loss']:.4f}",
-             "", "accuracy per class:"]
+    lines = [
+        header,
+        f"test accuracy {100 * r['accuracy']:.2f}% ({r['correct']} of {r['samples']}), loss {r['loss']:.4f}",
+        "",
+        "accuracy per class:",
+    ]
     lines += [f"  {name:<{width}} {100 * a:6.2f}%" for name, a in r["per_class"].items()]
-    lines += ["", "confusion matrix (rows: true class, columns: predicted class):",
-              " " * (width + 2) + "".join(f"{n[:width - 1]:>{width}}" for n in names)]
+    lines += [
+        "",
+        "confusion matrix (rows: true class, columns: predicted class):",
+        " " * (width + 2) + "".join(f"{n[: width - 1]:>{width}}" for n in names),
+    ]
     lines += [f"  {name:<{width}}" + "".join(f"{v:>{width}}" for v in row) for name, row in zip(names, r["confusion"])]
     return "\n".join(lines)
 
@@ -91,6 +109,7 @@ def plot_report(r: dict, images: np.ndarray, path, title: str) -> None:
 
 def _draw_report(r: dict, images: np.ndarray, path, title: str) -> None:
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -102,8 +121,15 @@ def _draw_report(r: dict, images: np.ndarray, path, title: str) -> None:
     shown = np.log10(1 + confusion)  # the diagonal is ~100x the rest: a log scale shows the mistakes
     ax.imshow(shown, cmap="Blues")
     for (i, j), v in np.ndenumerate(confusion):
-        ax.text(j, i, str(v), ha="center", va="center", fontsize=7,
-                color="white" if shown[i, j] > 0.6 * shown.max() else "black")
+        ax.text(
+            j,
+            i,
+            str(v),
+            ha="center",
+            va="center",
+            fontsize=7,
+            color="white" if shown[i, j] > 0.6 * shown.max() else "black",
+        )
     ax.set_xticks(range(len(names)), names, rotation=45 if max(map(len, names)) > 2 else 0, ha="right")
     ax.set_yticks(range(len(names)), names)
     ax.set_xlabel("predicted class")
@@ -123,22 +149,38 @@ def _draw_report(r: dict, images: np.ndarray, path, title: str) -> None:
 
 def build_parser() -> cli.Parser:
     from_ckpt = "(default: the checkpoint's)"
-    p = cli.Parser(prog=cli.prog_name("mnist_cuda.evaluate"), description=__doc__.split("\n\n")[0],
-                   formatter_class=argparse.HelpFormatter)
+    p = cli.Parser(
+        prog=cli.prog_name("mnist_cuda.evaluate"),
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.HelpFormatter,
+    )
     p.add_argument("checkpoint", type=cli.input_file, metavar="CHECKPOINT", help="a checkpoint written by --save")
-    p.add_argument("--dataset", choices=sorted(data.DATASETS), default=None,
-                   help=f"whose test set {from_ckpt}")
-    p.add_argument("--data-dir", type=cli.existing_dir, default=None, metavar="DIR",
-                   help="the folder holding the IDX files, the only place looked in when given (default: "
-                        "$MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download); "
-                        "only the two test files are needed")
-    p.add_argument("--batch-size", type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"), default=None,
-                   help=f"samples per evaluation batch {from_ckpt}")
+    p.add_argument("--dataset", choices=sorted(data.DATASETS), default=None, help=f"whose test set {from_ckpt}")
+    p.add_argument(
+        "--data-dir",
+        type=cli.existing_dir,
+        default=None,
+        metavar="DIR",
+        help="the folder holding the IDX files, the only place looked in when given (default: "
+        "$MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download); "
+        "only the two test files are needed",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"),
+        default=None,
+        help=f"samples per evaluation batch {from_ckpt}",
+    )
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None, help=f"kernel version {from_ckpt}")
     cli.add_precision_arguments(p, from_ckpt.strip("()"))
     p.add_argument("--json", action="store_true", help="print the report as one JSON object instead")
-    p.add_argument("--png", type=cli.output_path, default=None, metavar="PATH",
-                   help="draw the confusion matrix and the worst misclassified images here (needs matplotlib)")
+    p.add_argument(
+        "--png",
+        type=cli.output_path,
+        default=None,
+        metavar="PATH",
+        help="draw the confusion matrix and the worst misclassified images here (needs matplotlib)",
+    )
     p.add_argument("--quiet", action="store_true", help="no download progress bars")
     return p
 
@@ -146,14 +188,22 @@ def build_parser() -> cli.Parser:
 def resolve(args, parser, meta: dict) -> dict:
     """The dataset, batch size, kernels and precision: the flags, else what the checkpoint recorded."""
     pick = lambda flag, key, default: flag if flag is not None else meta.get(key, default)
-    out = {"dataset": pick(args.dataset, "dataset", "mnist"), "batch_size": pick(args.batch_size, "batch_size", 64),
-           "kernels": pick(args.kernels, "kernels", "fast"), "precision": args.precision or cli.precision_of(meta)}
+    out = {
+        "dataset": pick(args.dataset, "dataset", "mnist"),
+        "batch_size": pick(args.batch_size, "batch_size", 64),
+        "kernels": pick(args.kernels, "kernels", "fast"),
+        "precision": args.precision or cli.precision_of(meta),
+    }
     if out["dataset"] not in data.DATASETS:
         parser.fail("CHECKPOINT", f"it names an unknown dataset {out['dataset']!r}; give --dataset")
-    if out["kernels"] not in KERNEL_VERSIONS or type(out["batch_size"]) is not int or \
-            not 1 <= out["batch_size"] <= sizes.MAX_BATCH:
-        parser.fail("CHECKPOINT", "its metadata names no valid kernel version and batch size; give --kernels "
-                                  "and --batch-size")
+    if (
+        out["kernels"] not in KERNEL_VERSIONS
+        or type(out["batch_size"]) is not int
+        or not 1 <= out["batch_size"] <= sizes.MAX_BATCH
+    ):
+        parser.fail(
+            "CHECKPOINT", "its metadata names no valid kernel version and batch size; give --kernels and --batch-size"
+        )
     if out["precision"] not in PRECISIONS:
         parser.fail("CHECKPOINT", f"its metadata names an unknown precision {out['precision']!r}; give --precision")
     if out["precision"] != "fp32" and out["kernels"] != "fast":
@@ -164,13 +214,15 @@ def resolve(args, parser, meta: dict) -> dict:
 def fits_or_fail(parser, run: dict, channels, hidden) -> None:
     """The checkpoint's model at the evaluation batch size within what the kernels take (its weights are read
     already), before any data or GPU work. A model too large is the checkpoint's: no flag here changes it."""
-    cli.model_fits_or_fail(parser, channels, hidden, run["batch_size"], (run["kernels"],), initialise=False,
-                           blame=sizes.CHECKPOINT)
+    cli.model_fits_or_fail(
+        parser, channels, hidden, run["batch_size"], (run["kernels"],), initialise=False, blame=sizes.CHECKPOINT
+    )
 
 
 def fits_gpu_or_exit(parser, run: dict, channels, hidden) -> None:
-    cli.fits_gpu_or_exit(parser, channels, hidden, run["batch_size"], run["kernels"], run["precision"],
-                         blame=sizes.CHECKPOINT)
+    cli.fits_gpu_or_exit(
+        parser, channels, hidden, run["batch_size"], run["kernels"], run["precision"], blame=sizes.CHECKPOINT
+    )
 
 
 def load_checkpoint_or_fail(parser, path):
@@ -188,8 +240,11 @@ def evaluate(args, parser) -> int:
     state, meta, channels, hidden, _ = load_checkpoint_or_fail(parser, args.checkpoint)
     run = resolve(args, parser, meta)
     fits_or_fail(parser, run, channels, hidden)
-    cli.refuse_clashes(parser, inputs=[("CHECKPOINT", args.checkpoint)]
-                       + cli.data_inputs(run["dataset"], args.data_dir, test_only=True), outputs=[("--png", args.png)])
+    cli.refuse_clashes(
+        parser,
+        inputs=[("CHECKPOINT", args.checkpoint)] + cli.data_inputs(run["dataset"], args.data_dir, test_only=True),
+        outputs=[("--png", args.png)],
+    )
     if args.png is not None:
         cli.require_matplotlib(parser, "--png")
     cli.check_data_dir_or_exit(parser.prog, run["dataset"], args.data_dir, test_only=True)
@@ -202,23 +257,37 @@ def evaluate(args, parser) -> int:
     accuracy = model.accuracy(host.test_x, host.test_y)
     r = report(model.logits(host.test_x, host.test_y), test_y, data.CLASS_NAMES[run["dataset"]])
     if r["correct"] != round(accuracy * len(test_y)):  # the same logits must give the same count
-        print(f"{parser.prog}: internal error: the GPU counted {accuracy:.4%} correct, the logits {r['accuracy']:.4%}",
-              file=sys.stderr)
+        print(
+            f"{parser.prog}: internal error: the GPU counted {accuracy:.4%} correct, the logits {r['accuracy']:.4%}",
+            file=sys.stderr,
+        )
         return 1
-    r = {"checkpoint": str(args.checkpoint), "step": meta.get("step"), **run,
-         "trained_on": meta.get("dataset"), "test_accuracy_at_save": meta.get("test_accuracy"), **r}
-    header = (f"{args.checkpoint}: step {meta.get('step', '?')} of a {channels[0]},{channels[1]} / {hidden} model "
-              f"trained on {meta.get('dataset', '?')}; evaluated on the {run['dataset']} test set with the "
-              f"{run['kernels']} kernels{'' if run['precision'] == 'fp32' else ' (' + run['precision'] + ')'} at batch {run['batch_size']}")
+    r = {
+        "checkpoint": str(args.checkpoint),
+        "step": meta.get("step"),
+        **run,
+        "trained_on": meta.get("dataset"),
+        "test_accuracy_at_save": meta.get("test_accuracy"),
+        **r,
+    }
+    header = (
+        f"{args.checkpoint}: step {meta.get('step', '?')} of a {channels[0]},{channels[1]} / {hidden} model "
+        f"trained on {meta.get('dataset', '?')}; evaluated on the {run['dataset']} test set with the "
+        f"{run['kernels']} kernels{'' if run['precision'] == 'fp32' else ' (' + run['precision'] + ')'} "
+        f"at batch {run['batch_size']}"
+    )
     if args.json:
         print(json.dumps(r, indent=1))
     else:
         print(format_report(r, header))
         wrong = r["misclassified"]
         if wrong:
-            print("\nthe most confident mistakes (test index: true -> predicted, probability): "
-                  + ", ".join(f"#{m['index']}: {m['label']} -> {m['predicted']} ({m['probability']:.2f})"
-                              for m in wrong[:5]))
+            print(
+                "\nthe most confident mistakes (test index: true -> predicted, probability): "
+                + ", ".join(
+                    f"#{m['index']}: {m['label']} -> {m['predicted']} ({m['probability']:.2f})" for m in wrong[:5]
+                )
+            )
     if args.png is not None:
         plot_report(r, test_x, args.png, f"{args.checkpoint.name} on the {run['dataset']} test set")
         if not args.json:

@@ -16,11 +16,12 @@ A case's name is the kernel it checks (several joined by "+"), with conv2's prec
 as in the kernel's template instantiation ("conv2_forward_fast<tf32>") and the layer whose geometry it
 takes in square brackets. Case.ops names the op families the case covers; OPS groups the cases by them.
 """
+
 from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -28,9 +29,9 @@ from . import cuda, data
 from . import reference as ref
 from .cuda import ceil_div
 from .ops import bn_relu_pool, head, linear_splitk, naive
-from .ops.common import NO_POSITION
 from .ops import conv1_bn_relu_pool as conv1
 from .ops import conv2_implicit_gemm as conv2
+from .ops.common import NO_POSITION
 from .ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
 from .ops.splitk_reduce import splitk_reduce
 
@@ -101,16 +102,20 @@ def _exact(got, want) -> float:
 def _same_bits(got, want) -> float:
     """Exact, bit for bit (bf16 pairs read as float32 can be NaN patterns)."""
     got, want = np.ascontiguousarray(got), np.ascontiguousarray(want)
-    return 0.0 if got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)) else float("inf")
+    return (
+        0.0 if got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)) else float("inf")
+    )
 
 
 def _dev(a, dtype=np.float32):
     import cupy
+
     return cupy.asarray(np.ascontiguousarray(a, dtype=dtype))
 
 
 def _poison(shape, dtype=np.float32):
     import cupy
+
     return cupy.full(shape, 255 if dtype == np.uint8 else np.nan, dtype=dtype)
 
 
@@ -155,6 +160,7 @@ def _weight_quads(wd, C, K, precision, forward="forward", input_grad="backward_i
     once per step; the timings of the products leave it out), the forward's for `forward`, the input
     gradient's for `input_grad`."""
     import cupy
+
     fq = cupy.full((conv2.weight_quads(C, K, precision, forward), 4), np.nan, cupy.float32)
     gq = cupy.full((conv2.weight_quads(K, C, precision, input_grad), 4), np.nan, cupy.float32)
     conv2.stage_weights(wd, C, K, fq, gq, precision, forward, input_grad)
@@ -227,12 +233,20 @@ def conv_stage_weights_case(precision="fp32", forward="forward", input_grad="bac
         gq = _poison((conv2.weight_quads(K, C, precision, input_grad), 4))
         wd = _dev(w)
         run = lambda: conv2.stage_weights(wd, C, K, fq, gq, precision, forward, input_grad)
-        return Prepared(run, {"forward_quads": fq, "input_grad_quads": gq},
-                        {"forward_quads": weight_quads(w, forward, precision),
-                         "input_grad_quads": weight_quads(w, input_grad, precision)},
-                        (0.0, _bytes(w, fq, gq)), compare={"forward_quads": _same_bits, "input_grad_quads": _same_bits})
+        return Prepared(
+            run,
+            {"forward_quads": fq, "input_grad_quads": gq},
+            {
+                "forward_quads": weight_quads(w, forward, precision),
+                "input_grad_quads": weight_quads(w, input_grad, precision),
+            },
+            (0.0, _bytes(w, fq, gq)),
+            compare={"forward_quads": _same_bits, "input_grad_quads": _same_bits},
+        )
+
     suffix = (" stacked forward" if forward == "forward_stacked" else "") + (
-        " paired input gradient" if input_grad == "backward_input_paired" else "")
+        " paired input gradient" if input_grad == "backward_input_paired" else ""
+    )
     return Case(f"conv2_stage_weights_fast<{precision}>[conv2]{suffix}", make, ops=("conv2d",))
 
 
@@ -252,10 +266,17 @@ def conv_forward_case(layer, version="naive", forward="forward"):
         else:
             forward_quads, _ = _weight_quads(wd, C, K, version, forward)
             run = lambda: conv2.forward(xd, forward_quads, y, N, C, K, version, forward)
-        return Prepared(run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)},
-                        (2.0 * y.size * C * 9, _bytes(x, w, y)))
-    name = ("conv2d_forward_naive" if version == "naive" else "conv2_forward_stacked_fast"
-            if forward == "forward_stacked" else f"conv2_forward_fast<{version}>")
+        return Prepared(
+            run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)}, (2.0 * y.size * C * 9, _bytes(x, w, y))
+        )
+
+    name = (
+        "conv2d_forward_naive"
+        if version == "naive"
+        else "conv2_forward_stacked_fast"
+        if forward == "forward_stacked"
+        else f"conv2_forward_fast<{version}>"
+    )
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
 
 
@@ -277,10 +298,17 @@ def conv_backward_input_case(version="naive", product="backward_input"):
             run = lambda: conv2.backward_input(dyd, input_grad_quads, dx, N, C, K, version, product)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
-    name = ("conv2d_backward_input_naive" if version == "naive" else "conv2_backward_input_paired_fast"
-            if product == "backward_input_paired" else f"conv2_backward_input_fast<{version}>")
-    return Case(f"{name}[conv2]", make, PAIRED_TOL if product == "backward_input_paired" else _tol(version),
-                ops=("conv2d",))
+
+    name = (
+        "conv2d_backward_input_naive"
+        if version == "naive"
+        else "conv2_backward_input_paired_fast"
+        if product == "backward_input_paired"
+        else f"conv2_backward_input_fast<{version}>"
+    )
+    return Case(
+        f"{name}[conv2]", make, PAIRED_TOL if product == "backward_input_paired" else _tol(version), ops=("conv2d",)
+    )
 
 
 def conv_backward_weight_case(layer, version="naive"):
@@ -302,10 +330,15 @@ def conv_backward_weight_case(layer, version="naive"):
             def run():
                 parts = conv2.backward_weight(xd, dyd, partial, N, C, K, version)
                 splitk_reduce(partial, parts, dw)
+
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dy, dw)))
-    name = ("conv2d_backward_weight_naive" if version == "naive"
-            else f"conv2_backward_weight_fast<{version}>+splitk_reduce_fast")
+
+    name = (
+        "conv2d_backward_weight_naive"
+        if version == "naive"
+        else f"conv2_backward_weight_fast<{version}>+splitk_reduce_fast"
+    )
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
 
 
@@ -320,12 +353,17 @@ def bn_stats_case(layer):
         xd, mean, invstd, rmd, rvd = _dev(x), _poison(K), _poison(K), _dev(rm), _dev(rv)
         run = lambda: naive.batchnorm_stats(xd, mean, invstd, rmd, rvd, N, K, S * S, EPS, MOMENTUM)
         _, (_, want_invstd, want_mean, var) = ref.batchnorm_forward_train(x.astype(np.float64), np.ones(K), np.zeros(K))
-        want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64),
-                                                        want_mean, var, N * S * S)
+        want_rm, want_rv = ref.batchnorm_running_update(
+            rm.astype(np.float64), rv.astype(np.float64), want_mean, var, N * S * S
+        )
         # the running stats are updated in place, so run() must not be repeated without resetting
-        return Prepared(run, {"mean": mean, "invstd": invstd, "running_mean": rmd, "running_var": rvd},
-                        {"mean": want_mean, "invstd": want_invstd, "running_mean": want_rm, "running_var": want_rv},
-                        (3.0 * x.size, 2 * _bytes(x)))
+        return Prepared(
+            run,
+            {"mean": mean, "invstd": invstd, "running_mean": rmd, "running_var": rvd},
+            {"mean": want_mean, "invstd": want_invstd, "running_mean": want_rm, "running_var": want_rv},
+            (3.0 * x.size, 2 * _bytes(x)),
+        )
+
     return Case(f"batchnorm_stats_naive[bn{layer}]", make, ops=("batchnorm",))
 
 
@@ -344,9 +382,9 @@ def bn_apply_case(layer, eval_mode=False):
             invstd = (1 / np.sqrt(var.astype(np.float64) + ref.BN_EPS)).astype(np.float32)
             args = [_dev(a) for a in (mean, invstd, gamma, beta)]
             run = lambda: naive.batchnorm_apply(xd, *args, y, N, K, S * S)
-            want = ((x64 - mean[:, None, None]) * invstd[:, None, None] * gamma[:, None, None]
-                    + beta[:, None, None])
+            want = (x64 - mean[:, None, None]) * invstd[:, None, None] * gamma[:, None, None] + beta[:, None, None]
         return Prepared(run, {"y": y}, {"y": want}, (4.0 * x.size, 2 * _bytes(x)))
+
     return Case(f"batchnorm_{'eval' if eval_mode else 'apply'}_naive[bn{layer}]", make, ops=("batchnorm",))
 
 
@@ -360,8 +398,13 @@ def bn_backward_case(layer):
         args = [_dev(a) for a in (dy, x, mean, invstd, gamma)]
         run = lambda: naive.batchnorm_backward(*args, dx, dgamma, dbeta, N, K, S * S)
         want = ref.batchnorm_backward(dy.astype(np.float64), gamma.astype(np.float64), cache)
-        return Prepared(run, {"dx": dx, "dgamma": dgamma, "dbeta": dbeta},
-                        dict(zip(("dx", "dgamma", "dbeta"), want)), (8.0 * x.size, 4 * _bytes(x)))
+        return Prepared(
+            run,
+            {"dx": dx, "dgamma": dgamma, "dbeta": dbeta},
+            dict(zip(("dx", "dgamma", "dbeta"), want)),
+            (8.0 * x.size, 4 * _bytes(x)),
+        )
+
     return Case(f"batchnorm_backward_naive[bn{layer}]", make, ops=("batchnorm",))
 
 
@@ -383,6 +426,7 @@ def relu_case(backward=False):
             run = lambda: naive.relu_forward(xd, out, out.size)
             want = ref.relu_forward(x.astype(np.float64))
         return Prepared(run, {"out": out}, {"out": want}, (float(x.size), (3 if backward else 2) * _bytes(x)))
+
     return Case(f"relu_{'backward' if backward else 'forward'}_naive", make, ops=("relu",))
 
 
@@ -401,8 +445,13 @@ def pool_case(layer, backward=False):
         y, am = _poison(y64.shape), _poison(y64.shape, np.uint8)
         xd = _dev(x)
         run = lambda: naive.maxpool_forward(xd, y, am, N, K, S)
-        return Prepared(run, {"y": y, "argmax": am}, {"y": y64, "argmax": argmax},
-                        (3.0 * y.size, _bytes(x) + y64.nbytes / 2 + argmax.nbytes))
+        return Prepared(
+            run,
+            {"y": y, "argmax": am},
+            {"y": y64, "argmax": argmax},
+            (3.0 * y.size, _bytes(x) + y64.nbytes / 2 + argmax.nbytes),
+        )
+
     return Case(f"maxpool2x2_{'backward' if backward else 'forward'}_naive[pool{layer}]", make, ops=("maxpool",))
 
 
@@ -433,6 +482,7 @@ def linear_case(layer, part):
         args = (_dev(x), _dev(dy))
         run = lambda: naive.linear_backward_params(*args, dw, db, N, I, O)
         return Prepared(run, {"dw": dw, "db": db}, {"dw": dw_want, "db": db_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
+
     assert part in ("forward", "backward_input", "backward_params"), part
     return Case(f"linear_{part}_naive[{layer}]", make, ops=("linear",))
 
@@ -440,6 +490,7 @@ def linear_case(layer, part):
 def cross_entropy_case():
     def make(rng, d):
         import cupy
+
         N = d.batch
         logits, labels = _f32(rng, (N, 10), 3.0), rng.integers(0, 10, N).astype(np.int32)
         dlogits, loss = _poison((N, 10)), _poison(1)
@@ -447,15 +498,20 @@ def cross_entropy_case():
         args = (_dev(logits), _dev(labels, np.int32))
         run = lambda: naive.cross_entropy(*args, dlogits, loss, log, count, N)
         want_loss, want_d = ref.nll_loss(logits.astype(np.float64), labels)
-        return Prepared(run, {"loss": loss, "dlogits": dlogits, "logged": log[2:3], "count": count},
-                        {"loss": [want_loss], "dlogits": want_d, "logged": [want_loss], "count": [3]},
-                        (30.0 * N, _bytes(logits) * 2))
+        return Prepared(
+            run,
+            {"loss": loss, "dlogits": dlogits, "logged": log[2:3], "count": count},
+            {"loss": [want_loss], "dlogits": want_d, "logged": [want_loss], "count": [3]},
+            (30.0 * N, _bytes(logits) * 2),
+        )
+
     return Case("cross_entropy_naive", make, ops=("cross_entropy",))
 
 
 def count_correct_case():
     def make(rng, d):
         import cupy
+
         N = d.batch
         logits, labels = _f32(rng, (N, 10)), rng.integers(0, 10, N).astype(np.int32)
         correct = cupy.array([5], dtype=cupy.int32)  # accumulates
@@ -463,12 +519,14 @@ def count_correct_case():
         run = lambda: naive.count_correct(*args, correct, N)
         want = 5 + int((logits.argmax(1) == labels).sum())
         return Prepared(run, {"correct": correct}, {"correct": [want]}, (10.0 * N, _bytes(logits)))
+
     return Case("count_correct", make, ops=("cross_entropy",))
 
 
 def normalize_case():
     """normalize_naive (and normalize_pixel, common.cuh, which the fast conv1 kernels use): bit for bit
     what data.normalize computes on the host, for all 256 byte values and a batch of random images."""
+
     def make(rng, d):
         images = rng.integers(0, 256, (d.batch, 1, 28, 28), dtype=np.uint8)
         images.flat[:256] = np.arange(256)
@@ -477,6 +535,7 @@ def normalize_case():
         run = lambda: naive.normalize(xd, out, images.size)
         host = data.normalize(images)
         return Prepared(run, {"x": out}, {"x": host}, (2.0 * images.size, images.nbytes * 5), compare={"x": _exact})
+
     return Case("normalize_naive", make, ops=("normalize",))
 
 
@@ -486,8 +545,13 @@ def sgd_case():
         p, g = _f32(rng, n), _f32(rng, n)
         pd, gd = _dev(p), _dev(g)
         run = lambda: naive.sgd(pd, gd, 0.05)
-        return Prepared(run, {"params": pd}, {"params": p.astype(np.float64) - np.float32(0.05) * g.astype(np.float64)},
-                        (2.0 * n, 3 * _bytes(p)))
+        return Prepared(
+            run,
+            {"params": pd},
+            {"params": p.astype(np.float64) - np.float32(0.05) * g.astype(np.float64)},
+            (2.0 * n, 3 * _bytes(p)),
+        )
+
     return Case("sgd_naive", make, ops=("sgd",))
 
 
@@ -498,6 +562,7 @@ def argmax_near_ties(windows):
     """A comparison for a fused kernel's argmax: it computes the pooled values itself in float32, so a
     window whose two largest values are within rounding may pick either. Accept a different choice only
     where its reference value is within 1e-5 of the window's maximum."""
+
     def compare(got, want):
         got, want = got.reshape(want.shape).astype(np.int64), want.astype(np.int64)
         if np.array_equal(got, want):
@@ -508,6 +573,7 @@ def argmax_near_ties(windows):
         best = windows.max(axis=-1)
         ok = (got == want) | (np.abs(best - picked) <= 1e-5 * np.maximum(1.0, np.abs(best)))
         return 0.0 if ok.all() else float("inf")
+
     return compare
 
 
@@ -520,6 +586,7 @@ def positions_near_ties(windows, peak):
     """argmax_near_ties for the fast kernels' argmax with NO_POSITION. peak: each window's largest value before the
     ReLU, in float64. A window may be marked blocked or not against the reference only where its peak is
     within 1e-5 of zero; a byte that is neither a position nor NO_POSITION fails."""
+
     def compare(got, want):
         got = got.reshape(want.shape)
         if np.any((got > 3) & (got != NO_POSITION)):
@@ -529,6 +596,7 @@ def positions_near_ties(windows, peak):
             return float("inf")
         both = ~blocked_got & ~blocked_want
         return argmax_near_ties(windows[both])(got[both], want[both])
+
     return compare
 
 
@@ -536,12 +604,14 @@ def values_at_positions(a_windows, z_windows, peak):
     """A comparison for batchnorm_relu_maxpool_fast's x_at, a's value at the window's chosen position: where
     the ReLU passed the window (peak above 1e-5), it must be exactly a's value at a position whose z is within
     1e-5 of the peak (argmax_near_ties' rule). Blocked windows are not compared: their position is never read."""
+
     def compare(got, want):
         got = got.reshape(peak.shape).astype(np.float64)
         passed = peak > 1e-5
         near = np.abs(z_windows - peak[..., None]) <= 1e-5 * np.maximum(1.0, np.abs(peak))[..., None]
         ok = ((a_windows == got[..., None]) & near).any(axis=-1)
         return 0.0 if ok[passed].all() else float("inf")
+
     return compare
 
 
@@ -561,13 +631,14 @@ def image_moments(x) -> np.ndarray:
     """What conv1_image_moments_fast computes: the sums S_t of the zero-padded images shifted by tap t over
     the 28x28 outputs of the batch x [N,1,28,28], then G_tu = sum X_t X_u for t <= u, row by row."""
     xp = np.pad(np.asarray(x, np.float64)[:, 0], ((0, 0), (1, 1), (1, 1)))
-    shifted = np.stack([xp[:, i:i + 28, j:j + 28].ravel() for i in range(3) for j in range(3)])
+    shifted = np.stack([xp[:, i : i + 28, j : j + 28].ravel() for i in range(3) for j in range(3)])
     gram = shifted @ shifted.T
     return np.concatenate([shifted.sum(axis=1)] + [gram[t, t:] for t in range(9)])
 
 
 def conv1_moments_case():
     """conv1_image_moments_fast: the batch's image moments (conv1's BatchNorm statistics come from them)."""
+
     def make(rng, d):
         N = d.batch
         x, xd = _block_input(rng, d, 1, 1.0, 0.0)
@@ -576,44 +647,61 @@ def conv1_moments_case():
         counter = _dev(np.zeros(1), np.uint32)
         moments = _poison(conv1.CONV1_MOMENTS, np.float64)
         run = lambda: conv1.image_moments(xd, N, moment_partial, counter, moments)
-        return Prepared(run, {"moments": moments, "counter": counter}, {"moments": image_moments(x), "counter": [0]},
-                        (2.0 * 4 * conv1.CONV1_MOMENTS * N * 196, _bytes(xd)))  # 4 outputs per window, in double
+        return Prepared(
+            run,
+            {"moments": moments, "counter": counter},
+            {"moments": image_moments(x), "counter": [0]},
+            (2.0 * 4 * conv1.CONV1_MOMENTS * N * 196, _bytes(xd)),
+        )  # 4 outputs per window, in double
+
     return Case("conv1_image_moments_fast[block1]", make, ops=("normalize", "conv2d", "batchnorm"))
 
 
 def bn_stats_fast_case():
     """batchnorm_stats_fast (BN2's statistics over conv2's output)."""
+
     def make(rng, d):
         N, C_in, K, S = _geometry(d, 2)
         x, xd = _block_input(rng, d, 2, 2.0, 0.5)
         rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
         mean, var, invstd = _bn_batch_stats(x.astype(np.float64))
-        want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64), mean, var,
-                                                        N * S * S)
+        want_rm, want_rv = ref.batchnorm_running_update(
+            rm.astype(np.float64), rv.astype(np.float64), mean, var, N * S * S
+        )
         partial = _poison(bn_relu_pool.partial_size(K))
         counter = _dev(np.zeros(K), np.uint32)  # at least one per channel group
         outs = {k: _poison(K) for k in ("mean", "invstd")}
         rmd, rvd = _dev(rm), _dev(rv)
-        run = lambda: bn_relu_pool.stats(xd, N, K, S * S, partial, counter, EPS, MOMENTUM, outs["mean"],
-                                         outs["invstd"], rmd, rvd)
-        return Prepared(run, {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
-                        {"mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv,
-                         "counter": np.zeros(K)}, (3.0 * x.size, 2 * _bytes(x)))
+        run = lambda: bn_relu_pool.stats(
+            xd, N, K, S * S, partial, counter, EPS, MOMENTUM, outs["mean"], outs["invstd"], rmd, rvd
+        )
+        return Prepared(
+            run,
+            {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
+            {"mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv, "counter": np.zeros(K)},
+            (3.0 * x.size, 2 * _bytes(x)),
+        )
+
     return Case("batchnorm_stats_fast[bn2]", make, ops=("batchnorm",))
 
 
 def bn_eval_stats_fast_case():
     """batchnorm_eval_stats_fast: for evaluation, the statistics the fused forwards normalise with become
     the running ones (mean = running_mean, invstd = 1/sqrt(running_var + eps))."""
+
     def make(rng, d):
         K = d.c2
         rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
         mean, invstd = _poison(K), _poison(K)
         rmd, rvd = _dev(rm), _dev(rv)
         run = lambda: bn_relu_pool.eval_stats(rmd, rvd, EPS, K, mean, invstd)
-        return Prepared(run, {"mean": mean, "invstd": invstd},
-                        {"mean": rm, "invstd": 1 / np.sqrt(rv.astype(np.float64) + ref.BN_EPS)},
-                        (2.0 * K, 4 * _bytes(rm)))
+        return Prepared(
+            run,
+            {"mean": mean, "invstd": invstd},
+            {"mean": rm, "invstd": 1 / np.sqrt(rv.astype(np.float64) + ref.BN_EPS)},
+            (2.0 * K, 4 * _bytes(rm)),
+        )
+
     return Case("batchnorm_eval_stats_fast[bn2]", make, ops=("batchnorm",))
 
 
@@ -621,6 +709,7 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
     """conv1_bn_relu_pool_fast (layer 1, per_block channels per block) or batchnorm_relu_maxpool_fast:
     pooled = maxpool(relu(bn(a))) with given statistics; for layer 1 in training (train=True) with the
     batch's own, from its image moments (the kernel also saves them and updates the running statistics)."""
+
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         (x, xd), w = _block_input(rng, d, layer, 1.0, 0.0), _f32(rng, (K, C_in, 3, 3), 1 / 3)
@@ -630,8 +719,9 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
         if train:
             rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
             mean, var, invstd = _bn_batch_stats(a)
-            want_rm, want_rv = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64), mean, var,
-                                                            N * S * S)
+            want_rm, want_rv = ref.batchnorm_running_update(
+                rm.astype(np.float64), rv.astype(np.float64), mean, var, N * S * S
+            )
             outs.update(mean=_poison(K), invstd=_poison(K), running_mean=_dev(rm), running_var=_dev(rv))
             stats[:2] = outs["mean"], outs["invstd"]  # written by the kernel
             expected.update(mean=mean, invstd=invstd, running_mean=want_rm, running_var=want_rv)
@@ -647,8 +737,24 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
         if layer == 1:
             wd, moments = _dev(w), _dev(image_moments(x), np.float64)
             running = (outs["running_mean"], outs["running_var"]) if train else (stats[0], stats[1])  # (unused in eval)
-            run = lambda: conv1.forward(xd, wd, train, moments, EPS, MOMENTUM, stats[0], stats[1], *running,
-                                        stats[2], stats[3], N, K, y, am, per_block=per_block)
+            run = lambda: conv1.forward(
+                xd,
+                wd,
+                train,
+                moments,
+                EPS,
+                MOMENTUM,
+                stats[0],
+                stats[1],
+                *running,
+                stats[2],
+                stats[3],
+                N,
+                K,
+                y,
+                am,
+                per_block=per_block,
+            )
             work = (2.0 * a.size * 9, _bytes(xd) + pooled.nbytes / 2)
             return Prepared(run, outs, expected, work, compare={"argmax": compare})
         a_windows = ref._pool_windows(x.astype(np.float64))
@@ -656,8 +762,14 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
         expected["x_at"] = np.take_along_axis(a_windows, argmax.astype(np.int64)[..., None] % 4, -1)[..., 0]
         run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am, outs["x_at"])
         work = (3.0 * x.size, _bytes(x) + pooled.nbytes + argmax.nbytes)
-        return Prepared(run, outs, expected, work,
-                        compare={"argmax": compare, "x_at": values_at_positions(a_windows, ref._pool_windows(z), peak)})
+        return Prepared(
+            run,
+            outs,
+            expected,
+            work,
+            compare={"argmax": compare, "x_at": values_at_positions(a_windows, ref._pool_windows(z), peak)},
+        )
+
     mode = "[train]" if train else "[eval]"
     if layer == 1:
         return Case(f"conv1_bn_relu_pool_fast<{per_block}>[block1]{mode}", make, ops=BLOCK1_OPS)
@@ -669,6 +781,7 @@ def block_backward_fast_case(layer, per_block=None):
     """The BN backward of a block from its pooled gradient: layer 1 runs conv1_backward_fast (-> dgamma,
     dbeta, dw; from the batch's image moments; per_block channels per block); layer 2 runs
     batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast (-> dgamma, dbeta, dx)."""
+
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         (x, xd), w = _block_input(rng, d, layer, 1.5, 0.3), _f32(rng, (K, C_in, 3, 3), 1 / 3)
@@ -690,12 +803,16 @@ def block_backward_fast_case(layer, per_block=None):
             partial = _poison(conv1.backward_partial_size(K))
             moments = _dev(image_moments(x), np.float64)
             pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
-            run = lambda: conv1.backward(xd, wd, *common, gd, moments, *pooled_in, N, K, partial, counters[0], dg, db,
-                                         dw, per_block=per_block)
+            run = lambda: conv1.backward(
+                xd, wd, *common, gd, moments, *pooled_in, N, K, partial, counters[0], dg, db, dw, per_block=per_block
+            )
             _, want_dw = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), da)
-            return Prepared(run, {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
-                            {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
-                            (2.0 * pooled.size * conv1.CONV1_GRAD_SUMS, _bytes(xd) + 1.25 * pooled.nbytes))
+            return Prepared(
+                run,
+                {"dgamma": dg, "dbeta": db, "dw": dw, "counters": counters},
+                {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
+                (2.0 * pooled.size * conv1.CONV1_GRAD_SUMS, _bytes(xd) + 1.25 * pooled.nbytes),
+            )
         dx = _poison(x.shape)
         partial = _poison(bn_relu_pool.partial_size(K))
         pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
@@ -705,10 +822,15 @@ def block_backward_fast_case(layer, per_block=None):
         def run():
             bn_relu_pool.backward_reduce(x_at, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)
             bn_relu_pool.backward_apply(xd, *common, gd, dg, db, *pooled_in, N, K, S, dx)
+
         # reads: x and the pooled gradient, argmax twice and x_at once (float64 pooled: 8 bytes a value)
-        return Prepared(run, {"dgamma": dg, "dbeta": db, "dx": dx, "counters": counters},
-                        {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": np.zeros((2, K))},
-                        (8.0 * x.size, 2 * _bytes(x) + 1.75 * pooled.nbytes))
+        return Prepared(
+            run,
+            {"dgamma": dg, "dbeta": db, "dx": dx, "counters": counters},
+            {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": np.zeros((2, K))},
+            (8.0 * x.size, 2 * _bytes(x) + 1.75 * pooled.nbytes),
+        )
+
     if layer == 1:
         return Case(f"conv1_backward_fast<{per_block}>[block1]", make, ops=BLOCK1_OPS)
     return Case("batchnorm_backward_reduce_fast+batchnorm_backward_apply_fast[block2]", make, ops=BLOCK2_OPS)
@@ -719,6 +841,7 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
     precision "fp32" (3xTF32) or "bf16", in the tiled form (the input gradient in 64-wide tiles, or 32-wide
     with narrow; the weight gradient split-K where the batch is long enough) or, for the input gradient,
     the wgmma form (sm_90a)."""
+
     def make(rng, d):
         N, I, O = _linear_geometry(d, "fc1")
         x, w, b, dy = _f32(rng, (N, I)), _f32(rng, (O, I), 1 / np.sqrt(I)), _f32(rng, O), _f32(rng, (N, O))
@@ -728,44 +851,56 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
             y = _poison((N, O))
             partial = _poison(linear_splitk.forward_partial_size(N, I, O))
             run = lambda: linear_splitk.forward(xd, wd, bd, partial, y, N, I, O, precision)
-            return Prepared(run, {"y": y}, {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
-                            (2.0 * N * I * O, _bytes(x, w, y)))
+            return Prepared(
+                run,
+                {"y": y},
+                {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
+                (2.0 * N * I * O, _bytes(x, w, y)),
+            )
         dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
         if part == "backward_input":
             dx = _poison((N, I))
-            run = lambda: linear_splitk.backward_input(dyd, wd, dx, N, I, O, narrow=narrow, precision=precision,
-                                                       form=form)
+            run = lambda: linear_splitk.backward_input(
+                dyd, wd, dx, N, I, O, narrow=narrow, precision=precision, form=form
+            )
             return Prepared(run, {"dx": dx}, {"dx": dx_want}, (2.0 * N * I * O, _bytes(dy, w, dx)))
         dw = _poison((O, I))
         partial = _poison(linear_splitk.weight_partial_size(N, I, O))
         run = lambda: linear_splitk.backward_weight(xd, dyd, dw, partial, N, I, O, precision)
         return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
+
     assert part in ("forward", "backward_input", "backward_weight") and form in linear_splitk.FORMS
     assert not narrow or (part, form) == ("backward_input", "tiled")
     assert form == "tiled" or part == "backward_input"
     assert precision in ("fp32", "bf16"), "fc1 runs in 3xTF32 or in bf16 (linear_splitk.PRECISIONS)"
     ops = ("linear", "relu") if part == "forward" else ("linear",)  # the forward's ReLU is in splitk_reduce
     p, wg = f"<{precision}>", "_wgmma" if form == "wgmma" else ""
-    name = {"forward": f"linear_forward_fast{p}+splitk_reduce_fast",
-            "backward_input": f"linear_backward_input_narrow_fast{p}" if narrow else f"linear_backward_input{wg}_fast{p}",
-            "backward_weight": f"linear_backward_weight_fast{p}"}[part]
+    name = {
+        "forward": f"linear_forward_fast{p}+splitk_reduce_fast",
+        "backward_input": f"linear_backward_input_narrow_fast{p}" if narrow else f"linear_backward_input{wg}_fast{p}",
+        "backward_weight": f"linear_backward_weight_fast{p}",
+    }[part]
     return Case(f"{name}[fc1]", make, _tol(precision), ops=ops, sm90a=form == "wgmma")
 
 
 def linear_fast_cases(precision: str) -> list[Case]:
     """Every form of fc1's three products at `precision`."""
-    return [linear_fast_case("forward", precision=precision),
-            linear_fast_case("backward_input", narrow=False, precision=precision),
-            linear_fast_case("backward_input", narrow=True, precision=precision),
-            linear_fast_case("backward_input", precision=precision, form="wgmma"),
-            linear_fast_case("backward_weight", precision=precision)]
+    return [
+        linear_fast_case("forward", precision=precision),
+        linear_fast_case("backward_input", narrow=False, precision=precision),
+        linear_fast_case("backward_input", narrow=True, precision=precision),
+        linear_fast_case("backward_input", precision=precision, form="wgmma"),
+        linear_fast_case("backward_weight", precision=precision),
+    ]
 
 
 def head_fast_case():
     """head_forward_backward_fast + head_sum_parts_fast: fc2, log_softmax, NLL and their backward down to
     fc1's pre-activation (fc1's ReLU mask applied)."""
+
     def make(rng, d):
         import cupy
+
         N, H = d.batch, d.hidden
         h = np.maximum(_f32(rng, (N, H)), 0)  # relu outputs: about half are 0
         w, b = _f32(rng, (10, H), 1 / np.sqrt(H)), _f32(rng, 10)
@@ -775,8 +910,14 @@ def head_fast_case():
         loss, dlogits = ref.nll_loss(logits, labels)
         dh, dw, db = ref.linear_backward(h64, w.astype(np.float64), dlogits)
         d_pre = ref.relu_backward(dh, h64)
-        outs = {"logits": _poison((N, 10)), "d_pre": _poison((N, H)), "dw": _poison((10, H)), "db": _poison(10),
-                "d_bias_fc1": _poison(H), "loss": _poison(1)}
+        outs = {
+            "logits": _poison((N, 10)),
+            "d_pre": _poison((N, H)),
+            "dw": _poison((10, H)),
+            "db": _poison(10),
+            "d_bias_fc1": _poison(H),
+            "loss": _poison(1),
+        }
         log, count = _poison(3), cupy.array([1], dtype=cupy.int32)  # appends at index 1 of a log of 3
         partial = _poison(head.partial_size(N, H))
         args = (_dev(h), _dev(w), _dev(b), _dev(labels, np.int32))
@@ -784,10 +925,23 @@ def head_fast_case():
         def run():
             head.forward_backward(*args, N, H, True, outs["logits"], outs["d_pre"], partial)
             head.sum_parts(partial, N, H, outs["dw"], outs["db"], outs["d_bias_fc1"], outs["loss"], log, count)
-        return Prepared(run, {**outs, "logged": log[1:2], "count": count},
-                        {"logits": logits, "d_pre": d_pre, "dw": dw, "db": db, "d_bias_fc1": d_pre.sum(0),
-                         "loss": [loss], "logged": [loss], "count": [2]},
-                        (8.0 * N * H * 10, _bytes(h) * 2))
+
+        return Prepared(
+            run,
+            {**outs, "logged": log[1:2], "count": count},
+            {
+                "logits": logits,
+                "d_pre": d_pre,
+                "dw": dw,
+                "db": db,
+                "d_bias_fc1": d_pre.sum(0),
+                "loss": [loss],
+                "logged": [loss],
+                "count": [2],
+            },
+            (8.0 * N * H * 10, _bytes(h) * 2),
+        )
+
     return Case("head_forward_backward_fast+head_sum_parts_fast[fc2]", make, ops=("linear", "relu", "cross_entropy"))
 
 
@@ -797,9 +951,13 @@ def sgd_fast_case():
         p, g = _f32(rng, n), _f32(rng, n)
         pd, gd = _dev(p), _dev(g)
         run = lambda: sgd_zero_grad(pd, gd, 0.05)
-        return Prepared(run, {"params": pd, "grads": gd},
-                        {"params": p.astype(np.float64) - np.float32(0.05) * g.astype(np.float64), "grads": np.zeros(n)},
-                        (2.0 * n, 4 * _bytes(p)))
+        return Prepared(
+            run,
+            {"params": pd, "grads": gd},
+            {"params": p.astype(np.float64) - np.float32(0.05) * g.astype(np.float64), "grads": np.zeros(n)},
+            (2.0 * n, 4 * _bytes(p)),
+        )
+
     return Case("sgd_zero_grad_fast", make, ops=("sgd",))
 
 
@@ -807,21 +965,28 @@ def sgd_momentum_case(version: str, started: bool):
     """torch.optim.SGD's options at a one-cycle rate computed on the GPU from the step counter: the buffers'
     first step (buffer = direction, plain momentum) or a later one (dampening, Nesterov)."""
     from .optim import Schedule
+
     momentum, dampening, weight_decay, nesterov = (0.9, 0.0, 5e-4, True) if started else (0.9, 0.25, 1e-3, False)
     schedule, lr, t = Schedule("onecycle", total=200, anneal="cos"), 0.1, 37
 
     def make(rng, d):
         import cupy
+
         n = sum(-(-int(np.prod(s)) // 4) * 4 for s in ref.param_shapes((d.c1, d.c2), d.hidden).values())
         p, g, b = _f32(rng, n), _f32(rng, n), _f32(rng, n)
         pd, gd, bd = _dev(p), _dev(g), _dev(b)
-        state, lr_d, first_d = cupy.array([t, int(started)], cupy.int32), cupy.zeros(1, cupy.float32), cupy.zeros(1, cupy.int32)
+        state, lr_d, first_d = (
+            cupy.array([t, int(started)], cupy.int32),
+            cupy.zeros(1, cupy.float32),
+            cupy.zeros(1, cupy.int32),
+        )
 
         def run():
             state[0] = t  # (a replay by the benchmark takes the same step)
             naive.sgd_schedule(state, lr_d, first_d, schedule.kernel_args(lr))
             update = naive.sgd_momentum if version == "naive" else sgd_momentum_zero_grad
             update(pd, gd, bd, lr_d, first_d, momentum, dampening, weight_decay, nesterov)
+
         rate = np.float64(np.float32(schedule.lr_at(lr, t)))
         p64, g64, b64 = (a.astype(np.float64) for a in (p, g, b))
         direction = g64 + weight_decay * p64
@@ -832,12 +997,14 @@ def sgd_momentum_case(version: str, started: bool):
         if version == "fast":
             want["grads"], got["grads"] = np.zeros(n), gd
         return Prepared(run, got, want, (6.0 * n, 5 * _bytes(p)))
+
     kernel = "sgd_momentum_naive" if version == "naive" else "sgd_momentum_zero_grad_fast"
     return Case(f"sgd_schedule+{kernel}[{'later' if started else 'first'} step]", make, ops=("sgd",))
 
 
 def shift_case():
     """shift_images_naive: every image moved by its own offset, exactly as numpy moves it."""
+
     def make(rng, d):
         n, size = d.batch, data.IMAGE_SIZE
         images = rng.integers(0, 256, (n, 1, size, size), dtype=np.uint8)
@@ -846,6 +1013,7 @@ def shift_case():
         run = lambda: naive.shift_images(xd, od, out, n)
         want = ref.shift_images(images, offsets)
         return Prepared(run, {"x": out}, {"x": want}, (0.0, 2.0 * images.nbytes), compare={"x": _exact})
+
     return Case("shift_images_naive", make, ops=("shift",))
 
 
@@ -857,31 +1025,49 @@ def conv2_product_cases(version: str) -> list[Case]:
     "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
     stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
     paired = [conv_backward_input_case(version, "backward_input_paired")] if version == "fp32" else []
-    return ([conv_forward_case(2, version)] + stacked
-            + [conv_backward_input_case(version)] + paired + [conv_backward_weight_case(2, version)])
+    return (
+        [conv_forward_case(2, version)]
+        + stacked
+        + [conv_backward_input_case(version)]
+        + paired
+        + [conv_backward_weight_case(2, version)]
+    )
 
 
 def fast_cases() -> list[Case]:
-    return ([conv_stage_weights_case(p) for p in conv2.PRECISIONS] + [conv_stage_weights_case("fp32", "forward_stacked")]
-            + [conv_stage_weights_case("fp32", input_grad="backward_input_paired")]
-            + [case for p in conv2.PRECISIONS for case in conv2_product_cases(p)]
-            + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case()]
-            + [bn_relu_pool_fast_case(1, train, per_block) for train in (True, False)
-               for per_block in conv1.FORWARD_CHANNELS]
-            + [bn_relu_pool_fast_case(2)]
-            + [block_backward_fast_case(1, per_block) for per_block in conv1.BACKWARD_CHANNELS]
-            + [block_backward_fast_case(2)]
-            + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
-            + [head_fast_case(), sgd_fast_case()]
-            + [sgd_momentum_case("fast", started) for started in (False, True)])
+    return (
+        [conv_stage_weights_case(p) for p in conv2.PRECISIONS]
+        + [conv_stage_weights_case("fp32", "forward_stacked")]
+        + [conv_stage_weights_case("fp32", input_grad="backward_input_paired")]
+        + [case for p in conv2.PRECISIONS for case in conv2_product_cases(p)]
+        + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case()]
+        + [
+            bn_relu_pool_fast_case(1, train, per_block)
+            for train in (True, False)
+            for per_block in conv1.FORWARD_CHANNELS
+        ]
+        + [bn_relu_pool_fast_case(2)]
+        + [block_backward_fast_case(1, per_block) for per_block in conv1.BACKWARD_CHANNELS]
+        + [block_backward_fast_case(2)]
+        + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
+        + [head_fast_case(), sgd_fast_case()]
+        + [sgd_momentum_case("fast", started) for started in (False, True)]
+    )
 
 
 def naive_cases() -> list[Case]:
     cases = []
     for layer in (1, 2):
-        cases += [conv_forward_case(layer), conv_backward_weight_case(layer), bn_stats_case(layer),
-                  bn_apply_case(layer), bn_apply_case(layer, eval_mode=True), bn_backward_case(layer),
-                  pool_case(layer), pool_case(layer, backward=True)]
+        cases += [
+            conv_forward_case(layer),
+            conv_backward_weight_case(layer),
+            bn_stats_case(layer),
+            bn_apply_case(layer),
+            bn_apply_case(layer, eval_mode=True),
+            bn_backward_case(layer),
+            pool_case(layer),
+            pool_case(layer, backward=True),
+        ]
     cases += [conv_backward_input_case(), relu_case(), relu_case(backward=True)]
     for layer in ("fc1", "fc2"):
         cases += [linear_case(layer, part) for part in ("forward", "backward_input", "backward_params")]
@@ -911,6 +1097,7 @@ OPS: dict[str, list[Case]] = _group(all_cases())
 def check(prepared: Prepared) -> dict[str, float]:
     """Run once and return {output: relative error} (exact comparison for integer outputs)."""
     import cupy
+
     prepared.run()
     cupy.cuda.get_current_stream().synchronize()
     errors = {}
@@ -927,9 +1114,12 @@ def check(prepared: Prepared) -> dict[str, float]:
 
 def main(argv=None) -> int:
     from .cli import Parser, prog_name
-    p = Parser(prog=prog_name("mnist_cuda.kernel_cases"),
-               description="List the kernel cases (every kernel against the float64 reference) by op family. "
-                           "tests/test_gpu_kernels.py runs them on a GPU; dev/bench_kernels.py times them.")
+
+    p = Parser(
+        prog=prog_name("mnist_cuda.kernel_cases"),
+        description="List the kernel cases (every kernel against the float64 reference) by op family. "
+        "tests/test_gpu_kernels.py runs them on a GPU; dev/bench_kernels.py times them.",
+    )
     p.add_argument("--family", choices=FAMILIES, default=None, help="list this op family's cases only")
     args = p.parse_args(argv)
     for family, cases in OPS.items():

@@ -10,14 +10,15 @@
 A net holds the activations of one batch size, allocated once: a step allocates nothing. Its methods
 launch on the current stream; mnist_cuda.step drives them (staging, loads, graphs, evaluation).
 """
+
 from __future__ import annotations
 
 import numpy as np
 
 from . import cuda, data, ops, reference
 from .ops import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk, naive
-from .ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
 from .ops.common import NO_POSITION
+from .ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
 
 ALIGN = 4  # every parameter view starts on a 16-byte boundary (room for float4 loads)
 S1 = data.IMAGE_SIZE  # conv1's images
@@ -52,15 +53,19 @@ class Parameters:
         self.p, self.g = self.views(self.params), self.views(self.grads)
         c1, c2 = self.channels
         self.stats = cp.zeros(2 * c1 + 2 * c2, dtype=cp.float32)  # one flat buffer as well
-        self.running = {"bn1.running_mean": self.stats[:c1], "bn1.running_var": self.stats[c1:2 * c1],
-                        "bn2.running_mean": self.stats[2 * c1:2 * c1 + c2],
-                        "bn2.running_var": self.stats[2 * c1 + c2:]}
+        self.running = {
+            "bn1.running_mean": self.stats[:c1],
+            "bn1.running_var": self.stats[c1 : 2 * c1],
+            "bn2.running_mean": self.stats[2 * c1 : 2 * c1 + c2],
+            "bn2.running_var": self.stats[2 * c1 + c2 :],
+        }
         self.num_batches_tracked = 0
 
     def views(self, flat) -> dict:
         """Each parameter's view into a flat buffer of this layout (parameters, gradients, momentum)."""
-        return {k: flat[o:o + int(np.prod(s))].reshape(s) for (k, s), o in zip(self.shapes.items(),
-                                                                                self.offsets.values())}
+        return {
+            k: flat[o : o + int(np.prod(s))].reshape(s) for (k, s), o in zip(self.shapes.items(), self.offsets.values())
+        }
 
     def state_spec(self):
         return reference.state_dict_spec(self.channels, self.hidden)
@@ -98,7 +103,7 @@ class _Net:
         if batch_size < 1:
             raise ValueError("batch size must be at least 1")
         c1, c2 = params.channels
-        if batch_size * max(c1, c2) * S1 * S1 >= 2 ** 31:
+        if batch_size * max(c1, c2) * S1 * S1 >= 2**31:
             raise ValueError(f"batch size {batch_size} is too large for 32-bit indexing")
         self.cp, self.params, self.batch_size = params.cp, params, batch_size
         self.c1, self.c2, self.hidden = c1, c2, params.hidden
@@ -122,7 +127,7 @@ class _Net:
         any stream, and a reset must land before the next step's loss kernel."""
         self.cp.cuda.runtime.deviceSynchronize()
         count = int(self.loss_count.get()[0])
-        out = self.loss_log[:min(count, self.loss_log.size)].get()
+        out = self.loss_log[: min(count, self.loss_log.size)].get()
         if reset:
             self.loss_count.fill(0)
             self.cp.cuda.runtime.deviceSynchronize()
@@ -152,12 +157,14 @@ class _NaiveBlock:
         C, K, S, hw = self.c_in, self.c_out, self.size, self.size * self.size
         naive.conv2d_forward(x, self.w, self.a, n, C, K, S)
         if train:
-            naive.batchnorm_stats(self.a, self.mean, self.invstd, self.running_mean, self.running_var, n, K, hw,
-                                  EPS, MOMENTUM)
+            naive.batchnorm_stats(
+                self.a, self.mean, self.invstd, self.running_mean, self.running_var, n, K, hw, EPS, MOMENTUM
+            )
             naive.batchnorm_apply(self.a, self.mean, self.invstd, self.gamma, self.beta, self.z, n, K, hw)
         else:
-            naive.batchnorm_eval(self.a, self.running_mean, self.running_var, self.gamma, self.beta, self.z, n, K,
-                                 hw, EPS)
+            naive.batchnorm_eval(
+                self.a, self.running_mean, self.running_var, self.gamma, self.beta, self.z, n, K, hw, EPS
+            )
         naive.relu_forward(self.z, self.r, n * K * hw)
         naive.maxpool_forward(self.r, self.out, self.argmax, n, K, S)
         return self.out
@@ -166,8 +173,9 @@ class _NaiveBlock:
         C, K, S, hw = self.c_in, self.c_out, self.size, self.size * self.size
         naive.maxpool_backward(d_out, self.argmax, self.d_r, n, K, S)
         naive.relu_backward(self.d_r, self.r, self.d_z, n * K * hw)
-        naive.batchnorm_backward(self.d_z, self.a, self.mean, self.invstd, self.gamma, self.d_a, self.dgamma,
-                                 self.dbeta, n, K, hw)
+        naive.batchnorm_backward(
+            self.d_z, self.a, self.mean, self.invstd, self.gamma, self.d_a, self.dgamma, self.dbeta, n, K, hw
+        )
         naive.conv2d_backward_weight(self.x, self.d_a, self.dw, n, C, K, S)
         if need_input_grad:
             naive.conv2d_backward_input(self.d_a, self.w, self.d_in, n, C, K, S)
@@ -219,8 +227,17 @@ class NaiveNet(_Net):
             naive.sgd(p.params, p.grads, o.lr)
             return
         opt.schedule()
-        naive.sgd_momentum(p.params, p.grads, opt.buffers if opt.buffers is not None else p.grads, opt.lr,
-                           opt.first, o.momentum, o.dampening, o.weight_decay, o.nesterov)
+        naive.sgd_momentum(
+            p.params,
+            p.grads,
+            opt.buffers if opt.buffers is not None else p.grads,
+            opt.lr,
+            opt.first,
+            o.momentum,
+            o.dampening,
+            o.weight_decay,
+            o.nesterov,
+        )
 
     def zero_grad(self):
         grads = self.params.grads
@@ -230,9 +247,11 @@ class NaiveNet(_Net):
     def decisions(self, n: int) -> dict:
         """The ReLU and max-pool choices of the last training forward (reference.ReferenceModel.forward):
         each block's argmax and open windows, fc1's ReLU mask."""
-        return {"block1": (self.block1.argmax[:n].get(), self.block1.out[:n].get() > 0),
-                "block2": (self.block2.argmax[:n].get(), self.block2.out[:n].get() > 0),
-                "fc1": self.fc1_out[:n].get() > 0}
+        return {
+            "block1": (self.block1.argmax[:n].get(), self.block1.out[:n].get() > 0),
+            "block2": (self.block2.argmax[:n].get(), self.block2.out[:n].get() > 0),
+            "fc1": self.fc1_out[:n].get() > 0,
+        }
 
 
 class FastNet(_Net):
@@ -276,10 +295,10 @@ class FastNet(_Net):
         # gradient in their forms for batches of up to B images
         self.conv2_forward = conv2_implicit_gemm.forward_product(B, precision)
         self.conv2_input_grad = conv2_implicit_gemm.input_grad_product(B, precision)
-        self.forward_quads = cp.empty((conv2_implicit_gemm.weight_quads(c1, c2, precision, self.conv2_forward), 4),
-                                      f32)
+        self.forward_quads = cp.empty((conv2_implicit_gemm.weight_quads(c1, c2, precision, self.conv2_forward), 4), f32)
         self.input_grad_quads = cp.empty(
-            (conv2_implicit_gemm.weight_quads(c2, c1, precision, self.conv2_input_grad), 4), f32)
+            (conv2_implicit_gemm.weight_quads(c2, c1, precision, self.conv2_input_grad), 4), f32
+        )
         # fc1 and the head
         self.fc1_out, self.d_features = cp.empty((B, H), f32), cp.empty((B, F), f32)
         self.fc1_partial = cp.empty(linear_splitk.forward_partial_size(B, F, H), f32)
@@ -293,9 +312,16 @@ class FastNet(_Net):
         conv1_bn_relu_pool.image_moments(x, n, self.moment_partial, self.counters1[0], self.moments[slot])
 
     def _stage_conv2_weights(self):
-        conv2_implicit_gemm.stage_weights(self.p["conv2.weight"], self.c1, self.c2, self.forward_quads,
-                                          self.input_grad_quads, self.precision, self.conv2_forward,
-                                          self.conv2_input_grad)
+        conv2_implicit_gemm.stage_weights(
+            self.p["conv2.weight"],
+            self.c1,
+            self.c2,
+            self.forward_quads,
+            self.input_grad_quads,
+            self.precision,
+            self.conv2_forward,
+            self.conv2_input_grad,
+        )
 
     def forward(self, x, labels, n: int, train: bool = True, slot: int = 0):
         """Logits of the n images x (bytes, device input buffer `slot`: its moments); in training also the
@@ -305,36 +331,105 @@ class FastNet(_Net):
         self.side.run(self._stage_conv2_weights)
         if not train:
             bn_relu_pool.eval_stats(r["bn1.running_mean"], r["bn1.running_var"], EPS, c1, self.mean1, self.invstd1)
-        conv1_bn_relu_pool.forward(x, p["conv1.weight"], train, self.x_moments, EPS, MOMENTUM, self.mean1,
-                                   self.invstd1, r["bn1.running_mean"], r["bn1.running_var"], p["bn1.weight"],
-                                   p["bn1.bias"], n, c1, self.out1, self.argmax1)
+        conv1_bn_relu_pool.forward(
+            x,
+            p["conv1.weight"],
+            train,
+            self.x_moments,
+            EPS,
+            MOMENTUM,
+            self.mean1,
+            self.invstd1,
+            r["bn1.running_mean"],
+            r["bn1.running_var"],
+            p["bn1.weight"],
+            p["bn1.bias"],
+            n,
+            c1,
+            self.out1,
+            self.argmax1,
+        )
         self.side.join()
-        conv2_implicit_gemm.forward(self.out1, self.forward_quads, self.a2, n, c1, c2, self.precision,
-                                    self.conv2_forward)
+        conv2_implicit_gemm.forward(
+            self.out1, self.forward_quads, self.a2, n, c1, c2, self.precision, self.conv2_forward
+        )
         if train:
-            bn_relu_pool.stats(self.a2, n, c2, S2 * S2, self.partial2, self.counters2[0], EPS, MOMENTUM, self.mean2,
-                               self.invstd2, r["bn2.running_mean"], r["bn2.running_var"])
+            bn_relu_pool.stats(
+                self.a2,
+                n,
+                c2,
+                S2 * S2,
+                self.partial2,
+                self.counters2[0],
+                EPS,
+                MOMENTUM,
+                self.mean2,
+                self.invstd2,
+                r["bn2.running_mean"],
+                r["bn2.running_var"],
+            )
         else:
             bn_relu_pool.eval_stats(r["bn2.running_mean"], r["bn2.running_var"], EPS, c2, self.mean2, self.invstd2)
-        bn_relu_pool.forward(self.a2, self.mean2, self.invstd2, p["bn2.weight"], p["bn2.bias"], n, c2, S2,
-                             self.out2, self.argmax2, self.a2_at)
-        linear_splitk.forward(self.out2, p["fc1.weight"], p["fc1.bias"], self.fc1_partial, self.fc1_out, n, F, H,
-                              self.precision)
-        head.forward_backward(self.fc1_out, p["fc2.weight"], p["fc2.bias"], labels, n, H, train, self.logits,
-                              self.d_pre, self.head_partial)
+        bn_relu_pool.forward(
+            self.a2,
+            self.mean2,
+            self.invstd2,
+            p["bn2.weight"],
+            p["bn2.bias"],
+            n,
+            c2,
+            S2,
+            self.out2,
+            self.argmax2,
+            self.a2_at,
+        )
+        linear_splitk.forward(
+            self.out2, p["fc1.weight"], p["fc1.bias"], self.fc1_partial, self.fc1_out, n, F, H, self.precision
+        )
+        head.forward_backward(
+            self.fc1_out,
+            p["fc2.weight"],
+            p["fc2.bias"],
+            labels,
+            n,
+            H,
+            train,
+            self.logits,
+            self.d_pre,
+            self.head_partial,
+        )
 
     def _head_sums(self, n):
         g = self.g
-        head.sum_parts(self.head_partial, n, self.hidden, g["fc2.weight"], g["fc2.bias"], g["fc1.bias"], self.loss,
-                       self.loss_log, self.loss_count)
+        head.sum_parts(
+            self.head_partial,
+            n,
+            self.hidden,
+            g["fc2.weight"],
+            g["fc2.bias"],
+            g["fc1.bias"],
+            self.loss,
+            self.loss_log,
+            self.loss_count,
+        )
 
     def _fc1_weight_grad(self, n):
-        linear_splitk.backward_weight(self.out2, self.d_pre, self.g["fc1.weight"], self.fc1_w_partial, n,
-                                      self.features, self.hidden, self.precision, sum_splits=False)
+        linear_splitk.backward_weight(
+            self.out2,
+            self.d_pre,
+            self.g["fc1.weight"],
+            self.fc1_w_partial,
+            n,
+            self.features,
+            self.hidden,
+            self.precision,
+            sum_splits=False,
+        )
 
     def _conv2_weight_grad(self, n):
-        parts = conv2_implicit_gemm.backward_weight(self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2,
-                                                    self.precision)
+        parts = conv2_implicit_gemm.backward_weight(
+            self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2, self.precision
+        )
         ops.splitk_reduce.splitk_reduce(self.w2_partial, parts, self.g["conv2.weight"])
         # fc1's weight-gradient splits are summed here, after fc1's products on `side` (joined): on `side` the
         # sum's blocks took the SMs just as conv2's gradients could start (docs/performance.md)
@@ -349,18 +444,58 @@ class FastNet(_Net):
         # backward apply does, and contend with it (docs/performance.md)
         self.side.run(lambda: self._fc1_weight_grad(n))
         self.side.run(lambda: self._head_sums(n))
-        linear_splitk.backward_input(self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden,
-                                     precision=self.precision)
-        bn_relu_pool.backward_reduce(self.a2_at, self.mean2, self.invstd2, self.d_features, self.argmax2, n, c2, S2,
-                                     self.partial2, self.counters2[1], g["bn2.weight"], g["bn2.bias"])
-        bn_relu_pool.backward_apply(self.a2, self.mean2, self.invstd2, p["bn2.weight"], g["bn2.weight"],
-                                    g["bn2.bias"], self.d_features, self.argmax2, n, c2, S2, self.d_a2)
+        linear_splitk.backward_input(
+            self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden, precision=self.precision
+        )
+        bn_relu_pool.backward_reduce(
+            self.a2_at,
+            self.mean2,
+            self.invstd2,
+            self.d_features,
+            self.argmax2,
+            n,
+            c2,
+            S2,
+            self.partial2,
+            self.counters2[1],
+            g["bn2.weight"],
+            g["bn2.bias"],
+        )
+        bn_relu_pool.backward_apply(
+            self.a2,
+            self.mean2,
+            self.invstd2,
+            p["bn2.weight"],
+            g["bn2.weight"],
+            g["bn2.bias"],
+            self.d_features,
+            self.argmax2,
+            n,
+            c2,
+            S2,
+            self.d_a2,
+        )
         self.conv_side.run(lambda: self._conv2_weight_grad(n))
-        conv2_implicit_gemm.backward_input(self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision,
-                                           self.conv2_input_grad)
-        conv1_bn_relu_pool.backward(self.x, p["conv1.weight"], self.mean1, self.invstd1, p["bn1.weight"],
-                                    self.x_moments, self.d_out1, self.argmax1, n, c1, self.partial1,
-                                    self.counters1[1], g["bn1.weight"], g["bn1.bias"], g["conv1.weight"])
+        conv2_implicit_gemm.backward_input(
+            self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision, self.conv2_input_grad
+        )
+        conv1_bn_relu_pool.backward(
+            self.x,
+            p["conv1.weight"],
+            self.mean1,
+            self.invstd1,
+            p["bn1.weight"],
+            self.x_moments,
+            self.d_out1,
+            self.argmax1,
+            n,
+            c1,
+            self.partial1,
+            self.counters1[1],
+            g["bn1.weight"],
+            g["bn1.bias"],
+            g["conv1.weight"],
+        )
         self.conv_side.join()
         self.side.join()
 
@@ -372,8 +507,17 @@ class FastNet(_Net):
             sgd_zero_grad(p.params, p.grads, o.lr)
             return
         opt.schedule()
-        sgd_momentum_zero_grad(p.params, p.grads, opt.buffers if opt.buffers is not None else p.grads, opt.lr,
-                               opt.first, o.momentum, o.dampening, o.weight_decay, o.nesterov)
+        sgd_momentum_zero_grad(
+            p.params,
+            p.grads,
+            opt.buffers if opt.buffers is not None else p.grads,
+            opt.lr,
+            opt.first,
+            o.momentum,
+            o.dampening,
+            o.weight_decay,
+            o.nesterov,
+        )
 
     def zero_grad(self):
         """Nothing to do: the update zeroes the gradients."""
@@ -381,12 +525,16 @@ class FastNet(_Net):
     def decisions(self, n: int) -> dict:
         """As NaiveNet.decisions. The blocks' argmax holds NO_POSITION where the ReLU blocked the window; there
         the reference's value and gradient are 0 whatever the position, so it reads as position 0."""
+
         def positions(argmax):
             argmax = argmax[:n].get()
             return np.where(argmax == NO_POSITION, 0, argmax).astype(np.uint8)
-        return {"block1": (positions(self.argmax1), self.out1[:n].get() > 0),
-                "block2": (positions(self.argmax2), self.out2[:n].get() > 0),
-                "fc1": self.fc1_out[:n].get() > 0}
+
+        return {
+            "block1": (positions(self.argmax1), self.out1[:n].get() > 0),
+            "block2": (positions(self.argmax2), self.out2[:n].get() > 0),
+            "fc1": self.fc1_out[:n].get() > 0,
+        }
 
 
 def kernel_sources(kernels: str | None) -> list[cuda.Source]:

@@ -13,6 +13,7 @@
 Plain SGD at a constant rate (the default) keeps its own kernels with the rate as a launch argument, so
 the default step computes exactly what it always did.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,13 +28,13 @@ ANNEALS = ("cos", "linear")
 @dataclasses.dataclass(frozen=True)
 class Schedule:
     kind: str = "constant"
-    total: int = 0             # steps: cosine's T_max, onecycle's total_steps
-    step_size: int = 1         # step: steps between two decays
-    gamma: float = 0.1         # step: the decay factor
-    pct_start: float = 0.3     # onecycle: the share of the steps that warm up
-    div_factor: float = 25.0   # onecycle: initial rate = lr / div_factor
+    total: int = 0  # steps: cosine's T_max, onecycle's total_steps
+    step_size: int = 1  # step: steps between two decays
+    gamma: float = 0.1  # step: the decay factor
+    pct_start: float = 0.3  # onecycle: the share of the steps that warm up
+    div_factor: float = 25.0  # onecycle: initial rate = lr / div_factor
     final_div_factor: float = 1e4  # onecycle: final rate = initial / final_div_factor
-    anneal: str = "cos"        # onecycle: "cos" or "linear"
+    anneal: str = "cos"  # onecycle: "cos" or "linear"
 
     def __post_init__(self):
         if self.kind not in SCHEDULES:
@@ -49,8 +50,17 @@ class Schedule:
 
     def kernel_args(self, lr: float) -> tuple:
         """The arguments of the sgd_schedule kernel (kernels/include/sgd_options.cuh's LrSchedule)."""
-        return (SCHEDULES.index(self.kind), lr, self.step_size, self.gamma, self.total, self.pct_start,
-                self.div_factor, self.final_div_factor, int(self.anneal == "cos"))
+        return (
+            SCHEDULES.index(self.kind),
+            lr,
+            self.step_size,
+            self.gamma,
+            self.total,
+            self.pct_start,
+            self.div_factor,
+            self.final_div_factor,
+            int(self.anneal == "cos"),
+        )
 
     def lr_at(self, lr: float, t: int) -> float:
         """The rate of step t (from 0) in double, as the kernel computes it (the tests' reference)."""
@@ -67,6 +77,7 @@ class Schedule:
                 if self.anneal == "cos":
                     return stop + (start - stop) / 2 * (math.cos(math.pi * pct) + 1)
                 return (stop - start) * pct + start
+
             if t <= warm_end:
                 return anneal(initial, lr, t / warm_end)
             return anneal(lr, minimum, (t - warm_end) / (end - warm_end))
@@ -95,17 +106,31 @@ class SGDOptions:
 
     def torch_optimizer(self, torch, parameters, **kw):
         """torch.optim.SGD and the matching scheduler (None for constant), for the comparison."""
-        opt = torch.optim.SGD(parameters, lr=self.lr, momentum=self.momentum, dampening=self.dampening,
-                              nesterov=self.nesterov, weight_decay=self.weight_decay, **kw)
+        opt = torch.optim.SGD(
+            parameters,
+            lr=self.lr,
+            momentum=self.momentum,
+            dampening=self.dampening,
+            nesterov=self.nesterov,
+            weight_decay=self.weight_decay,
+            **kw,
+        )
         s, sched = self.schedule, torch.optim.lr_scheduler
         if s.kind == "step":
             return opt, sched.StepLR(opt, step_size=s.step_size, gamma=s.gamma)
         if s.kind == "cosine":
             return opt, sched.CosineAnnealingLR(opt, T_max=s.total, eta_min=0.0)
         if s.kind == "onecycle":
-            return opt, sched.OneCycleLR(opt, max_lr=self.lr, total_steps=s.total, pct_start=s.pct_start,
-                                         anneal_strategy=s.anneal, cycle_momentum=False, div_factor=s.div_factor,
-                                         final_div_factor=s.final_div_factor)
+            return opt, sched.OneCycleLR(
+                opt,
+                max_lr=self.lr,
+                total_steps=s.total,
+                pct_start=s.pct_start,
+                anneal_strategy=s.anneal,
+                cycle_momentum=False,
+                div_factor=s.div_factor,
+                final_div_factor=s.final_div_factor,
+            )
         return opt, None
 
 
@@ -131,6 +156,7 @@ class Optimizer:
     def schedule(self):
         """This step's rate and first-step flag, on the current stream (before the update kernel)."""
         from .ops import naive
+
         naive.sgd_schedule(self.state, self.lr, self.first, self.options.schedule.kernel_args(self.options.lr))
 
     def buffer_state(self) -> dict[str, np.ndarray]:
@@ -139,6 +165,7 @@ class Optimizer:
             return {}
         self.params.cp.cuda.runtime.deviceSynchronize()
         from .checkpoint import MOMENTUM_PREFIX
+
         return {MOMENTUM_PREFIX + k: v.get() for k, v in self.buffer_views.items()}
 
     def steps_taken(self) -> int:
@@ -146,16 +173,27 @@ class Optimizer:
         return int(self.state[0].get())
 
 
-ARGUMENTS = ("momentum", "dampening", "nesterov", "weight_decay", "schedule", "step_size", "gamma", "pct_start",
-             "anneal")
+ARGUMENTS = (
+    "momentum",
+    "dampening",
+    "nesterov",
+    "weight_decay",
+    "schedule",
+    "step_size",
+    "gamma",
+    "pct_start",
+    "anneal",
+)
 SCHEDULE_ARGUMENTS = ("step_size", "gamma", "pct_start", "anneal", "schedule_total")  # belong to one schedule
 # The flags that act only beside another: given without it, such a flag would change nothing, and that is a
 # usage error naming what it needs (the README's rule for every command).
-NEEDS = {"dampening": ("--momentum > 0", lambda v: (v.get("momentum") or 0) > 0),
-         "step_size": ("--schedule step", lambda v: v.get("schedule") == "step"),
-         "gamma": ("--schedule step", lambda v: v.get("schedule") == "step"),
-         "pct_start": ("--schedule onecycle", lambda v: v.get("schedule") == "onecycle"),
-         "anneal": ("--schedule onecycle", lambda v: v.get("schedule") == "onecycle")}
+NEEDS = {
+    "dampening": ("--momentum > 0", lambda v: (v.get("momentum") or 0) > 0),
+    "step_size": ("--schedule step", lambda v: v.get("schedule") == "step"),
+    "gamma": ("--schedule step", lambda v: v.get("schedule") == "step"),
+    "pct_start": ("--schedule onecycle", lambda v: v.get("schedule") == "onecycle"),
+    "anneal": ("--schedule onecycle", lambda v: v.get("schedule") == "onecycle"),
+}
 
 
 def unused(values: dict, keys=None) -> str | None:
@@ -179,18 +217,34 @@ def options_from(values: dict, lr: float, total_steps: int) -> SGDOptions:
     problem = unused(v)
     if problem:
         raise ValueError(problem)
-    schedule = Schedule(kind, total=total_steps, step_size=v["step_size"] or 1,
-                        gamma=0.1 if v["gamma"] is None else v["gamma"],
-                        pct_start=0.3 if v["pct_start"] is None else v["pct_start"], anneal=v["anneal"] or "cos")
-    return SGDOptions(lr, momentum=v["momentum"] or 0.0, dampening=v["dampening"] or 0.0,
-                      nesterov=bool(v["nesterov"]), weight_decay=v["weight_decay"] or 0.0, schedule=schedule)
+    schedule = Schedule(
+        kind,
+        total=total_steps,
+        step_size=v["step_size"] or 1,
+        gamma=0.1 if v["gamma"] is None else v["gamma"],
+        pct_start=0.3 if v["pct_start"] is None else v["pct_start"],
+        anneal=v["anneal"] or "cos",
+    )
+    return SGDOptions(
+        lr,
+        momentum=v["momentum"] or 0.0,
+        dampening=v["dampening"] or 0.0,
+        nesterov=bool(v["nesterov"]),
+        weight_decay=v["weight_decay"] or 0.0,
+        schedule=schedule,
+    )
 
 
 def describe(o: SGDOptions) -> dict:
     """The options as a checkpoint records them (options_from's values)."""
     s = o.schedule
-    record = {"momentum": o.momentum, "dampening": o.dampening, "nesterov": o.nesterov, "weight_decay": o.weight_decay,
-              "schedule": s.kind}
+    record = {
+        "momentum": o.momentum,
+        "dampening": o.dampening,
+        "nesterov": o.nesterov,
+        "weight_decay": o.weight_decay,
+        "schedule": s.kind,
+    }
     if s.kind == "step":
         record.update(step_size=s.step_size, gamma=s.gamma)
     if s.kind in ("cosine", "onecycle"):

@@ -4,6 +4,7 @@ path, and a file written whole or not at all.
 The commands' argparse types (mnist_cuda.cli) and the readers and writers of the core (data, preprocess,
 checkpoint) share these, so a path is judged and named the same way wherever it is met.
 """
+
 from __future__ import annotations
 
 import os

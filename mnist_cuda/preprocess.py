@@ -37,6 +37,7 @@ centre pixel. load_image repeats those steps:
 
 The result is uint8 like the MNIST IDX bytes: 0 is background, 255 is ink.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -126,8 +127,7 @@ def _read_grayscale(path) -> np.ndarray:
     except Exception as e:  # noqa: BLE001 - Pillow's decoders raise many types on corrupt data
         # (OSError for truncated data, SyntaxError for a broken header, ValueError, struct.error,
         # EOFError...); none of them should reach the user as a traceback.
-        raise ImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {_one_line(e)})") \
-            from None
+        raise ImageError(f"{path}: corrupt or truncated image ({type(e).__name__}: {_one_line(e)})") from None
     return gray
 
 
@@ -194,8 +194,10 @@ def _place_by_centre_of_mass(digit: np.ndarray, box: tuple[int, int, int, int]) 
     field = np.zeros((FIELD, FIELD), dtype=np.float32)
     field_rows = slice(max(0, row_offset), min(FIELD, row_offset + digit.shape[0]))
     field_cols = slice(max(0, col_offset), min(FIELD, col_offset + digit.shape[1]))
-    field[field_rows, field_cols] = digit[field_rows.start - row_offset:field_rows.stop - row_offset,
-                                          field_cols.start - col_offset:field_cols.stop - col_offset]
+    field[field_rows, field_cols] = digit[
+        field_rows.start - row_offset : field_rows.stop - row_offset,
+        field_cols.start - col_offset : field_cols.stop - col_offset,
+    ]
     return np.rint(field).astype(np.uint8)
 
 

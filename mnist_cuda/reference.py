@@ -7,6 +7,7 @@
 Every layer is a pair of plain functions (forward returns what backward needs). The GPU kernels are
 tested against these, and these are tested against finite differences and against PyTorch.
 """
+
 from __future__ import annotations
 
 import math
@@ -53,8 +54,7 @@ def batchnorm_forward_train(x, gamma, beta, eps=BN_EPS):
 def batchnorm_running_update(running_mean, running_var, mean, var, count, momentum=BN_MOMENTUM):
     """PyTorch's update: the running variance takes the unbiased batch variance."""
     unbiased = var * count / max(count - 1, 1)
-    return ((1 - momentum) * running_mean + momentum * mean,
-            (1 - momentum) * running_var + momentum * unbiased)
+    return ((1 - momentum) * running_mean + momentum * mean, (1 - momentum) * running_var + momentum * unbiased)
 
 
 def batchnorm_forward_eval(x, gamma, beta, running_mean, running_var, eps=BN_EPS):
@@ -69,8 +69,7 @@ def batchnorm_backward(dy, gamma, cache):
     count = dy.shape[0] * dy.shape[2] * dy.shape[3]
     dbeta = dy.sum(axis=(0, 2, 3))
     dgamma = (dy * xhat).sum(axis=(0, 2, 3))
-    dx = (gamma * invstd / count)[:, None, None] * (
-        count * dy - dbeta[:, None, None] - xhat * dgamma[:, None, None])
+    dx = (gamma * invstd / count)[:, None, None] * (count * dy - dbeta[:, None, None] - xhat * dgamma[:, None, None])
     return dx, dgamma, dbeta
 
 
@@ -87,7 +86,7 @@ def _pool_windows(x):
     """[N,C,H,W] -> [N,C,H//2,W//2,4], window order (0,0),(0,1),(1,0),(1,1) like PyTorch's scan."""
     n, c, h, w = x.shape
     ho, wo = h // 2, w // 2
-    v = x[:, :, :2 * ho, :2 * wo].reshape(n, c, ho, 2, wo, 2).transpose(0, 1, 2, 4, 3, 5)
+    v = x[:, :, : 2 * ho, : 2 * wo].reshape(n, c, ho, 2, wo, 2).transpose(0, 1, 2, 4, 3, 5)
     return v.reshape(n, c, ho, wo, 4)
 
 
@@ -105,8 +104,9 @@ def maxpool_backward(dy, argmax, input_shape):
     ho, wo = dy.shape[2], dy.shape[3]
     onehot = (argmax[..., None] == np.arange(4)) * dy[..., None]  # [N,C,Ho,Wo,4]
     dx = np.zeros(input_shape, dtype=dy.dtype)
-    dx[:, :, :2 * ho, :2 * wo] = (onehot.reshape(n, c, ho, wo, 2, 2).transpose(0, 1, 2, 4, 3, 5)
-                                  .reshape(n, c, 2 * ho, 2 * wo))
+    dx[:, :, : 2 * ho, : 2 * wo] = (
+        onehot.reshape(n, c, ho, wo, 2, 2).transpose(0, 1, 2, 4, 3, 5).reshape(n, c, 2 * ho, 2 * wo)
+    )
     return dx
 
 
@@ -140,8 +140,8 @@ def shift_images(images, offsets):
     out = np.zeros_like(images)
     size = images.shape[-1]
     for i, (dx, dy) in enumerate(np.asarray(offsets).astype(int)):
-        src = images[i, 0, max(0, -dy):size - max(0, dy), max(0, -dx):size - max(0, dx)]
-        out[i, 0, max(0, dy):max(0, dy) + src.shape[0], max(0, dx):max(0, dx) + src.shape[1]] = src
+        src = images[i, 0, max(0, -dy) : size - max(0, dy), max(0, -dx) : size - max(0, dx)]
+        out[i, 0, max(0, dy) : max(0, dy) + src.shape[0], max(0, dx) : max(0, dx) + src.shape[1]] = src
     return out
 
 
@@ -152,10 +152,18 @@ def shift_images(images, offsets):
 def param_shapes(channels=(32, 64), hidden=128) -> dict[str, tuple]:
     """Trainable parameters in state_dict order."""
     c1, c2 = channels
-    return {"conv1.weight": (c1, 1, 3, 3), "bn1.weight": (c1,), "bn1.bias": (c1,),
-            "conv2.weight": (c2, c1, 3, 3), "bn2.weight": (c2,), "bn2.bias": (c2,),
-            "fc1.weight": (hidden, c2 * 49), "fc1.bias": (hidden,),
-            "fc2.weight": (10, hidden), "fc2.bias": (10,)}
+    return {
+        "conv1.weight": (c1, 1, 3, 3),
+        "bn1.weight": (c1,),
+        "bn1.bias": (c1,),
+        "conv2.weight": (c2, c1, 3, 3),
+        "bn2.weight": (c2,),
+        "bn2.bias": (c2,),
+        "fc1.weight": (hidden, c2 * 49),
+        "fc1.bias": (hidden,),
+        "fc2.weight": (10, hidden),
+        "fc2.bias": (10,),
+    }
 
 
 def state_dict_spec(channels=(32, 64), hidden=128) -> dict[str, tuple[tuple, np.dtype]]:
@@ -182,7 +190,7 @@ def init_state_dict(seed: int, channels=(32, 64), hidden=128) -> dict[str, np.nd
     rng = np.random.default_rng(seed)
     spec = state_dict_spec(channels, hidden)
     state = {}
-    for name, (shape, dtype) in spec.items():
+    for name, (shape, _dtype) in spec.items():
         if name.endswith("num_batches_tracked"):
             state[name] = np.zeros((), np.int64)
         elif name.startswith("bn"):
@@ -205,8 +213,7 @@ class ReferenceModel:
     """The network in float64. Holds a state_dict (as float64 copies) and trains with plain SGD."""
 
     def __init__(self, state: dict[str, np.ndarray]):
-        self.state = {k: np.array(v, dtype=np.int64 if k.endswith("tracked") else np.float64)
-                      for k, v in state.items()}
+        self.state = {k: np.array(v, dtype=np.int64 if k.endswith("tracked") else np.float64) for k, v in state.items()}
         self.channels = (self.state["conv1.weight"].shape[0], self.state["conv2.weight"].shape[0])
         self.hidden = self.state["fc1.weight"].shape[0]
 
@@ -229,8 +236,9 @@ class ReferenceModel:
             if train:
                 z, cache[f"bn{i}"] = batchnorm_forward_train(a, s[f"bn{i}.weight"], s[f"bn{i}.bias"])
             else:
-                z = batchnorm_forward_eval(a, s[f"bn{i}.weight"], s[f"bn{i}.bias"],
-                                           s[f"bn{i}.running_mean"], s[f"bn{i}.running_var"])
+                z = batchnorm_forward_eval(
+                    a, s[f"bn{i}.weight"], s[f"bn{i}.bias"], s[f"bn{i}.running_mean"], s[f"bn{i}.running_var"]
+                )
             if decisions is None:
                 r = relu_forward(z)
                 p, argmax = maxpool_forward(r)
@@ -294,7 +302,8 @@ class ReferenceModel:
             _, _, mean, var = cache[f"bn{i}"]
             count = x.shape[0] * cache[f"block{i}"][1].shape[2] * cache[f"block{i}"][1].shape[3]
             s[f"bn{i}.running_mean"], s[f"bn{i}.running_var"] = batchnorm_running_update(
-                s[f"bn{i}.running_mean"], s[f"bn{i}.running_var"], mean, var, count)
+                s[f"bn{i}.running_mean"], s[f"bn{i}.running_var"], mean, var, count
+            )
             s[f"bn{i}.num_batches_tracked"] = s[f"bn{i}.num_batches_tracked"] + 1
         return loss
 

@@ -18,6 +18,7 @@ Each check returns None, or (flag, message) for the flag to blame; mnist_cuda.cl
 error. The caller says whom a problem with the model blames (Blame): the trainer's flags, whose values make
 the model, or the argument that holds it (a checkpoint), whose model no flag changes.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,12 +28,12 @@ from typing import NamedTuple
 from . import data, nets, reference
 from .ops import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk
 
-INDEX_LIMIT = 2 ** 31 - 1
+INDEX_LIMIT = 2**31 - 1
 GRID_LIMIT = 65535  # CUDA's blocks in y and z
 MAX_CHANNELS = GRID_LIMIT * bn_relu_pool.BN_CHANNELS  # BatchNorm's channel groups go in y
 MAX_HIDDEN = GRID_LIMIT * linear_splitk.TILE  # fc1's weight gradient puts its output tiles in y
 MAX_BATCH = max(data.TRAIN_SAMPLES.values())  # a training batch is at most the training set
-MAX_STEPS = 2 ** 31 - 1  # the step counter on the GPU is int32
+MAX_STEPS = 2**31 - 1  # the step counter on the GPU is int32
 MAX_TIMED = 100_000  # timed steps, replays or windows of a measurement: each keeps an event or a sample on the host
 MAX_SECONDS = 600  # a warm-up of at most ten minutes
 MAX_BLOCK_THREADS = 1024  # CUDA's threads per block
@@ -61,6 +62,7 @@ class Blame(NamedTuple):
     --channels or --hidden, whichever is further from its default, the model named by those flags. A command
     that reads the model from a file (evaluate's and predict's CHECKPOINT): that argument, the model named
     `what` (channels C1,C2, hidden H), as no flag of that command changes it."""
+
     flag: str | None = None
     what: str = ""
 
@@ -86,13 +88,18 @@ def model_problem(channels, hidden, blame: Blame = FLAGS):
     say = lambda flag, ours, theirs: (flag, ours) if blame.flag is None else (blame.flag, theirs)
     indexing = f"more than the kernels' 32-bit indexing takes ({_count(INDEX_LIMIT)})"
     if max(channels) > MAX_CHANNELS:
-        why = (f"more than the kernels take (at most {MAX_CHANNELS:,}: BatchNorm's groups of "
-               f"{bn_relu_pool.BN_CHANNELS} channels fill at most {GRID_LIMIT} rows of CUDA's grid)")
-        return say("--channels", f"{max(channels):,} channels are {why}",
-                   f"{model} has {max(channels):,} channels, {why}")
+        why = (
+            f"more than the kernels take (at most {MAX_CHANNELS:,}: BatchNorm's groups of "
+            f"{bn_relu_pool.BN_CHANNELS} channels fill at most {GRID_LIMIT} rows of CUDA's grid)"
+        )
+        return say(
+            "--channels", f"{max(channels):,} channels are {why}", f"{model} has {max(channels):,} channels, {why}"
+        )
     if hidden > MAX_HIDDEN:
-        why = (f"more than the kernels take (at most {MAX_HIDDEN:,}: fc1's weight gradient in tiles of "
-               f"{linear_splitk.TILE} outputs fills at most {GRID_LIMIT} rows of CUDA's grid)")
+        why = (
+            f"more than the kernels take (at most {MAX_HIDDEN:,}: fc1's weight gradient in tiles of "
+            f"{linear_splitk.TILE} outputs fills at most {GRID_LIMIT} rows of CUDA's grid)"
+        )
         return say("--hidden", f"{hidden:,} is {why}", f"{model} has {hidden:,} units in fc1, {why}")
     if c1 * c2 * 9 > INDEX_LIMIT:
         weight = f"conv2's weight {c2:,} x {c1:,} x 9 = {_count(c1 * c2 * 9)} values, {indexing}"
@@ -100,9 +107,12 @@ def model_problem(channels, hidden, blame: Blame = FLAGS):
     features = c2 * (data.IMAGE_SIZE // 4) ** 2
     if hidden * features > INDEX_LIMIT:
         weight = f"fc1's weight {hidden:,} x {features:,} = {_count(hidden * features)} values, {indexing}"
-        return say(_model_flag(channels, hidden), f"--hidden {hidden:,} with conv2's {c2:,} channels makes {weight}: "
-                                                  f"at most --hidden {INDEX_LIMIT // features:,} with these channels",
-                   f"{model} makes {weight}")
+        return say(
+            _model_flag(channels, hidden),
+            f"--hidden {hidden:,} with conv2's {c2:,} channels makes {weight}: "
+            f"at most --hidden {INDEX_LIMIT // features:,} with these channels",
+            f"{model} makes {weight}",
+        )
     total = parameter_count(channels, hidden)
     if total > INDEX_LIMIT:
         parameters = f"{_count(total)} parameters, more than the kernels' 32-bit indexing takes"
@@ -114,8 +124,15 @@ def parameter_count(channels, hidden) -> int:
     return sum(math.prod(shape) for shape in reference.param_shapes(tuple(channels), hidden).values())
 
 
-def batch_problem(channels, hidden, batch: int, flag: str = "--batch-size", kernels=("naive", "fast"), sms: int = 1,
-                  blame: Blame = FLAGS):
+def batch_problem(
+    channels,
+    hidden,
+    batch: int,
+    flag: str = "--batch-size",
+    kernels=("naive", "fast"),
+    sms: int = 1,
+    blame: Blame = FLAGS,
+):
     """What the kernels cannot take about a batch of `batch` images through the model (channels, hidden) with
     each of `kernels`: every buffer must stay within the 32-bit indexing. sms: the GPU's SMs, where some
     buffers hold a part per SM (1 before the GPU is known: the least any GPU has)."""
@@ -127,7 +144,8 @@ def batch_problem(channels, hidden, batch: int, flag: str = "--batch-size", kern
             return _blame(channels, hidden, flag, fits, blame), (
                 f"batch {batch:,} with {blame.model(channels, hidden)} needs {name} of "
                 f"{_count(elements)} values, more than the kernels' 32-bit indexing takes ({_count(INDEX_LIMIT)}): "
-                f"at most batch {largest_batch(channels, hidden, kernels, sms):,} with this model")
+                f"at most batch {largest_batch(channels, hidden, kernels, sms):,} with this model"
+            )
     return None
 
 
@@ -135,10 +153,14 @@ def index_extents(channels, hidden, batch: int, kernels, sms: int) -> dict[str, 
     """{what: elements} of everything the kernels index with 32-bit ints for a batch through the model: each
     buffer of the nets of `kernels` (device_buffers), and the extent the nets hold every activation to,
     batch x channels x 784 for the larger layer's channels (mnist_cuda.nets)."""
-    extents = {"an activation (batch x channels x 784)": batch * max(channels) * data.IMAGE_SIZE ** 2}
+    extents = {"an activation (batch x channels x 784)": batch * max(channels) * data.IMAGE_SIZE**2}
     for version in kernels:
-        extents.update({f"a buffer ({name})": elements for name, (elements, _, _) in
-                        device_buffers(channels, hidden, batch, version, sms).items()})
+        extents.update(
+            {
+                f"a buffer ({name})": elements
+                for name, (elements, _, _) in device_buffers(channels, hidden, batch, version, sms).items()
+            }
+        )
     return extents
 
 
@@ -167,8 +189,10 @@ def steps_problem(start_step: int, steps: int, flag: str, per_epoch: int | None 
         return None
     room = MAX_STEPS - start_step
     most = f"at most {room // per_epoch:,} epochs of {per_epoch:,} steps" if per_epoch else f"at most {room:,} steps"
-    return flag, (f"{_count(steps)} steps from step {start_step:,} pass the GPU's 32-bit step counter "
-                  f"({_count(MAX_STEPS)}): {most}")
+    return flag, (
+        f"{_count(steps)} steps from step {start_step:,} pass the GPU's 32-bit step counter "
+        f"({_count(MAX_STEPS)}): {most}"
+    )
 
 
 def host_bytes(channels, hidden) -> int:
@@ -202,43 +226,78 @@ def host_problem(channels, hidden, available: int | None = None):
     return _model_flag(channels, hidden), (
         f"--channels {channels[0]},{channels[1]} --hidden {hidden} make a model of "
         f"{_count(parameter_count(channels, hidden))} parameters, which needs about {_gb(need)} of host memory to "
-        f"initialise and save; this machine has {_gb(available)} available")
+        f"initialise and save; this machine has {_gb(available)} available"
+    )
 
 
-def device_buffers(channels, hidden, batch: int, kernels: str, sms: int, precision: str = "fp32",
-                   momentum: bool = True, augment: bool = True) -> dict[str, tuple[int, int, int]]:
+def device_buffers(
+    channels,
+    hidden,
+    batch: int,
+    kernels: str,
+    sms: int,
+    precision: str = "fp32",
+    momentum: bool = True,
+    augment: bool = True,
+) -> dict[str, tuple[int, int, int]]:
     """{name: (elements, bytes per element, buffers of that size)} of what a step allocates on the GPU for a
     net of `kernels` at `batch` on a GPU of `sms` SMs: the parameters' flat buffers and a net's buffers as
     mnist_cuda.nets allocates them, and the step runner's input buffers (mnist_cuda.step)."""
     c1, c2 = channels
-    B, H, S1, S2, S3 = batch, hidden, data.IMAGE_SIZE ** 2, (data.IMAGE_SIZE // 2) ** 2, (data.IMAGE_SIZE // 4) ** 2
+    B, H, S1, S2, S3 = batch, hidden, data.IMAGE_SIZE**2, (data.IMAGE_SIZE // 2) ** 2, (data.IMAGE_SIZE // 4) ** 2
     F, P = c2 * S3, parameter_count(channels, hidden) + 3 * 10  # each view starts on a multiple of 4 floats
-    out = {"parameters and gradients": (P, 4, 2 + momentum), "batch inputs": (B * (S1 + 6), 1, 2),
-           # the loss log, the logits and their gradient, each channel's statistics and counters, conv1's image
-           # moments (float64: two floats each)
-           "the loss log and the small buffers": (nets.LOSS_CAPACITY + 2 * B * 10 + 8 * (c1 + c2) + 16
-                                                  + 2 * (sms + 2) * conv1_bn_relu_pool.CONV1_MOMENTS, 4, 1)}
+    out = {
+        "parameters and gradients": (P, 4, 2 + momentum),
+        "batch inputs": (B * (S1 + 6), 1, 2),
+        # the loss log, the logits and their gradient, each channel's statistics and counters, conv1's image
+        # moments (float64: two floats each)
+        "the loss log and the small buffers": (
+            nets.LOSS_CAPACITY + 2 * B * 10 + 8 * (c1 + c2) + 16 + 2 * (sms + 2) * conv1_bn_relu_pool.CONV1_MOMENTS,
+            4,
+            1,
+        ),
+    }
     if augment:
         out["shifted images"] = (B * S1, 1, 2)
     if kernels == "naive":
-        out.update({"conv1's activations": (B * c1 * S1, 4, 6), "block 1's pooled output": (B * c1 * S2, 5, 1),
-                    "conv2's activations": (B * c2 * S2, 4, 6), "conv2's input gradient": (B * c1 * S2, 4, 1),
-                    "block 2's pooled output": (B * c2 * S3, 5, 1), "fc1's activations": (B * H, 4, 4),
-                    "fc1's input gradient": (B * F, 4, 1), "the images": (B * S1, 4, 1)})
-        return out
-    quads = max(conv2_implicit_gemm.weight_quads(a, b, precision, product(B, precision)) for a, b, product in (
-        (c1, c2, conv2_implicit_gemm.forward_product), (c2, c1, conv2_implicit_gemm.input_grad_product)))
-    out.update({"block 1's pooled output": (B * c1 * S2, 4, 2), "block 1's pooling choices": (B * c1 * S2, 1, 1),
-                "conv1's sums": (sms * c1 * conv1_bn_relu_pool.CONV1_GRAD_SUMS, 4, 1),
-                "conv2's output": (B * c2 * S2, 4, 2),
-                "BatchNorm 2's partial sums": (bn_relu_pool.partial_size(c2), 4, 1),
-                "block 2's pooled output": (B * c2 * S3, 4, 2), "block 2's pooling choices": (B * c2 * S3, 1, 1),
-                "conv2's weight-gradient parts": (sms * c1 * c2 * 9, 4, 1),
-                "conv2's staged weights": (4 * quads, 4, 2), "fc1's activations": (B * H, 4, 2),
+        out.update(
+            {
+                "conv1's activations": (B * c1 * S1, 4, 6),
+                "block 1's pooled output": (B * c1 * S2, 5, 1),
+                "conv2's activations": (B * c2 * S2, 4, 6),
+                "conv2's input gradient": (B * c1 * S2, 4, 1),
+                "block 2's pooled output": (B * c2 * S3, 5, 1),
+                "fc1's activations": (B * H, 4, 4),
                 "fc1's input gradient": (B * F, 4, 1),
-                "fc1's partial sums": (linear_splitk.forward_partial_size(B, F, H), 4, 1),
-                "fc1's weight-gradient parts": (linear_splitk.weight_partial_size(B, F, H), 4, 1),
-                "the head's partial sums": (head.partial_size(B, H), 4, 1)})
+                "the images": (B * S1, 4, 1),
+            }
+        )
+        return out
+    quads = max(
+        conv2_implicit_gemm.weight_quads(a, b, precision, product(B, precision))
+        for a, b, product in (
+            (c1, c2, conv2_implicit_gemm.forward_product),
+            (c2, c1, conv2_implicit_gemm.input_grad_product),
+        )
+    )
+    out.update(
+        {
+            "block 1's pooled output": (B * c1 * S2, 4, 2),
+            "block 1's pooling choices": (B * c1 * S2, 1, 1),
+            "conv1's sums": (sms * c1 * conv1_bn_relu_pool.CONV1_GRAD_SUMS, 4, 1),
+            "conv2's output": (B * c2 * S2, 4, 2),
+            "BatchNorm 2's partial sums": (bn_relu_pool.partial_size(c2), 4, 1),
+            "block 2's pooled output": (B * c2 * S3, 4, 2),
+            "block 2's pooling choices": (B * c2 * S3, 1, 1),
+            "conv2's weight-gradient parts": (sms * c1 * c2 * 9, 4, 1),
+            "conv2's staged weights": (4 * quads, 4, 2),
+            "fc1's activations": (B * H, 4, 2),
+            "fc1's input gradient": (B * F, 4, 1),
+            "fc1's partial sums": (linear_splitk.forward_partial_size(B, F, H), 4, 1),
+            "fc1's weight-gradient parts": (linear_splitk.weight_partial_size(B, F, H), 4, 1),
+            "the head's partial sums": (head.partial_size(B, H), 4, 1),
+        }
+    )
     return out
 
 
@@ -246,8 +305,19 @@ def device_bytes(*args, **kwargs) -> int:
     return sum(elements * size * copies for elements, size, copies in device_buffers(*args, **kwargs).values())
 
 
-def device_problem(channels, hidden, batch: int, kernels: str, precision: str, momentum: bool, augment: bool,
-                   free_bytes: int, sms: int, flag: str = "--batch-size", blame: Blame = FLAGS):
+def device_problem(
+    channels,
+    hidden,
+    batch: int,
+    kernels: str,
+    precision: str,
+    momentum: bool,
+    augment: bool,
+    free_bytes: int,
+    sms: int,
+    flag: str = "--batch-size",
+    blame: Blame = FLAGS,
+):
     """A net that does not fit the GPU's free memory, or has a buffer of a part per SM that passes the 32-bit
     indexing on this GPU of `sms` SMs."""
     problem = batch_problem(channels, hidden, batch, flag, (kernels,), sms, blame)
@@ -259,4 +329,5 @@ def device_problem(channels, hidden, batch: int, kernels: str, precision: str, m
     fits = lambda c, h: device_bytes(c, h, batch, kernels, sms, precision, momentum, augment) <= free_bytes
     return _blame(channels, hidden, flag, fits, blame), (
         f"batch {batch:,} with {blame.model(channels, hidden)} ({kernels} kernels) needs "
-        f"about {_gb(need)} of GPU memory; the GPU has {_gb(free_bytes)} free")
+        f"about {_gb(need)} of GPU memory; the GPU has {_gb(free_bytes)} free"
+    )

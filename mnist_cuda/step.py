@@ -15,6 +15,7 @@ Two pinned staging slots and two device input buffers (slot = step % 2): the hos
 one slot while the GPU still copies from the other. Every launch goes through mnist_cuda.cuda, so a
 profiler sees the step's kernels with cuda.launch_hook.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -50,11 +51,11 @@ class Step:
         labels_end = B * pixels + 4 * B
         size = labels_end + (2 * B if augment else 0)  # then each image's offset (dx, dy), int8
         self.batch = [cp.zeros(size, cp.uint8) for _ in range(SLOTS)]
-        self.x = [b[:B * pixels].reshape(B, 1, data.IMAGE_SIZE, data.IMAGE_SIZE) for b in self.batch]
-        self.y = [b[B * pixels:labels_end].view(cp.int32) for b in self.batch]
+        self.x = [b[: B * pixels].reshape(B, 1, data.IMAGE_SIZE, data.IMAGE_SIZE) for b in self.batch]
+        self.y = [b[B * pixels : labels_end].view(cp.int32) for b in self.batch]
         self.stage = [cuda.pinned_empty((size,), np.uint8) for _ in range(SLOTS)]
-        self.stage_x = [st[:B * pixels].reshape(B, 1, data.IMAGE_SIZE, data.IMAGE_SIZE) for st in self.stage]
-        self.stage_y = [st[B * pixels:labels_end].view(np.int32) for st in self.stage]
+        self.stage_x = [st[: B * pixels].reshape(B, 1, data.IMAGE_SIZE, data.IMAGE_SIZE) for st in self.stage]
+        self.stage_y = [st[B * pixels : labels_end].view(np.int32) for st in self.stage]
         self.offsets = [b[labels_end:].view(cp.int8) for b in self.batch] if augment else None
         self.stage_offsets = [st[labels_end:].view(np.int8).reshape(B, 2) for st in self.stage] if augment else None
         self.shifted = [cp.empty_like(x) for x in self.x] if augment else None
@@ -80,7 +81,9 @@ class Step:
         self.stage_free[slot].synchronize()
         if self.augment:
             rng = np.random.default_rng([self.seed, step])
-            self.stage_offsets[slot][...] = rng.integers(-self.augment, self.augment + 1, self.stage_offsets[slot].shape)
+            self.stage_offsets[slot][...] = rng.integers(
+                -self.augment, self.augment + 1, self.stage_offsets[slot].shape
+            )
         return data.gather(x, y, idx, self.stage_x[slot], self.stage_y[slot])
 
     def load(self, slot: int, n: int, train: bool = True):
@@ -97,8 +100,13 @@ class Step:
     def phases(self, slot: int):
         """The five phases of a training step on the batch staged in `slot`, as callables."""
         n, net = self.batch_size, self.net
-        return (lambda: self.load(slot, n), lambda: net.forward(self.inputs[slot], self.y[slot], n, True, slot),
-                lambda: net.backward(n), lambda: net.update(self.optimizer), net.zero_grad)
+        return (
+            lambda: self.load(slot, n),
+            lambda: net.forward(self.inputs[slot], self.y[slot], n, True, slot),
+            lambda: net.backward(n),
+            lambda: net.update(self.optimizer),
+            net.zero_grad,
+        )
 
     def capture_step(self, slot: int):
         """The whole step as one CUDA graph: forward, backward, update and zero-grad on device input buffer
@@ -125,8 +133,9 @@ class Step:
                     events[0].record(self.stream)
                 if mode == "phases":
                     if self.phase_graphs is None:
-                        self.phase_graphs = [[cuda.capture(ph, sources=self.sources) for ph in self.phases(s)]
-                                             for s in range(SLOTS)]
+                        self.phase_graphs = [
+                            [cuda.capture(ph, sources=self.sources) for ph in self.phases(s)] for s in range(SLOTS)
+                        ]
                     work = [lambda g=g: g.launch(self.stream) for g in self.phase_graphs[slot]]
                 else:
                     work = self.phases(slot)
@@ -179,7 +188,8 @@ class Step:
         y = np.zeros(len(x), np.int32) if y is None else y
 
         def copy(slot, n, start):
-            out[start:start + n] = self.net.logits[:n].get()
+            out[start : start + n] = self.net.logits[:n].get()
+
         self._eval_forward(x, y, copy)
         return out
 

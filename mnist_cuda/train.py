@@ -10,6 +10,7 @@ Every flag, output path, --init checkpoint and named data folder is checked befo
 mistake is one line and exit status 2. A checkpoint records where training stands (the step count, the
 epoch and how far into its shuffled order), so `--init` from it continues exactly as one longer run would.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, cli, cuda, curves, data, optim, reference, sizes
-from . import nets
+from . import checkpoint, cli, cuda, curves, data, nets, optim, reference, sizes
 from .nets import KERNEL_VERSIONS
 from .training import DEFAULTS, RECIPES, Position, TrainingDiverged, plan, run_chunk
 
@@ -42,11 +42,14 @@ def _channels(text):
     except ValueError:
         c = ()
     if len(c) != 2 or min(c) < 1:
-        raise argparse.ArgumentTypeError(f"expected two positive whole numbers C1,C2 (e.g. 32,64), got "
-                                         f"{cli.shorten(text)!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected two positive whole numbers C1,C2 (e.g. 32,64), got {cli.shorten(text)!r}"
+        )
     if max(c) > sizes.MAX_CHANNELS:
-        raise argparse.ArgumentTypeError(f"at most {sizes.MAX_CHANNELS:,} channels (BatchNorm's groups of 8 channels "
-                                         f"fill at most 65535 rows of CUDA's grid), got {cli.shorten(text)}")
+        raise argparse.ArgumentTypeError(
+            f"at most {sizes.MAX_CHANNELS:,} channels (BatchNorm's groups of 8 channels "
+            f"fill at most 65535 rows of CUDA's grid), got {cli.shorten(text)}"
+        )
     return c
 
 
@@ -57,63 +60,146 @@ def build_parser() -> cli.Parser:
     d = DEFAULTS
     from_init = ", or the --init checkpoint's"
     p = cli.Parser(
-        prog=cli.prog_name("mnist_cuda.train"), formatter_class=argparse.HelpFormatter,
-        description="Train the MNIST CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, SGD: plain by default) on the "
-                    "GPU with hand-written CUDA kernels.",
+        prog=cli.prog_name("mnist_cuda.train"),
+        formatter_class=argparse.HelpFormatter,
+        description="Train the MNIST CNN (conv-bn-relu-pool x2, fc-relu-fc, log-softmax/NLL, SGD: plain by default) "
+        "on the GPU with hand-written CUDA kernels.",
         epilog="With --init, the flags marked 'or the --init checkpoint's' default to what the checkpoint "
-               "recorded, and training continues where it stopped: the step count, the epoch and its shuffled "
-               "order, so 4 epochs and then --init with 6 more train the same steps as 10 at once.")
-    p.add_argument("--dataset", choices=sorted(data.DATASETS), default=None,
-                   help=f"training and test set (default: {d['dataset']}{from_init})")
-    p.add_argument("--data-dir", type=cli.existing_dir, default=None, metavar="DIR",
-                   help="the folder holding the four IDX files (.gz or raw), the only place looked in when given "
-                        "(default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download)")
-    p.add_argument("--epochs", type=cli.int_in_range(1, sizes.MAX_STEPS, STEP_COUNTER), default=None,
-                   help=f"epochs to train in this run, counted from where --init stopped (default: {d['epochs']})")
-    p.add_argument("--recipe", choices=sorted(RECIPES), default=None,
-                   help="a named set of the flags below (batch size, lr, epochs, SGD's options, schedule; given "
-                        "flags win): fast, the fewest seconds to 99.0%% test accuracy (with --target-accuracy "
-                        "99); best, the highest mean accuracy within 20 epochs")
-    p.add_argument("--target-accuracy", type=cli.number_between(0, 100, low_included=False), default=None,
-                   metavar="PERCENT",
-                   help="stop after the first epoch whose test accuracy reaches PERCENT and report the training "
-                        "time to there (evaluation timed apart)")
-    p.add_argument("--batch-size", type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"), default=None,
-                   help=f"samples per training step; evaluation uses the same (default: {d['batch_size']}{from_init})")
-    p.add_argument("--lr", type=cli.learning_rate, default=None,
-                   help=f"SGD learning rate (default: {d['lr']}{from_init})")
-    p.add_argument("--seed", type=cli.seed, default=None,
-                   help=f"seeds the initialisation and the shuffling; 0 to {cli.SEED_MAX} (default: {d['seed']}{from_init})")
-    p.add_argument("--channels", type=_channels, default=None, metavar="C1,C2",
-                   help="output channels of conv1 and conv2 (default: 32,64, or the --init checkpoint's)")
-    p.add_argument("--hidden", type=cli.int_in_range(1, sizes.MAX_HIDDEN, "fc1's weight gradient in tiles of 64 "
-                                                     "outputs fills at most 65535 rows of CUDA's grid"), default=None,
-                   help=f"fc1 width (default: {d['hidden']}, or the --init checkpoint's)")
-    p.add_argument("--save", type=cli.output_path, default=None, metavar="PATH",
-                   help="write a checkpoint (.npz) here after every epoch, replacing the last one atomically")
-    p.add_argument("--init", type=cli.input_file, default=None, metavar="PATH",
-                   help="start from this checkpoint (written by --save) and continue where it stopped")
-    p.add_argument("--shuffle", action=argparse.BooleanOptionalAction, default=None,
-                   help="a new permutation of the training set every epoch; --no-shuffle: file order "
-                        "(default: shuffle, or the --init checkpoint's)")
-    p.add_argument("--steps", type=cli.int_in_range(0, sizes.MAX_STEPS, STEP_COUNTER), default=None, metavar="N",
-                   help="train N steps instead of --epochs (0: only write the initial checkpoint to --save)")
-    p.add_argument("--metrics", type=cli.output_path, default=None, metavar="PATH",
-                   help="JSON lines: every step's loss, every epoch's test accuracy (appended to with --init, "
-                        "so one file holds a continued run)")
-    p.add_argument("--plot", type=cli.output_path, default=None, metavar="PNG",
-                   help="draw this run's loss per step and test accuracy per epoch here (needs matplotlib)")
-    p.add_argument("--augment", type=cli.int_in_range(0, data.IMAGE_SIZE - 1, "more moves every image out of its "
-                                                      "28x28 field; a few (1-3) is the usual"),
-                   default=None, metavar="PIXELS",
-                   help="move each training image by up to PIXELS pixels each way, offsets drawn per step from "
-                        "the seed and done on the GPU as the batch is loaded (default: 0, or the --init checkpoint's)")
-    p.add_argument("--kernels", choices=KERNEL_VERSIONS, default=None,
-                   help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones "
-                        f"(default: {d['kernels']}{from_init})")
+        "recorded, and training continues where it stopped: the step count, the epoch and its shuffled "
+        "order, so 4 epochs and then --init with 6 more train the same steps as 10 at once.",
+    )
+    p.add_argument(
+        "--dataset",
+        choices=sorted(data.DATASETS),
+        default=None,
+        help=f"training and test set (default: {d['dataset']}{from_init})",
+    )
+    p.add_argument(
+        "--data-dir",
+        type=cli.existing_dir,
+        default=None,
+        metavar="DIR",
+        help="the folder holding the four IDX files (.gz or raw), the only place looked in when given "
+        "(default: $MNIST_DATA_DIR if set, else the cache ./data/<dataset>, else a verified download)",
+    )
+    p.add_argument(
+        "--epochs",
+        type=cli.int_in_range(1, sizes.MAX_STEPS, STEP_COUNTER),
+        default=None,
+        help=f"epochs to train in this run, counted from where --init stopped (default: {d['epochs']})",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=sorted(RECIPES),
+        default=None,
+        help="a named set of the flags below (batch size, lr, epochs, SGD's options, schedule; given "
+        "flags win): fast, the fewest seconds to 99.0%% test accuracy (with --target-accuracy "
+        "99); best, the highest mean accuracy within 20 epochs",
+    )
+    p.add_argument(
+        "--target-accuracy",
+        type=cli.number_between(0, 100, low_included=False),
+        default=None,
+        metavar="PERCENT",
+        help="stop after the first epoch whose test accuracy reaches PERCENT and report the training "
+        "time to there (evaluation timed apart)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"),
+        default=None,
+        help=f"samples per training step; evaluation uses the same (default: {d['batch_size']}{from_init})",
+    )
+    p.add_argument(
+        "--lr", type=cli.learning_rate, default=None, help=f"SGD learning rate (default: {d['lr']}{from_init})"
+    )
+    p.add_argument(
+        "--seed",
+        type=cli.seed,
+        default=None,
+        help=f"seeds the initialisation and the shuffling; 0 to {cli.SEED_MAX} (default: {d['seed']}{from_init})",
+    )
+    p.add_argument(
+        "--channels",
+        type=_channels,
+        default=None,
+        metavar="C1,C2",
+        help="output channels of conv1 and conv2 (default: 32,64, or the --init checkpoint's)",
+    )
+    p.add_argument(
+        "--hidden",
+        type=cli.int_in_range(
+            1, sizes.MAX_HIDDEN, "fc1's weight gradient in tiles of 64 outputs fills at most 65535 rows of CUDA's grid"
+        ),
+        default=None,
+        help=f"fc1 width (default: {d['hidden']}, or the --init checkpoint's)",
+    )
+    p.add_argument(
+        "--save",
+        type=cli.output_path,
+        default=None,
+        metavar="PATH",
+        help="write a checkpoint (.npz) here after every epoch, replacing the last one atomically",
+    )
+    p.add_argument(
+        "--init",
+        type=cli.input_file,
+        default=None,
+        metavar="PATH",
+        help="start from this checkpoint (written by --save) and continue where it stopped",
+    )
+    p.add_argument(
+        "--shuffle",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="a new permutation of the training set every epoch; --no-shuffle: file order "
+        "(default: shuffle, or the --init checkpoint's)",
+    )
+    p.add_argument(
+        "--steps",
+        type=cli.int_in_range(0, sizes.MAX_STEPS, STEP_COUNTER),
+        default=None,
+        metavar="N",
+        help="train N steps instead of --epochs (0: only write the initial checkpoint to --save)",
+    )
+    p.add_argument(
+        "--metrics",
+        type=cli.output_path,
+        default=None,
+        metavar="PATH",
+        help="JSON lines: every step's loss, every epoch's test accuracy (appended to with --init, "
+        "so one file holds a continued run)",
+    )
+    p.add_argument(
+        "--plot",
+        type=cli.output_path,
+        default=None,
+        metavar="PNG",
+        help="draw this run's loss per step and test accuracy per epoch here (needs matplotlib)",
+    )
+    p.add_argument(
+        "--augment",
+        type=cli.int_in_range(
+            0, data.IMAGE_SIZE - 1, "more moves every image out of its 28x28 field; a few (1-3) is the usual"
+        ),
+        default=None,
+        metavar="PIXELS",
+        help="move each training image by up to PIXELS pixels each way, offsets drawn per step from "
+        "the seed and done on the GPU as the batch is loaded (default: 0, or the --init checkpoint's)",
+    )
+    p.add_argument(
+        "--kernels",
+        choices=KERNEL_VERSIONS,
+        default=None,
+        help="kernel version: the readable one-thread-per-output kernels, or the fused tiled ones "
+        f"(default: {d['kernels']}{from_init})",
+    )
     cli.add_precision_arguments(p, f"default: {d['precision']}{from_init}")
-    p.add_argument("--eager", action="store_true",
-                   help="launch the kernels one by one instead of replaying a CUDA graph of the step")
+    p.add_argument(
+        "--eager",
+        action="store_true",
+        help="launch the kernels one by one instead of replaying a CUDA graph of the step",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     cli.add_optimizer_arguments(p)
     return p
@@ -122,6 +208,7 @@ def build_parser() -> cli.Parser:
 @dataclasses.dataclass
 class Setup:
     """Everything a run needs, checked: the resolved hyperparameters, the initial state, where to start."""
+
     dataset: str
     batch_size: int
     lr: float
@@ -142,6 +229,7 @@ class Setup:
 @dataclasses.dataclass
 class Resumed:
     """What an --init checkpoint brings: its state, the flags it recorded and where it stopped."""
+
     state: dict | None = None
     buffers: dict = dataclasses.field(default_factory=dict)
     flags: dict = dataclasses.field(default_factory=dict)  # RESUMED's keys that the record holds
@@ -163,9 +251,16 @@ def check(args, parser: cli.Parser) -> Setup:
         args.epochs = DEFAULTS["epochs"]
     _refuse_flags_without_effect(parser, args, given)
     r = _resume(args, parser) if args.init is not None else Resumed()
-    explicit = {"dataset": args.dataset, "batch_size": args.batch_size, "lr": args.lr, "seed": args.seed,
-                "kernels": args.kernels, "precision": args.precision, "shuffle": args.shuffle,
-                "augment": args.augment}
+    explicit = {
+        "dataset": args.dataset,
+        "batch_size": args.batch_size,
+        "lr": args.lr,
+        "seed": args.seed,
+        "kernels": args.kernels,
+        "precision": args.precision,
+        "shuffle": args.shuffle,
+        "augment": args.augment,
+    }
     value = {k: explicit[k] if explicit[k] is not None else r.flags.get(k, DEFAULTS[k]) for k in RESUMED}
     _check_flags(args, parser, r, value)
     channels = args.channels or DEFAULTS["channels"]
@@ -174,23 +269,38 @@ def check(args, parser: cli.Parser) -> Setup:
     if batch > train_samples:
         parser.fail("--batch-size", f"{batch} is larger than the training set ({train_samples} samples)")
     from . import sizes
+
     blame = sizes.FLAGS if r.state is None else sizes.Blame("--init", "the --init checkpoint's model")
-    cli.model_fits_or_fail(parser, channels, hidden, batch, (value["kernels"],), initialise=r.state is None,
-                           blame=blame)
+    cli.model_fits_or_fail(
+        parser, channels, hidden, batch, (value["kernels"],), initialise=r.state is None, blame=blame
+    )
     steps_per_epoch = train_samples // batch
     steps = args.epochs * steps_per_epoch if args.steps is None else args.steps
     planned = steps or args.epochs * steps_per_epoch  # (--steps 0 records the schedule of a run of --epochs)
     by_epochs = args.steps is None or args.steps == 0  # (--steps 0 plans a run of --epochs for the schedule)
-    cli.fail_on(parser, sizes.steps_problem(r.start.step, planned, "--epochs" if by_epochs else "--steps",
-                                            steps_per_epoch if by_epochs else None))
+    cli.fail_on(
+        parser,
+        sizes.steps_problem(
+            r.start.step, planned, "--epochs" if by_epochs else "--steps", steps_per_epoch if by_epochs else None
+        ),
+    )
     if args.plot is not None:
         cli.require_matplotlib(parser, "--plot")
-        cli.fits_host_or_fail(parser, "--plot", curves.plot_bytes(steps),
-                              f"drawing {steps:,} steps (the plot keeps every step's loss)")
+        cli.fits_host_or_fail(
+            parser, "--plot", curves.plot_bytes(steps), f"drawing {steps:,} steps (the plot keeps every step's loss)"
+        )
     state = r.state if r.state is not None else reference.init_state_dict(value["seed"], channels, hidden)
     options = _optimizer(args, parser, r, given, value["lr"], start_step=r.start.step, steps=steps, planned=planned)
-    return Setup(channels=tuple(channels), hidden=hidden, state=state, start=r.start, steps=steps, optimizer=options,
-                 buffers=r.buffers if options.momentum else {}, **value)
+    return Setup(
+        channels=tuple(channels),
+        hidden=hidden,
+        state=state,
+        start=r.start,
+        steps=steps,
+        optimizer=options,
+        buffers=r.buffers if options.momentum else {},
+        **value,
+    )
 
 
 # flags that change nothing with --steps 0, which only writes the initial checkpoint
@@ -204,8 +314,10 @@ def _refuse_flags_without_effect(parser, args, given: dict):
             if key in given:
                 parser.fail(_flag(key), "changes nothing with --steps 0, which only writes the initial checkpoint")
     if args.steps and "epochs" in given:
-        parser.fail("--epochs", f"changes nothing with --steps {args.steps}, which trains {args.steps} steps "
-                                f"instead; give one of them")
+        parser.fail(
+            "--epochs",
+            f"changes nothing with --steps {args.steps}, which trains {args.steps} steps instead; give one of them",
+        )
 
 
 def _flag(key: str) -> str:
@@ -220,18 +332,27 @@ def _resume(args, parser) -> Resumed:
         parser.fail("--init", str(e))
     for flag, value, theirs in (("--channels", args.channels, channels), ("--hidden", args.hidden, hidden)):
         if value is not None and value != theirs:
-            parser.fail(flag, f"the --init checkpoint {args.init} holds a model with --channels "
-                              f"{channels[0]},{channels[1]} --hidden {hidden}; leave {flag} out to use it")
+            parser.fail(
+                flag,
+                f"the --init checkpoint {args.init} holds a model with --channels "
+                f"{channels[0]},{channels[1]} --hidden {hidden}; leave {flag} out to use it",
+            )
     args.channels, args.hidden = channels, hidden
     resumed = {k: meta[k] for k in RESUMED if k in meta}
     problem = _bad_record(resumed, meta)
     if problem is None and "tf32" in meta:  # a checkpoint from before --precision
         resumed["precision"] = cli.precision_of(meta)
     if problem:
-        parser.fail("--init", f"{args.init}'s record of the run is damaged ({problem}); start from a checkpoint "
-                              f"that --save wrote, or without --init")
-    start = _position(meta, resumed.get("batch_size", DEFAULTS["batch_size"]),
-                      data.TRAIN_SAMPLES[resumed.get("dataset", DEFAULTS["dataset"])])
+        parser.fail(
+            "--init",
+            f"{args.init}'s record of the run is damaged ({problem}); start from a checkpoint "
+            f"that --save wrote, or without --init",
+        )
+    start = _position(
+        meta,
+        resumed.get("batch_size", DEFAULTS["batch_size"]),
+        data.TRAIN_SAMPLES[resumed.get("dataset", DEFAULTS["dataset"])],
+    )
     return Resumed(state, buffers, resumed, meta.get("optimizer", {}), start)
 
 
@@ -240,25 +361,37 @@ def _check_flags(args, parser, r: Resumed, value: dict):
     if r.start.sample:  # inside an epoch: its order must stay the one the checkpoint was trained on
         for k in ("seed", "shuffle", "dataset"):
             if value[k] != r.flags.get(k, DEFAULTS[k]):
-                parser.fail(_flag(k), f"the --init checkpoint stopped inside epoch {r.start.epoch + 1}; another {k} "
-                                      f"would splice two sample orders: continue with the checkpoint's, or from one "
-                                      f"that ends an epoch")
+                parser.fail(
+                    _flag(k),
+                    f"the --init checkpoint stopped inside epoch {r.start.epoch + 1}; another {k} "
+                    f"would splice two sample orders: continue with the checkpoint's, or from one "
+                    f"that ends an epoch",
+                )
     if value["dataset"] not in data.DATASETS:
         parser.fail("--init", f"the checkpoint names an unknown dataset {value['dataset']!r}; give --dataset")
     if value["augment"] >= data.IMAGE_SIZE:
-        parser.fail("--augment", f"{value['augment']} pixels would move every image out of its {data.IMAGE_SIZE}x"
-                                 f"{data.IMAGE_SIZE} field; a few (1-3) is the usual")
+        parser.fail(
+            "--augment",
+            f"{value['augment']} pixels would move every image out of its {data.IMAGE_SIZE}x"
+            f"{data.IMAGE_SIZE} field; a few (1-3) is the usual",
+        )
     if value["precision"] != "fp32" and value["kernels"] != "fast":
-        parser.fail("--precision", f"{value['precision']} needs --kernels fast (the naive kernels compute in plain fp32)")
+        parser.fail(
+            "--precision", f"{value['precision']} needs --kernels fast (the naive kernels compute in plain fp32)"
+        )
     if args.steps == 0 and args.save is None:
         parser.fail("--steps", "0 only writes the initial checkpoint, so it needs --save")
-    cli.refuse_clashes(parser, inputs=[("--init", args.init)] + cli.data_inputs(value["dataset"], args.data_dir),
-                       outputs=[("--save", args.save), ("--metrics", args.metrics), ("--plot", args.plot)],
-                       allowed=[("--save", "--init")])
+    cli.refuse_clashes(
+        parser,
+        inputs=[("--init", args.init)] + cli.data_inputs(value["dataset"], args.data_dir),
+        outputs=[("--save", args.save), ("--metrics", args.metrics), ("--plot", args.plot)],
+        allowed=[("--save", "--init")],
+    )
 
 
-def _optimizer(args, parser, r: Resumed, given: dict, lr: float, start_step: int, steps: int,
-               planned: int) -> optim.SGDOptions:
+def _optimizer(
+    args, parser, r: Resumed, given: dict, lr: float, start_step: int, steps: int, planned: int
+) -> optim.SGDOptions:
     """SGD's options from the flags given, the recipe and the checkpoint's record; a flag given that changes
     nothing is a usage error, a recorded value that changes nothing under the new flags is dropped."""
     flags = {k: getattr(args, k) for k in optim.ARGUMENTS}
@@ -278,23 +411,31 @@ def _optimizer(args, parser, r: Resumed, given: dict, lr: float, start_step: int
     except (ValueError, TypeError) as e:
         parser.error(str(e))
     if options.schedule.kind in ("cosine", "onecycle") and start_step + steps > total:
-        parser.fail("--epochs" if args.steps is None else "--steps",
-                    f"the {options.schedule.kind} schedule of {args.init} ends at step {total}; this run would train "
-                    f"to step {start_step + steps}: train at most {total - start_step} steps more, or give "
-                    f"--schedule to start a new one")
+        parser.fail(
+            "--epochs" if args.steps is None else "--steps",
+            f"the {options.schedule.kind} schedule of {args.init} ends at step {total}; this run would train "
+            f"to step {start_step + steps}: train at most {total - start_step} steps more, or give "
+            f"--schedule to start a new one",
+        )
     if args.steps == 0 and "epochs" in given and (keep_total or options.schedule.kind not in ("cosine", "onecycle")):
-        parser.fail("--epochs", "changes nothing with --steps 0 unless it sets the length of a new cosine or "
-                                "onecycle schedule")
+        parser.fail(
+            "--epochs", "changes nothing with --steps 0 unless it sets the length of a new cosine or onecycle schedule"
+        )
     return options
 
 
 def _bad_record(resumed: dict, meta: dict) -> str | None:
     """What is wrong with a checkpoint's record of the run, if anything."""
-    kinds = {"dataset": lambda v: v in data.DATASETS, "kernels": lambda v: v in KERNEL_VERSIONS,
-             "batch_size": lambda v: type(v) is int and v >= 1, "seed": lambda v: type(v) is int and 0 <= v <= cli.SEED_MAX,
-             "lr": lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0,
-             "precision": lambda v: v in nets.PRECISIONS, "shuffle": lambda v: type(v) is bool,
-             "augment": lambda v: type(v) is int and 0 <= v < data.IMAGE_SIZE}
+    kinds = {
+        "dataset": lambda v: v in data.DATASETS,
+        "kernels": lambda v: v in KERNEL_VERSIONS,
+        "batch_size": lambda v: type(v) is int and v >= 1,
+        "seed": lambda v: type(v) is int and 0 <= v <= cli.SEED_MAX,
+        "lr": lambda v: type(v) in (int, float) and math.isfinite(v) and v > 0,
+        "precision": lambda v: v in nets.PRECISIONS,
+        "shuffle": lambda v: type(v) is bool,
+        "augment": lambda v: type(v) is int and 0 <= v < data.IMAGE_SIZE,
+    }
     for key, ok in kinds.items():
         if key in resumed and not ok(resumed[key]):
             return f"{key} {resumed[key]!r}"
@@ -306,11 +447,18 @@ def _bad_record(resumed: dict, meta: dict) -> str | None:
     o = meta.get("optimizer", {})
     if not isinstance(o, dict):
         return "optimizer"
-    for key, ok in (("momentum", _number), ("dampening", _number), ("weight_decay", _number), ("gamma", _number),
-                    ("pct_start", _number), ("nesterov", lambda v: type(v) is bool),
-                    ("schedule", lambda v: v in optim.SCHEDULES), ("anneal", lambda v: v in optim.ANNEALS),
-                    ("step_size", lambda v: type(v) is int and v >= 1),
-                    ("schedule_total", lambda v: type(v) is int and v >= 0)):
+    for key, ok in (
+        ("momentum", _number),
+        ("dampening", _number),
+        ("weight_decay", _number),
+        ("gamma", _number),
+        ("pct_start", _number),
+        ("nesterov", lambda v: type(v) is bool),
+        ("schedule", lambda v: v in optim.SCHEDULES),
+        ("anneal", lambda v: v in optim.ANNEALS),
+        ("step_size", lambda v: type(v) is int and v >= 1),
+        ("schedule_total", lambda v: type(v) is int and v >= 0),
+    ):
         if key in o and not ok(o[key]):
             return f"optimizer {key} {o[key]!r}"
     return None
@@ -331,24 +479,48 @@ def _position(meta: dict, batch_size: int, train_samples: int) -> Position:
 
 
 def checkpoint_meta(s: Setup, at: Position, **extra) -> dict:
-    return {"dataset": s.dataset, "channels": list(s.channels), "hidden": s.hidden, "seed": s.seed, "lr": s.lr,
-            "batch_size": s.batch_size, "kernels": s.kernels, "precision": s.precision, "shuffle": s.shuffle, "augment": s.augment,
-            "step": at.step, "epoch_index": at.epoch, "epoch_sample": at.sample,
-            "optimizer": optim.describe(s.optimizer), **extra}
+    return {
+        "dataset": s.dataset,
+        "channels": list(s.channels),
+        "hidden": s.hidden,
+        "seed": s.seed,
+        "lr": s.lr,
+        "batch_size": s.batch_size,
+        "kernels": s.kernels,
+        "precision": s.precision,
+        "shuffle": s.shuffle,
+        "augment": s.augment,
+        "step": at.step,
+        "epoch_index": at.epoch,
+        "epoch_sample": at.sample,
+        "optimizer": optim.describe(s.optimizer),
+        **extra,
+    }
 
 
 def train(args, parser) -> int:
     s = check(args, parser)
     prog = parser.prog
     if args.steps == 0:
-        checkpoint.save_checkpoint(args.save, {**s.state, **{checkpoint.MOMENTUM_PREFIX + k: v for k, v in
-                                                             s.buffers.items()}}, checkpoint_meta(s, s.start))
+        checkpoint.save_checkpoint(
+            args.save,
+            {**s.state, **{checkpoint.MOMENTUM_PREFIX + k: v for k, v in s.buffers.items()}},
+            checkpoint_meta(s, s.start),
+        )
         print(f"wrote the initial checkpoint to {args.save}")
         return 0
     cli.check_data_dir_or_exit(prog, s.dataset, args.data_dir)
     cli.gpu_or_exit(prog)  # before a download
-    cli.fits_gpu_or_exit(parser, s.channels, s.hidden, s.batch_size, s.kernels, s.precision,
-                         momentum=s.optimizer.momentum > 0, augment=s.augment > 0)
+    cli.fits_gpu_or_exit(
+        parser,
+        s.channels,
+        s.hidden,
+        s.batch_size,
+        s.kernels,
+        s.precision,
+        momentum=s.optimizer.momentum > 0,
+        augment=s.augment > 0,
+    )
     arrays = cli.load_data_or_exit(prog, s.dataset, args.data_dir, args.quiet)
     from .nets import Parameters, make_net
     from .step import PHASES, Step, phase_times_ms
@@ -357,8 +529,14 @@ def train(args, parser) -> int:
     params = Parameters(s.channels, s.hidden)
     params.load_state_dict(s.state)
     optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
-    step = Step(make_net(params, s.batch_size, s.kernels, s.precision), optimizer, mode="eager" if args.eager else "graph",
-                augment=s.augment, seed=s.seed, first_step=s.start.step)
+    step = Step(
+        make_net(params, s.batch_size, s.kernels, s.precision),
+        optimizer,
+        mode="eager" if args.eager else "graph",
+        augment=s.augment,
+        seed=s.seed,
+        first_step=s.start.step,
+    )
     chunks = plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps)
     if args.metrics and args.init:
         _keep_metrics_until(args.metrics, s.start.step)
@@ -377,14 +555,22 @@ def train(args, parser) -> int:
     try:
         for chunk in chunks:
             first, epoch = chunk.first_step, chunk.epoch
-            bar = tqdm(total=len(chunk.batches), desc=f"epoch {chunk.epoch + 1}", unit="step", disable=args.quiet,
-                       leave=True, dynamic_ncols=True)
+            bar = tqdm(
+                total=len(chunk.batches),
+                desc=f"epoch {chunk.epoch + 1}",
+                unit="step",
+                disable=args.quiet,
+                leave=True,
+                dynamic_ncols=True,
+            )
             t0 = time.perf_counter()
 
             def progress(done, losses):
-                bar.set_postfix(loss=f"{losses[-1]:.4f}",
-                                img_s=f"{done * s.batch_size / (time.perf_counter() - t0):,.0f}")
+                bar.set_postfix(
+                    loss=f"{losses[-1]:.4f}", img_s=f"{done * s.batch_size / (time.perf_counter() - t0):,.0f}"
+                )
                 bar.update(done - bar.n)
+
             losses = run_chunk(step, ds, chunk, progress, phase_events)
             epoch_seconds = time.perf_counter() - t0
             times = phase_times_ms(phase_events)  # (the chunk's steps are done: this waits for nothing)
@@ -404,11 +590,16 @@ def train(args, parser) -> int:
             if metrics:
                 metrics.write("".join(json.dumps(d) + "\n" for d in lines))
                 metrics.flush()
-            print(f"epoch {chunk.epoch + 1}: test accuracy {accuracy * 100:.2f}%  loss {losses[-1]:.4f}  "
-                  f"{len(chunk.batches) * s.batch_size / epoch_seconds:,.0f} img/s")
+            print(
+                f"epoch {chunk.epoch + 1}: test accuracy {accuracy * 100:.2f}%  loss {losses[-1]:.4f}  "
+                f"{len(chunk.batches) * s.batch_size / epoch_seconds:,.0f} img/s"
+            )
             if args.save:
-                checkpoint.save_checkpoint(args.save, {**params.state_dict(), **optimizer.buffer_state()},
-                                           checkpoint_meta(s, at, test_accuracy=accuracy))
+                checkpoint.save_checkpoint(
+                    args.save,
+                    {**params.state_dict(), **optimizer.buffer_state()},
+                    checkpoint_meta(s, at, test_accuracy=accuracy),
+                )
                 saved = at
             if args.target_accuracy is not None and 100 * accuracy >= args.target_accuracy:
                 reached = (epoch + 1, train_seconds, eval_seconds)
@@ -425,20 +616,33 @@ def train(args, parser) -> int:
 
     done = at.step - s.start.step
     phases = dict(zip(PHASES, (phase_sum / phase_count).tolist())) if phase_count else {}
-    print(f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps{f' (step {at.step} in all)' if s.start.step else ''} "
-          f"({s.dataset}, batch {s.batch_size}, lr {s.lr}{_optimizer_words(s.optimizer)}, seed {s.seed}"
-          f"{f', images shifted by up to {s.augment} px' if s.augment else ''}"
-          f"{PRECISION_WORDS[s.precision]})")
-    print(f"training wall time {train_seconds:.2f} s, {done * s.batch_size / train_seconds:,.0f} img/s "
-          f"({'eager launches' if args.eager else 'CUDA graph per step'}); evaluation {eval_seconds:.2f} s")
+    print(
+        f"\ntest accuracy {accuracy * 100:.2f}% after {done} steps"
+        f"{f' (step {at.step} in all)' if s.start.step else ''} "
+        f"({s.dataset}, batch {s.batch_size}, lr {s.lr}{_optimizer_words(s.optimizer)}, seed {s.seed}"
+        f"{f', images shifted by up to {s.augment} px' if s.augment else ''}"
+        f"{PRECISION_WORDS[s.precision]})"
+    )
+    print(
+        f"training wall time {train_seconds:.2f} s, {done * s.batch_size / train_seconds:,.0f} img/s "
+        f"({'eager launches' if args.eager else 'CUDA graph per step'}); evaluation {eval_seconds:.2f} s"
+    )
     if phases:
-        print(f"per-phase mean, {phase_count} sampled steps, eager launches with CUDA events: "
-              + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items())
-              + (" (fast kernels: zero-grad is fused into the update)" if s.kernels == "fast" else ""))
+        print(
+            f"per-phase mean, {phase_count} sampled steps, eager launches with CUDA events: "
+            + ", ".join(f"{k} {v * 1000:.1f} us" for k, v in phases.items())
+            + (" (fast kernels: zero-grad is fused into the update)" if s.kernels == "fast" else "")
+        )
     if args.target_accuracy is not None:
-        print(f"target {args.target_accuracy:g}%: " + (
-            f"reached in epoch {reached[0]} after {reached[1]:.3f} s of training (evaluation {reached[2]:.3f} s "
-            f"more, not counted)" if reached else "not reached"))
+        print(
+            f"target {args.target_accuracy:g}%: "
+            + (
+                f"reached in epoch {reached[0]} after {reached[1]:.3f} s of training (evaluation {reached[2]:.3f} s "
+                f"more, not counted)"
+                if reached
+                else "not reached"
+            )
+        )
     if args.save:
         print(f"checkpoint: {args.save}")
     if args.plot:
@@ -464,6 +668,7 @@ def _keep_metrics_until(path: Path, step: int):
                     keep = True  # not ours to judge: leave it
                 if keep:
                     out.write(line.encode())
+
     cli.write_atomic(path, copy_kept)
 
 
@@ -480,8 +685,10 @@ def _where_saved(args, saved: Position | None) -> str:
         return " Nothing was saved (no --save)."
     if saved is None:
         return f" No checkpoint was written yet; {args.save} was left as it was."
-    return (f" The last checkpoint, {args.save}, holds step {saved.step} (written at the end of an epoch) and is "
-            f"intact: continue with --init {args.save}")
+    return (
+        f" The last checkpoint, {args.save}, holds step {saved.step} (written at the end of an epoch) and is "
+        f"intact: continue with --init {args.save}"
+    )
 
 
 def main(argv=None) -> int:

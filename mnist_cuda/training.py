@@ -5,10 +5,11 @@ trains one epoch's chunk of them with a step runner (mnist_cuda.step).
 mnist_cuda.train is the command around these; the sweeps (scripts/), the comparison with PyTorch
 (mnist_cuda.compare) and the dev tools train through them too, so a run there is the trainer's run.
 """
+
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -18,15 +19,42 @@ PHASE_SAMPLE_EVERY = 50
 LOG_EVERY = 100  # read the loss log (one sync) this often for the progress bar and the NaN check
 
 # batch size and learning rate as scripts/sweep_hparams.py chose them (README, Results)
-DEFAULTS = dict(dataset="mnist", epochs=10, batch_size=64, lr=0.05, seed=0, channels=(32, 64), hidden=128,
-                kernels="fast", precision="fp32", shuffle=True, augment=0)
+DEFAULTS = dict(
+    dataset="mnist",
+    epochs=10,
+    batch_size=64,
+    lr=0.05,
+    seed=0,
+    channels=(32, 64),
+    hidden=128,
+    kernels="fast",
+    precision="fp32",
+    shuffle=True,
+    augment=0,
+)
 # named sets of flags, chosen by scripts/sweep_recipes.py on the H200 (benchmarks/results/recipes-h200.json):
 # fast, the fewest seconds of training to 99.0% test accuracy on every seed; best, the highest mean accuracy
 RECIPES = {
-    "fast": dict(batch_size=128, lr=0.05, epochs=2, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                 schedule="onecycle", target_accuracy=99.0),
-    "best": dict(batch_size=64, lr=0.05, epochs=20, momentum=0.9, nesterov=True, weight_decay=5e-4,
-                 schedule="onecycle", augment=2),
+    "fast": dict(
+        batch_size=128,
+        lr=0.05,
+        epochs=2,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=5e-4,
+        schedule="onecycle",
+        target_accuracy=99.0,
+    ),
+    "best": dict(
+        batch_size=64,
+        lr=0.05,
+        epochs=20,
+        momentum=0.9,
+        nesterov=True,
+        weight_decay=5e-4,
+        schedule="onecycle",
+        augment=2,
+    ),
 }
 
 
@@ -38,6 +66,7 @@ class TrainingDiverged(Exception):
 class Position:
     """Where training stands: the next step's number (from 1), the epoch it belongs to (from 0) and the
     samples of that epoch's order already trained on."""
+
     step: int = 0
     epoch: int = 0
     sample: int = 0
@@ -46,6 +75,7 @@ class Position:
 @dataclasses.dataclass
 class Chunk:
     """The steps of one epoch that a run trains: its batches and where training stands after them."""
+
     epoch: int
     batches: list
     end: Position
@@ -63,6 +93,7 @@ class Plan:
     comparison runs one plan on each side). An epoch's order is a permutation seeded by (seed, epoch)
     (data.epoch_order) and drops its partial last batch, so a run continued from a checkpoint trains the same
     batches as one run that never stopped."""
+
     n_samples: int
     batch_size: int
     seed: int
@@ -103,6 +134,7 @@ def run_chunk(step, ds, chunk: Chunk, on_progress=None, phase_events=None) -> np
     losses. Steps whose number is a multiple of PHASE_SAMPLE_EVERY run eagerly with events between their
     phases (appended to phase_events, when given). on_progress(done, losses) every LOG_EVERY steps."""
     from .step import PHASES
+
     step.losses(reset=True)
     losses = np.zeros(0, np.float32)
     for i, (idx, next_idx) in enumerate(data.with_next(chunk.batches)):

@@ -4,6 +4,7 @@ arguments and the run; candidates, torch_side, ours, measure, timing, parity, re
 
     python scripts/compare_pytorch.py --help
 """
+
 import sys
 from pathlib import Path
 

@@ -12,6 +12,7 @@ In the README the table stands between two marker lines; the first names the res
 A row from a result of the earlier script (schema mnist_cuda.compare/1, which compiled PyTorch once for
 every batch size and tried neither channels_last nor autotuning) is marked: its PyTorch is not at its best.
 """
+
 from __future__ import annotations
 
 import json
@@ -63,28 +64,41 @@ def table(results: list[dict]) -> str:
     (whole-step medians, us), the speed-up against that fastest, and each side's epoch (s)."""
     devices = sorted({r["env"]["device"] for r in results})
     earlier = any(SCHEMAS[r["schema"]] == "earlier" for r in results)
-    lines = [f"Whole training step, median us (load + forward + backward + update + zero-grad), and one epoch at "
-             f"that batch size, s; {', '.join(devices)}:", "",
-             "| batch | precision | PyTorch eager | PyTorch's fastest | its mode | **ours** (graph) | "
-             "vs PyTorch's fastest | epoch: PyTorch's fastest / ours |",
-             "|---:|---|---:|---:|---|---:|---:|---:|"]
+    lines = [
+        f"Whole training step, median us (load + forward + backward + update + zero-grad), and one epoch at "
+        f"that batch size, s; {', '.join(devices)}:",
+        "",
+        "| batch | precision | PyTorch eager | PyTorch's fastest | its mode | **ours** (graph) | "
+        "vs PyTorch's fastest | epoch: PyTorch's fastest / ours |",
+        "|---:|---|---:|---:|---|---:|---:|---:|",
+    ]
     rows = []
     for r in results:
         precision = PRECISION_LABELS[precision_of(r["config"])]
         mark = EARLIER if SCHEMAS[r["schema"]] == "earlier" else ""
         for batch, b in r["batch_sizes"].items():
             torch_modes, ours, head = b["torch"]["modes"], b["ours"]["modes"], b["headline"]
-            cells = [batch, precision, _us(torch_modes.get("eager", {}).get("median_us")),
-                     _us(head["torch_median_us"]) + mark, head["torch_mode"], f"**{_us(head['ours_median_us'])}**",
-                     f"{head['speedup']:.2f}x{mark}",
-                     f"{_epoch(torch_modes.get(head['torch_mode']))} / {_epoch(ours.get(head['ours_mode']))}"]
-            rows.append((int(batch), list(PRECISION_LABELS.values()).index(precision), mark,
-                         "| " + " | ".join(cells) + " |"))
+            cells = [
+                batch,
+                precision,
+                _us(torch_modes.get("eager", {}).get("median_us")),
+                _us(head["torch_median_us"]) + mark,
+                head["torch_mode"],
+                f"**{_us(head['ours_median_us'])}**",
+                f"{head['speedup']:.2f}x{mark}",
+                f"{_epoch(torch_modes.get(head['torch_mode']))} / {_epoch(ours.get(head['ours_mode']))}",
+            ]
+            rows.append(
+                (int(batch), list(PRECISION_LABELS.values()).index(precision), mark, "| " + " | ".join(cells) + " |")
+            )
     lines += [row for *_, row in sorted(rows)]
     if earlier:
-        lines += ["", f"{EARLIER} measured by the earlier script, which compiled PyTorch once for every batch size "
-                      "(recompiled with a symbolic batch dimension from the second one on) and tried neither "
-                      "channels_last nor autotuning: PyTorch was not at its best there, and the speed-up is overstated."]
+        lines += [
+            "",
+            f"{EARLIER} measured by the earlier script, which compiled PyTorch once for every batch size "
+            "(recompiled with a symbolic batch dimension from the second one on) and tried neither "
+            "channels_last nor autotuning: PyTorch was not at its best there, and the speed-up is overstated.",
+        ]
     return "\n".join(lines)
 
 
@@ -105,9 +119,10 @@ def _blocks(readme: Path) -> tuple[list[str], int, int, list[Path]]:
 def update_readme(readme: Path) -> bool:
     """Rewrite the table between the markers from the files the first marker names; True if it changed."""
     from mnist_cuda.cli import write_atomic
+
     lines, begin, end, files = _blocks(readme)
     old = "\n".join(lines)
-    new = "\n".join(lines[:begin + 1] + [table([load(f) for f in files])] + lines[end:])
+    new = "\n".join(lines[: begin + 1] + [table([load(f) for f in files])] + lines[end:])
     try:
         write_atomic(readme, lambda f: f.write(new.encode()))
     except OSError as e:
@@ -118,13 +133,15 @@ def update_readme(readme: Path) -> bool:
 def readme_table(readme: Path) -> tuple[str, str]:
     """(the table in the README, the table its result files give)."""
     lines, begin, end, files = _blocks(readme)
-    return "\n".join(lines[begin + 1:end]), table([load(f) for f in files])
+    return "\n".join(lines[begin + 1 : end]), table([load(f) for f in files])
 
 
 def main(argv=None) -> int:
     p = Parser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("files", nargs="*", type=input_file, help="result JSON files of scripts/compare_pytorch.py")
-    p.add_argument("--readme", type=input_file, default=None, help="rewrite this README's table from the files it names")
+    p.add_argument(
+        "--readme", type=input_file, default=None, help="rewrite this README's table from the files it names"
+    )
     args = p.parse_args(argv)
     if bool(args.files) == bool(args.readme):
         p.error("give result files, or --readme README.md (not both)")

@@ -8,6 +8,7 @@ Plain SGD as docs/design.md fixes it. Each run trains through the trainer's own 
 with a CUDA graph per step, the chosen --kernels, the trainer's shuffling and initialisation, Step.evaluate
 on the test set after every epoch), so a setting reproduces bit for bit with `python -m mnist_cuda.train`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,20 @@ import time
 import numpy as np
 
 from mnist_cuda import cuda, data, reference, sizes
-from mnist_cuda.cli import (Parser, shorten, data_inputs, existing_dir, fail_on, fits_gpu_or_exit, int_in_range,
-                            learning_rate, output_path, refuse_clashes, seed, write_json)
+from mnist_cuda.cli import (
+    Parser,
+    data_inputs,
+    existing_dir,
+    fail_on,
+    fits_gpu_or_exit,
+    int_in_range,
+    learning_rate,
+    output_path,
+    refuse_clashes,
+    seed,
+    shorten,
+    write_json,
+)
 from mnist_cuda.nets import KERNEL_VERSIONS, Parameters, make_net
 from mnist_cuda.step import Step
 from mnist_cuda.training import DEFAULTS, Position, plan, run_chunk
@@ -34,8 +47,9 @@ def parse_configs(text):
         pairs = [c.split(":") for c in text.split(",")]
         return [(int_in_range(1, sizes.MAX_BATCH)(b), learning_rate(lr)) for b, lr in pairs]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected BATCH:LR pairs like 64:0.05,32:0.02, got "
-                                         f"{shorten(text)!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected BATCH:LR pairs like 64:0.05,32:0.02, got {shorten(text)!r}"
+        ) from None
     except argparse.ArgumentTypeError as e:
         raise argparse.ArgumentTypeError(f"{shorten(text)!r}: {e}") from None
 
@@ -63,14 +77,28 @@ def run(ds, batch, lr, seed, epochs, version) -> list[float]:
 
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--configs", type=parse_configs, default=f"{D['batch_size']}:{D['lr']}", metavar="B:LR,...",
-                   help="comma-separated BATCH:LR settings to train")
+    p.add_argument(
+        "--configs",
+        type=parse_configs,
+        default=f"{D['batch_size']}:{D['lr']}",
+        metavar="B:LR,...",
+        help="comma-separated BATCH:LR settings to train",
+    )
     p.add_argument("--epochs", type=int_in_range(1, sizes.MAX_STEPS), default=D["epochs"], help="epochs per run")
-    p.add_argument("--seeds", type=parse_seeds, default="0,1,2", metavar="S,...",
-                   help="comma-separated seeds: one run of each setting per seed (initialisation and shuffling)")
+    p.add_argument(
+        "--seeds",
+        type=parse_seeds,
+        default="0,1,2",
+        metavar="S,...",
+        help="comma-separated seeds: one run of each setting per seed (initialisation and shuffling)",
+    )
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default=D["dataset"], help="dataset to train on")
-    p.add_argument("--data-dir", type=existing_dir, default=None,
-                   help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)")
+    p.add_argument(
+        "--data-dir",
+        type=existing_dir,
+        default=None,
+        help="directory holding the IDX files (else $MNIST_DATA_DIR, then ./data, then download)",
+    )
     p.add_argument("--kernels", choices=KERNEL_VERSIONS, default="fast", help="kernel version")
     p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="also write the accuracies here")
     return p
@@ -110,9 +138,12 @@ def main(argv=None) -> int:
         mean = acc.mean(axis=0)
         best = int(mean.argmax())
         results.append({"batch": batch, "lr": lr, "seeds": args.seeds, "accuracy": acc.tolist()})
-        print(f"batch {batch:4d} lr {lr:<6g} mean test accuracy by epoch: "
-              + " ".join(f"{100 * a:.2f}" for a in mean)
-              + f" | best {100 * mean[best]:.2f}% at epoch {best + 1} | {time.perf_counter() - t0:.0f} s", flush=True)
+        print(
+            f"batch {batch:4d} lr {lr:<6g} mean test accuracy by epoch: "
+            + " ".join(f"{100 * a:.2f}" for a in mean)
+            + f" | best {100 * mean[best]:.2f}% at epoch {best + 1} | {time.perf_counter() - t0:.0f} s",
+            flush=True,
+        )
     if args.json:
         write_json(args.json, {"dataset": args.dataset, "kernels": args.kernels, "runs": results})
     return 0

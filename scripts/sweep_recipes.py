@@ -14,6 +14,7 @@ the step graph's capture in the first epoch included); evaluation is timed apart
            training to the first epoch that reaches it
     best   the candidate with the highest mean test accuracy after its last epoch (at most 20 epochs)
 """
+
 from __future__ import annotations
 
 import sys
@@ -33,14 +34,29 @@ TARGET = 0.99
 NESTEROV = {"momentum": 0.9, "nesterov": True, "weight_decay": 5e-4}
 
 # (name, batch, lr, options, epochs): the one-cycle schedule warms up and anneals within the run's steps
-FAST = [(f"fast-b{b}-lr{lr}-e{e}", b, lr, {**NESTEROV, "schedule": "onecycle"}, e)
-        for b, lrs, epochs in ((96, (0.05, 0.1), (2, 3)), (128, (0.05, 0.1, 0.15), (2, 3, 4)),
-                               (192, (0.1, 0.15), (3, 4)), (256, (0.1, 0.2), (3, 4)))
-        for lr in lrs for e in epochs]
-BEST = [(f"best-b{b}-lr{lr}-{s}-e{e}" + (f"-shift{a}" if a else ""), b, lr, {**NESTEROV, "schedule": s, "augment": a}, e)
-        for b, lr, s, e, a in ((128, 0.1, "onecycle", 20, 0), (128, 0.05, "cosine", 20, 0), (64, 0.05, "onecycle", 20, 0),
-                               (256, 0.2, "onecycle", 20, 0), (64, 0.05, "onecycle", 20, 1), (64, 0.05, "onecycle", 20, 2),
-                               (128, 0.1, "onecycle", 20, 2))]
+FAST = [
+    (f"fast-b{b}-lr{lr}-e{e}", b, lr, {**NESTEROV, "schedule": "onecycle"}, e)
+    for b, lrs, epochs in (
+        (96, (0.05, 0.1), (2, 3)),
+        (128, (0.05, 0.1, 0.15), (2, 3, 4)),
+        (192, (0.1, 0.15), (3, 4)),
+        (256, (0.1, 0.2), (3, 4)),
+    )
+    for lr in lrs
+    for e in epochs
+]
+BEST = [
+    (f"best-b{b}-lr{lr}-{s}-e{e}" + (f"-shift{a}" if a else ""), b, lr, {**NESTEROV, "schedule": s, "augment": a}, e)
+    for b, lr, s, e, a in (
+        (128, 0.1, "onecycle", 20, 0),
+        (128, 0.05, "cosine", 20, 0),
+        (64, 0.05, "onecycle", 20, 0),
+        (256, 0.2, "onecycle", 20, 0),
+        (64, 0.05, "onecycle", 20, 1),
+        (64, 0.05, "onecycle", 20, 2),
+        (128, 0.1, "onecycle", 20, 2),
+    )
+]
 
 
 def run(ds, batch, lr, options: dict, epochs: int, seed: int) -> dict:
@@ -48,16 +64,24 @@ def run(ds, batch, lr, options: dict, epochs: int, seed: int) -> dict:
     params = Parameters(DEFAULTS["channels"], DEFAULTS["hidden"])
     params.load_state_dict(reference.init_state_dict(seed, DEFAULTS["channels"], DEFAULTS["hidden"]))
     steps = epochs * (len(ds.train_x) // batch)
-    step = Step(make_net(params, batch, "fast"), optim.options_from(options, lr, steps),
-                augment=options.get("augment", 0), seed=seed)
+    step = Step(
+        make_net(params, batch, "fast"),
+        optim.options_from(options, lr, steps),
+        augment=options.get("augment", 0),
+        seed=seed,
+    )
     accuracy, seconds, eval_seconds = [], [], 0.0
     for chunk in plan(len(ds.train_x), batch, seed, True, Position(), steps):
         t0 = time.perf_counter()
         try:
             run_chunk(step, ds, chunk)
         except TrainingDiverged:
-            return {"accuracy": accuracy + [0.0], "train_seconds": np.cumsum(seconds).tolist() + [None],
-                    "eval_seconds": eval_seconds, "diverged": True}
+            return {
+                "accuracy": accuracy + [0.0],
+                "train_seconds": np.cumsum(seconds).tolist() + [None],
+                "eval_seconds": eval_seconds,
+                "diverged": True,
+            }
         seconds.append(time.perf_counter() - t0)
         t1 = time.perf_counter()
         accuracy.append(step.evaluate(ds.test_x, ds.test_y))
@@ -75,8 +99,12 @@ def time_to(r: dict, target: float):
 
 def build_parser() -> Parser:
     p = Parser(prog=PROG, description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", type=existing_dir, default=None,
-                   help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)")
+    p.add_argument(
+        "--data-dir",
+        type=existing_dir,
+        default=None,
+        help="the MNIST files (else $MNIST_DATA_DIR, then the cache, then a download)",
+    )
     p.add_argument("--which", choices=("fast", "best", "both"), default="both", help="which recipe to search")
     p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="write every run's figures here")
     return p
@@ -99,15 +127,31 @@ def main(argv=None) -> int:
         runs = [run(ds, batch, lr, options, epochs, seed) for seed in SEEDS]
         times = [time_to(r, TARGET) for r in runs]
         final = [r["accuracy"][-1] for r in runs]
-        row = {"name": name, "batch_size": batch, "lr": lr, "options": options, "epochs": epochs,
-               "seeds": list(SEEDS), "runs": runs, "time_to_target": times,
-               "all_reach_target": all(t is not None for t in times), "mean_final_accuracy": float(np.mean(final))}
+        row = {
+            "name": name,
+            "batch_size": batch,
+            "lr": lr,
+            "options": options,
+            "epochs": epochs,
+            "seeds": list(SEEDS),
+            "runs": runs,
+            "time_to_target": times,
+            "all_reach_target": all(t is not None for t in times),
+            "mean_final_accuracy": float(np.mean(final)),
+        }
         if row["all_reach_target"]:
             row["mean_time_to_target"] = float(np.mean(times))
         results.append(row)
-        print(f"{name:28s} final {' '.join(f'{100 * a:.2f}' for a in final)} (mean {100 * np.mean(final):.3f})  "
-              f"to {100 * TARGET:.1f}%: " + (f"{row['mean_time_to_target']:.3f} s" if row["all_reach_target"]
-                                             else f"{sum(t is not None for t in times)} of {len(SEEDS)} seeds"), flush=True)
+        print(
+            f"{name:28s} final {' '.join(f'{100 * a:.2f}' for a in final)} (mean {100 * np.mean(final):.3f})  "
+            f"to {100 * TARGET:.1f}%: "
+            + (
+                f"{row['mean_time_to_target']:.3f} s"
+                if row["all_reach_target"]
+                else f"{sum(t is not None for t in times)} of {len(SEEDS)} seeds"
+            ),
+            flush=True,
+        )
     reaching = [r for r in results if r["all_reach_target"] and r["name"].startswith("fast")]
     best = [r for r in results if r["name"].startswith("best")]
     chosen = {}
@@ -117,8 +161,15 @@ def main(argv=None) -> int:
         chosen["best"] = max(best, key=lambda r: r["mean_final_accuracy"])["name"]
     print("chosen: " + ", ".join(f"{k} = {v}" for k, v in chosen.items()))
     if args.json:
-        write_json(args.json, {"device": cuda.require_gpu().cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                               "target": TARGET, "chosen": chosen, "candidates": results})
+        write_json(
+            args.json,
+            {
+                "device": cuda.require_gpu().cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                "target": TARGET,
+                "chosen": chosen,
+                "candidates": results,
+            },
+        )
     return 0
 
 

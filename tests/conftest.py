@@ -1,6 +1,7 @@
 """Shared test set-up: the repository's folders, the programs of dev/ and scripts/ loaded from their files,
 the `gpu` marker, which skips with the reason where CuPy finds no CUDA device, and where the real MNIST and
 Fashion-MNIST files are found."""
+
 import ast
 import functools
 import importlib.util
@@ -34,10 +35,11 @@ def _neighbours(path: Path) -> list[str]:
     return [name for name in names if (path.parent / f"{name}.py").is_file()]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def gpu_missing_reason():
     try:
         from mnist_cuda import cuda
+
         cuda.require_gpu()
     except Exception as e:  # GPUUnavailable, or CuPy failing to import
         return str(e)
@@ -76,8 +78,10 @@ def fashion_or_skip():
         folder = os.environ.get(place) if isinstance(place, str) else place
         if folder and (Path(folder) / "train-images-idx3-ubyte.gz").is_file():
             return Path(folder)
-    pytest.skip("no Fashion-MNIST copy found ($FASHION_MNIST_DATA_DIR, data/fashion-mnist or "
-                "/usr/share/datasets/fashion-mnist, which apt-get install dataset-fashion-mnist fills)")
+    pytest.skip(
+        "no Fashion-MNIST copy found ($FASHION_MNIST_DATA_DIR, data/fashion-mnist or "
+        "/usr/share/datasets/fashion-mnist, which apt-get install dataset-fashion-mnist fills)"
+    )
 
 
 def mnist_or_skip():

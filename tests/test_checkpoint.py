@@ -1,4 +1,5 @@
 """Checkpoints: round trip, atomic writes, clear errors, and PyTorch compatibility."""
+
 import zipfile
 
 import numpy as np
@@ -81,13 +82,16 @@ def _written(path, **arrays):
     return path
 
 
-@pytest.mark.parametrize("make,message", [
-    (lambda d: _written(d / "plain.npz", w=np.zeros(3)), "no mnist_cuda metadata record"),
-    (lambda d: _written(d / "pickled.npz", w=np.array([{"a": 1}], dtype=object)), "pickled Python objects"),
-    (lambda d: (np.save(d / "array.npy", np.zeros(3)), d / "array.npy")[1], "not an .npz archive"),
-    (lambda d: (d / "empty.npz").write_bytes(b"") and None or d / "empty.npz", "not an .npz archive"),
-    (lambda d: d, "is a folder"),
-])
+@pytest.mark.parametrize(
+    "make,message",
+    [
+        (lambda d: _written(d / "plain.npz", w=np.zeros(3)), "no mnist_cuda metadata record"),
+        (lambda d: _written(d / "pickled.npz", w=np.array([{"a": 1}], dtype=object)), "pickled Python objects"),
+        (lambda d: (np.save(d / "array.npy", np.zeros(3)), d / "array.npy")[1], "not an .npz archive"),
+        (lambda d: (d / "empty.npz").write_bytes(b"") and None or d / "empty.npz", "not an .npz archive"),
+        (lambda d: d, "is a folder"),
+    ],
+)
 def test_not_a_checkpoint_says_what_a_checkpoint_is(tmp_path, make, message):
     path = make(tmp_path)
     with pytest.raises(CheckpointError, match=message) as e:

@@ -1,4 +1,5 @@
 """`python -m mnist_cuda.train`: flag errors and the missing-GPU message (CPU), real runs (GPU)."""
+
 import json
 import os
 import subprocess
@@ -13,8 +14,14 @@ from mnist_cuda import checkpoint, reference
 
 def run_train(*args, env=None, timeout=600):
     full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
-    return subprocess.run([sys.executable, "-m", "mnist_cuda.train", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "mnist_cuda.train", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def one_line_usage_error(r, *words):
@@ -27,52 +34,55 @@ def one_line_usage_error(r, *words):
     return lines[0]
 
 
-@pytest.mark.parametrize("args,words", [
-    (["--batch-size", "0"], ["--batch-size", "at least 1"]),
-    (["--batch-size", "x"], ["--batch-size", "whole number"]),
-    (["--batch-size", "60001"], ["--batch-size", "at most 60000 (the largest training set)"]),
-    (["--channels", "32,600000"], ["--channels", "at most 524,280"]),
-    (["--channels", "20000,20000"], ["--channels", "conv2's weight", "32-bit indexing"]),
-    (["--hidden", "1000000"], ["--hidden", "fc1's weight", "at most --hidden 684,784"]),
-    (["--batch-size", "50000"], ["--batch-size", "32-bit indexing", "at most batch 42,799"]),
-    (["--channels", "32,2000", "--batch-size", "2000"], ["--channels", "32-bit indexing"]),
-    (["--epochs", "3000000"], ["--epochs", "32-bit step counter", "at most 2,291,871 epochs"]),
-    (["--steps", str(2 ** 31)], ["--steps", "step counter is 32-bit"]),
-    (["--epochs", "40000", "--batch-size", "1"], ["--epochs", "32-bit step counter", "at most 35,791 epochs"]),
-    (["--lr", "-1e-3"], ["--lr", "positive"]),
-    (["--lr", "1e39"], ["--lr", "float32"]),
-    (["--epochs", "10", "--steps", "5"], ["--epochs", "changes nothing with --steps 5"]),
-    (["--gamma", "0.5"], ["--gamma needs --schedule step"]),
-    (["--schedule", "cosine", "--step-size", "3"], ["--step-size needs --schedule step"]),
-    (["--anneal", "linear"], ["--anneal needs --schedule onecycle"]),
-    (["--pct-start", "0.2", "--schedule", "cosine"], ["--pct-start needs --schedule onecycle"]),
-    (["--dampening", "0.1"], ["--dampening needs --momentum > 0"]),
-    (["--lr", "-1"], ["--lr"]),
-    (["--lr", "nan"], ["--lr"]),
-    (["--lr", "inf"], ["--lr"]),
-    (["--lr", "0"], ["--lr"]),
-    (["--dataset", "cifar"], ["--dataset"]),
-    (["--channels", "32"], ["--channels"]),
-    (["--channels", "32,x"], ["--channels"]),
-    (["--channels", "0,4"], ["--channels"]),
-    (["--epochs", "0"], ["--epochs"]),
-    (["--epochs"], ["--epochs", "expected one argument"]),
-    (["--steps", "-2"], ["--steps"]),
-    (["--steps", "0"], ["--steps", "needs --save"]),
-    (["--seed", "-1"], ["--seed", "at least 0"]),
-    (["--seed", str(2 ** 32)], ["--seed", "at most 4294967295"]),
-    (["--seed", "1.5"], ["--seed", "whole number"]),
-    (["--tf32", "--kernels", "naive"], ["--precision", "tf32 needs --kernels fast"]),
-    (["--precision", "bf16", "--kernels", "naive"], ["--precision", "bf16 needs --kernels fast"]),
-    (["--precision", "fp16"], ["--precision", "invalid choice"]),
-    (["--tf32", "--precision", "bf16"], ["--precision", "not allowed with argument --tf32"]),
-    (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
-    (["--save", "/no/such/folder/m.npz"], ["--save", "folder /no/such/folder does not exist"]),
-    (["--metrics", "/no/such/folder/m.jsonl"], ["--metrics", "does not exist"]),
-    (["--plot", "/no/such/folder/m.png"], ["--plot", "does not exist"]),
-    (["--data-dir", "/no/such/folder"], ["--data-dir", "/no/such/folder does not exist"]),
-    (["--init", "/no/such/file.npz"], ["--init", "does not exist"]),
-])
+@pytest.mark.parametrize(
+    "args,words",
+    [
+        (["--batch-size", "0"], ["--batch-size", "at least 1"]),
+        (["--batch-size", "x"], ["--batch-size", "whole number"]),
+        (["--batch-size", "60001"], ["--batch-size", "at most 60000 (the largest training set)"]),
+        (["--channels", "32,600000"], ["--channels", "at most 524,280"]),
+        (["--channels", "20000,20000"], ["--channels", "conv2's weight", "32-bit indexing"]),
+        (["--hidden", "1000000"], ["--hidden", "fc1's weight", "at most --hidden 684,784"]),
+        (["--batch-size", "50000"], ["--batch-size", "32-bit indexing", "at most batch 42,799"]),
+        (["--channels", "32,2000", "--batch-size", "2000"], ["--channels", "32-bit indexing"]),
+        (["--epochs", "3000000"], ["--epochs", "32-bit step counter", "at most 2,291,871 epochs"]),
+        (["--steps", str(2**31)], ["--steps", "step counter is 32-bit"]),
+        (["--epochs", "40000", "--batch-size", "1"], ["--epochs", "32-bit step counter", "at most 35,791 epochs"]),
+        (["--lr", "-1e-3"], ["--lr", "positive"]),
+        (["--lr", "1e39"], ["--lr", "float32"]),
+        (["--epochs", "10", "--steps", "5"], ["--epochs", "changes nothing with --steps 5"]),
+        (["--gamma", "0.5"], ["--gamma needs --schedule step"]),
+        (["--schedule", "cosine", "--step-size", "3"], ["--step-size needs --schedule step"]),
+        (["--anneal", "linear"], ["--anneal needs --schedule onecycle"]),
+        (["--pct-start", "0.2", "--schedule", "cosine"], ["--pct-start needs --schedule onecycle"]),
+        (["--dampening", "0.1"], ["--dampening needs --momentum > 0"]),
+        (["--lr", "-1"], ["--lr"]),
+        (["--lr", "nan"], ["--lr"]),
+        (["--lr", "inf"], ["--lr"]),
+        (["--lr", "0"], ["--lr"]),
+        (["--dataset", "cifar"], ["--dataset"]),
+        (["--channels", "32"], ["--channels"]),
+        (["--channels", "32,x"], ["--channels"]),
+        (["--channels", "0,4"], ["--channels"]),
+        (["--epochs", "0"], ["--epochs"]),
+        (["--epochs"], ["--epochs", "expected one argument"]),
+        (["--steps", "-2"], ["--steps"]),
+        (["--steps", "0"], ["--steps", "needs --save"]),
+        (["--seed", "-1"], ["--seed", "at least 0"]),
+        (["--seed", str(2**32)], ["--seed", "at most 4294967295"]),
+        (["--seed", "1.5"], ["--seed", "whole number"]),
+        (["--tf32", "--kernels", "naive"], ["--precision", "tf32 needs --kernels fast"]),
+        (["--precision", "bf16", "--kernels", "naive"], ["--precision", "bf16 needs --kernels fast"]),
+        (["--precision", "fp16"], ["--precision", "invalid choice"]),
+        (["--tf32", "--precision", "bf16"], ["--precision", "not allowed with argument --tf32"]),
+        (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+        (["--save", "/no/such/folder/m.npz"], ["--save", "folder /no/such/folder does not exist"]),
+        (["--metrics", "/no/such/folder/m.jsonl"], ["--metrics", "does not exist"]),
+        (["--plot", "/no/such/folder/m.png"], ["--plot", "does not exist"]),
+        (["--data-dir", "/no/such/folder"], ["--data-dir", "/no/such/folder does not exist"]),
+        (["--init", "/no/such/file.npz"], ["--init", "does not exist"]),
+    ],
+)
 def test_bad_flags_are_one_line_usage_errors(args, words):
     r = run_train(*args)
     one_line_usage_error(r, *words)
@@ -81,9 +91,14 @@ def test_bad_flags_are_one_line_usage_errors(args, words):
 
 def test_damaged_records_and_clashes_with_init(tmp_path):
     state = reference.init_state_dict(0)
-    for meta, word in (({"step": "abc"}, "step 'abc'"), ({"batch_size": "64"}, "batch_size '64'"),
-                       ({"batch_size": 0}, "batch_size 0"), ({"kernels": "turbo"}, "kernels 'turbo'"),
-                       ({"tf32": "yes"}, "tf32 'yes'"), ({"precision": "fp8"}, "precision 'fp8'")):
+    for meta, word in (
+        ({"step": "abc"}, "step 'abc'"),
+        ({"batch_size": "64"}, "batch_size '64'"),
+        ({"batch_size": 0}, "batch_size 0"),
+        ({"kernels": "turbo"}, "kernels 'turbo'"),
+        ({"tf32": "yes"}, "tf32 'yes'"),
+        ({"precision": "fp8"}, "precision 'fp8'"),
+    ):
         path = checkpoint.save_checkpoint(tmp_path / "bad.npz", state, meta)
         one_line_usage_error(run_train("--init", str(path)), "--init", "damaged", word)
     ck = str(checkpoint.save_checkpoint(tmp_path / "ck.npz", state, {"step": 0}))
@@ -93,8 +108,11 @@ def test_damaged_records_and_clashes_with_init(tmp_path):
 
 
 def test_a_checkpoint_inside_an_epoch_keeps_its_order(tmp_path):
-    path = checkpoint.save_checkpoint(tmp_path / "mid.npz", reference.init_state_dict(0),
-                                      {"step": 500, "epoch_index": 0, "epoch_sample": 32000, "seed": 3})
+    path = checkpoint.save_checkpoint(
+        tmp_path / "mid.npz",
+        reference.init_state_dict(0),
+        {"step": 500, "epoch_index": 0, "epoch_sample": 32000, "seed": 3},
+    )
     one_line_usage_error(run_train("--init", str(path), "--seed", "4"), "--seed", "inside epoch 1")
     one_line_usage_error(run_train("--init", str(path), "--no-shuffle"), "--shuffle", "splice")
 
@@ -102,6 +120,7 @@ def test_a_checkpoint_inside_an_epoch_keeps_its_order(tmp_path):
 def test_position_of_a_checkpoint_that_records_only_its_step():
     from mnist_cuda.train import _position
     from mnist_cuda.training import Position
+
     assert _position({"step": 3749, "epoch": 5}, 64, 60000) == Position(3749, 4, 64)
     assert _position({"step": 3748, "epoch_index": 4, "epoch_sample": 0}, 64, 60000) == Position(3748, 4, 0)
     assert _position({"step": 937 * 4}, 64, 60000) == Position(3748, 4, 0)
@@ -109,6 +128,7 @@ def test_position_of_a_checkpoint_that_records_only_its_step():
 
 def test_metrics_of_a_continued_run_keep_only_the_steps_before_it(tmp_path):
     from mnist_cuda.train import _keep_metrics_until
+
     path = tmp_path / "m.jsonl"
     path.write_text("".join(json.dumps({"step": s, "epoch": 1, "loss": 1.0}) + "\n" for s in range(1, 11)))
     _keep_metrics_until(path, 6)
@@ -126,6 +146,7 @@ def test_optimizer_flag_mistakes(tmp_path):
 
 def test_recipes_fill_the_flags_not_given(tmp_path):
     from mnist_cuda.training import RECIPES
+
     path = tmp_path / "fast.npz"
     r = run_train("--recipe", "fast", "--lr", "0.07", "--steps", "0", "--save", str(path))
     assert r.returncode == 0, r.stderr
@@ -143,10 +164,13 @@ def test_continuing_with_the_optimizer(tmp_path):
     fast = tmp_path / "fast.npz"
     assert run_train("--recipe", "fast", "--steps", "0", "--save", str(fast)).returncode == 0
     one_line_usage_error(run_train("--init", str(fast), "--recipe", "best"), "--recipe", "continued with --init")
-    one_line_usage_error(run_train("--init", str(fast), "--epochs", "3"), "--epochs", "ends at step 936",
-                         "at most 936 steps more")
+    one_line_usage_error(
+        run_train("--init", str(fast), "--epochs", "3"), "--epochs", "ends at step 936", "at most 936 steps more"
+    )
     one_line_usage_error(run_train("--init", str(fast), "--schedule", "step"), "--schedule step needs --step-size")
-    r = run_train("--init", str(fast), "--no-nesterov", "--momentum", "0", "--steps", "0", "--save", str(tmp_path / "p.npz"))
+    r = run_train(
+        "--init", str(fast), "--no-nesterov", "--momentum", "0", "--steps", "0", "--save", str(tmp_path / "p.npz")
+    )
     assert r.returncode == 0, r.stderr
     o = checkpoint.load_checkpoint(tmp_path / "p.npz")[1]["optimizer"]
     assert (o["momentum"], o["nesterov"], o["schedule"]) == (0.0, False, "onecycle")
@@ -184,6 +208,7 @@ def test_help():
 @pytest.mark.parametrize("module", ["train", "evaluate", "predict", "curves"])
 def test_every_flag_has_help_text(module):
     import importlib
+
     parser = importlib.import_module(f"mnist_cuda.{module}").build_parser()
     for action in parser._actions:
         assert action.help and len(action.help) > 10, (module, action.option_strings or action.dest)
@@ -192,6 +217,7 @@ def test_every_flag_has_help_text(module):
 def test_help_states_each_default_once():
     """A default is appended where the help does not state one already, and only where there is one to state."""
     from mnist_cuda.cli import Parser
+
     p = Parser(prog="x")
     p.add_argument("--said", type=int, default=5, help="already says it (default: 5)")
     p.add_argument("--unsaid", type=int, default=0, help="says nothing of it")
@@ -207,10 +233,17 @@ def test_help_states_each_default_once():
 
 
 def test_console_script_names_itself():
-    code = ("import sys; sys.argv[0] = '/venv/bin/mnist-cuda-train'; from mnist_cuda.train import main; "
-            "sys.exit(main(['--help']))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys; sys.argv[0] = '/venv/bin/mnist-cuda-train'; from mnist_cuda.train import main; "
+        "sys.exit(main(['--help']))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 0 and r.stdout.startswith("usage: mnist-cuda-train ")
 
 
@@ -224,12 +257,18 @@ def test_bad_init_checkpoints(tmp_path):
     (tmp_path / "notes.txt").write_text("hello")
     write_npz(tmp_path / "pickled.npz", w=np.array([{"a": 1}], dtype=object))
     write_npz(tmp_path / "plain.npz", w=np.zeros(3))
-    checkpoint.save_checkpoint(tmp_path / "old.npz", reference.init_state_dict(0), {"format": "mnist_cuda.checkpoint/0"})
+    checkpoint.save_checkpoint(
+        tmp_path / "old.npz", reference.init_state_dict(0), {"format": "mnist_cuda.checkpoint/0"}
+    )
     cut = checkpoint.save_checkpoint(tmp_path / "cut.npz", reference.init_state_dict(0))
     cut.write_bytes(cut.read_bytes()[:1000])
-    cases = {"notes.txt": "not an .npz archive", "pickled.npz": "pickled Python objects",
-             "plain.npz": "no mnist_cuda metadata", "old.npz": "checkpoint format 'mnist_cuda.checkpoint/0'",
-             "cut.npz": "not a readable .npz checkpoint"}
+    cases = {
+        "notes.txt": "not an .npz archive",
+        "pickled.npz": "pickled Python objects",
+        "plain.npz": "no mnist_cuda metadata",
+        "old.npz": "checkpoint format 'mnist_cuda.checkpoint/0'",
+        "cut.npz": "not a readable .npz checkpoint",
+    }
     for name, words in cases.items():
         line = one_line_usage_error(run_train("--init", str(tmp_path / name)), "--init", words)
         assert "allow_pickle" not in line
@@ -241,32 +280,47 @@ def test_bad_init_checkpoints(tmp_path):
 def test_init_with_mismatched_shapes_is_a_usage_error(tmp_path):
     path = tmp_path / "small.npz"
     checkpoint.save_checkpoint(path, reference.init_state_dict(0, (4, 8), 16))
-    one_line_usage_error(run_train("--init", str(path), "--channels", "32,64"), "--channels",
-                         "holds a model with --channels 4,8 --hidden 16")
+    one_line_usage_error(
+        run_train("--init", str(path), "--channels", "32,64"),
+        "--channels",
+        "holds a model with --channels 4,8 --hidden 16",
+    )
     one_line_usage_error(run_train("--init", str(path), "--hidden", "128"), "--hidden", "--hidden 16")
 
 
 def test_named_data_folder_without_the_files(tmp_path):
     """A named folder is the only source: no fallback to the cache or a download, nothing created."""
     (tmp_path / "empty").mkdir()
-    r = run_train("--data-dir", str(tmp_path / "empty"), "--steps", "1", env={"MNIST_CUDA_CACHE": str(tmp_path / "cache")})
+    r = run_train(
+        "--data-dir", str(tmp_path / "empty"), "--steps", "1", env={"MNIST_CUDA_CACHE": str(tmp_path / "cache")}
+    )
     one_line_usage_error(r, "has no train-images-idx3-ubyte")
-    r = run_train("--steps", "1", env={"MNIST_DATA_DIR": str(tmp_path / "nope"), "MNIST_CUDA_CACHE": str(tmp_path / "cache")})
+    r = run_train(
+        "--steps", "1", env={"MNIST_DATA_DIR": str(tmp_path / "nope"), "MNIST_CUDA_CACHE": str(tmp_path / "cache")}
+    )
     one_line_usage_error(r, "the data folder", "nope does not exist")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
 
 
 def test_plot_without_matplotlib_is_one_line_before_work(tmp_path):
-    code = ("import sys; sys.modules['matplotlib'] = None; from mnist_cuda.train import main; "
-            f"sys.exit(main(['--plot', {str(tmp_path / 'c.png')!r}, '--steps', '1']))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""})
+    code = (
+        "import sys; sys.modules['matplotlib'] = None; from mnist_cuda.train import main; "
+        f"sys.exit(main(['--plot', {str(tmp_path / 'c.png')!r}, '--steps', '1']))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), "CUDA_VISIBLE_DEVICES": ""},
+    )
     one_line_usage_error(r, "--plot", "needs matplotlib", "pip install")
 
 
 def test_plan_continues_as_one_run():
     """The batches of 4 epochs and then 6 more (or of 700 steps and then 1200) are those of one run."""
     from mnist_cuda.training import Position, plan
+
     n, b = 1000, 64  # 15 steps per epoch, 40 samples dropped
     whole = [c.batches for c in plan(n, b, 3, True, Position(), 150)]
     first = list(plan(n, b, 3, True, Position(), 60))
@@ -277,7 +331,7 @@ def test_plan_continues_as_one_run():
     assert np.array_equal(flat(whole), flat([c.batches for c in first + rest]))
     mid = list(plan(n, b, 3, True, Position(), 7))
     assert mid[-1].end == Position(7, 0, 7 * b) and len(mid) == 1
-    assert np.array_equal(flat(whole[:1])[:7 * b], flat([mid[0].batches]))
+    assert np.array_equal(flat(whole[:1])[: 7 * b], flat([mid[0].batches]))
     assert np.array_equal(flat(whole), flat([c.batches for c in mid + list(plan(n, b, 3, True, mid[-1].end, 143))]))
 
 
@@ -298,10 +352,14 @@ def test_no_gpu_is_one_clear_line():
 
 
 def test_no_cupy_is_one_clear_line():
-    code = ("import sys; sys.modules['cupy'] = None; from mnist_cuda.train import main; "
-            "sys.exit(main(['--steps', '1']))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = "import sys; sys.modules['cupy'] = None; from mnist_cuda.train import main; sys.exit(main(['--steps', '1']))"
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert "CuPy is not installed" in r.stderr and "pip install" in r.stderr
 
@@ -371,12 +429,23 @@ def test_resume_in_the_middle_of_an_epoch(tmp_path):
     common = ["--data-dir", str(folder), "--quiet", "--batch-size", "128", "--seed", "7"]
     r = run_train(*common, "--steps", "1000", "--metrics", str(tmp_path / "one.jsonl"))
     assert r.returncode == 0, r.stderr
-    r = run_train(*common, "--steps", "400", "--metrics", str(tmp_path / "two.jsonl"), "--save", str(tmp_path / "c.npz"))
+    r = run_train(
+        *common, "--steps", "400", "--metrics", str(tmp_path / "two.jsonl"), "--save", str(tmp_path / "c.npz")
+    )
     assert r.returncode == 0, r.stderr
     meta = checkpoint.load_checkpoint(tmp_path / "c.npz")[1]
     assert (meta["step"], meta["epoch_index"], meta["epoch_sample"]) == (400, 0, 400 * 128)
-    r = run_train("--data-dir", str(folder), "--quiet", "--steps", "600", "--init", str(tmp_path / "c.npz"),
-                  "--metrics", str(tmp_path / "two.jsonl"))  # batch size and seed come from the checkpoint
+    r = run_train(
+        "--data-dir",
+        str(folder),
+        "--quiet",
+        "--steps",
+        "600",
+        "--init",
+        str(tmp_path / "c.npz"),
+        "--metrics",
+        str(tmp_path / "two.jsonl"),
+    )  # batch size and seed come from the checkpoint
     assert r.returncode == 0, r.stderr
     losses = [loss_lines(tmp_path / f"{n}.jsonl") for n in ("one", "two")]
     assert len(losses[0]) == 1000 and losses[0] == losses[1]
@@ -386,11 +455,28 @@ def test_resume_in_the_middle_of_an_epoch(tmp_path):
 def test_ctrl_c_keeps_the_last_checkpoint_and_says_where(tmp_path):
     import signal
     import time
+
     folder = mnist_or_skip()
     ck = tmp_path / "m.npz"
-    p = subprocess.Popen([sys.executable, "-m", "mnist_cuda.train", "--data-dir", str(folder), "--epochs", "200",
-                          "--save", str(ck), "--quiet"], cwd=REPO, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "mnist_cuda.train",
+            "--data-dir",
+            str(folder),
+            "--epochs",
+            "200",
+            "--save",
+            str(ck),
+            "--quiet",
+        ],
+        cwd=REPO,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     deadline = time.monotonic() + 300
     while not ck.exists() and time.monotonic() < deadline and p.poll() is None:
         time.sleep(0.05)
@@ -415,11 +501,15 @@ def test_resume_with_momentum_restores_the_buffers(tmp_path):
     opts = ["--momentum", "0.9", "--weight-decay", "5e-4", "--lr", "0.01", "--augment", "2"]
     r = run_train(*common, *opts, "--steps", "600", "--metrics", str(tmp_path / "one.jsonl"))
     assert r.returncode == 0, r.stderr
-    r = run_train(*common, *opts, "--steps", "300", "--metrics", str(tmp_path / "two.jsonl"), "--save", str(tmp_path / "c.npz"))
+    r = run_train(
+        *common, *opts, "--steps", "300", "--metrics", str(tmp_path / "two.jsonl"), "--save", str(tmp_path / "c.npz")
+    )
     assert r.returncode == 0, r.stderr
     state, meta = checkpoint.load_checkpoint(tmp_path / "c.npz")
     assert meta["optimizer"]["momentum"] == 0.9 and "momentum_buffer.fc1.weight" in state
-    r = run_train(*common, "--steps", "300", "--init", str(tmp_path / "c.npz"), "--metrics", str(tmp_path / "two.jsonl"))
+    r = run_train(
+        *common, "--steps", "300", "--init", str(tmp_path / "c.npz"), "--metrics", str(tmp_path / "two.jsonl")
+    )
     assert r.returncode == 0, r.stderr
     losses = [loss_lines(tmp_path / f"{n}.jsonl") for n in ("one", "two")]
     assert len(losses[0]) == 600 and losses[0] == losses[1]
@@ -429,10 +519,13 @@ def test_resume_with_momentum_restores_the_buffers(tmp_path):
 def test_target_accuracy_stops_at_the_first_epoch_that_reaches_it(tmp_path):
     folder = mnist_or_skip()
     metrics = tmp_path / "m.jsonl"
-    r = run_train("--data-dir", str(folder), "--quiet", "--epochs", "5", "--target-accuracy", "97",
-                  "--metrics", str(metrics))
+    r = run_train(
+        "--data-dir", str(folder), "--quiet", "--epochs", "5", "--target-accuracy", "97", "--metrics", str(metrics)
+    )
     assert r.returncode == 0, r.stderr
-    accuracies = [json.loads(line)["test_accuracy"] for line in metrics.read_text().splitlines() if "test_accuracy" in line]
+    accuracies = [
+        json.loads(line)["test_accuracy"] for line in metrics.read_text().splitlines() if "test_accuracy" in line
+    ]
     assert accuracies[-1] >= 0.97 and all(a < 0.97 for a in accuracies[:-1]) and len(accuracies) < 5
     assert f"target 97%: reached in epoch {len(accuracies)} after" in r.stdout and "not counted" in r.stdout
 
@@ -443,5 +536,7 @@ def test_a_batch_too_large_for_the_init_checkpoints_model_blames_the_checkpoint(
     ck = tmp_path / "wide.npz"
     assert run_train("--channels", "32,4096", "--steps", "0", "--save", str(ck)).returncode == 0
     r = run_train("--init", str(ck), "--batch-size", "1000", "--steps", "1")
-    one_line_usage_error(r, "--init", "the --init checkpoint's model (channels 32,4096, hidden 128)", "at most batch 668")
+    one_line_usage_error(
+        r, "--init", "the --init checkpoint's model (channels 32,4096, hidden 128)", "at most batch 668"
+    )
     assert "--channels" not in r.stderr

@@ -1,5 +1,6 @@
 """mnist_cuda/cli.py: bad values and output paths are usage errors before any work (one line, exit 2);
 results are written whole (mnist_cuda/paths.py)."""
+
 import argparse
 import errno
 import json
@@ -41,9 +42,14 @@ def test_a_path_the_system_refuses_is_named_in_its_words(tmp_path):
     loop.symlink_to(loop)
     too_long, looping = os.strerror(errno.ENAMETOOLONG), os.strerror(errno.ELOOP)
     assert paths.kind_of(long_name) == paths.kind_of(loop) == "unusable"
-    cases = [(cli.output_path, long_name, too_long), (cli.output_path, str(loop), looping),
-             (cli.output_path, str(loop / "m.npz"), looping), (cli.input_file, long_name, too_long),
-             (cli.input_file, str(loop), looping), (cli.existing_dir, str(loop), looping)]
+    cases = [
+        (cli.output_path, long_name, too_long),
+        (cli.output_path, str(loop), looping),
+        (cli.output_path, str(loop / "m.npz"), looping),
+        (cli.input_file, long_name, too_long),
+        (cli.input_file, str(loop), looping),
+        (cli.existing_dir, str(loop), looping),
+    ]
     for check, text, words in cases:
         with pytest.raises(argparse.ArgumentTypeError) as e:
             check(text)
@@ -71,6 +77,7 @@ def test_interrupted_write_keeps_the_old_file(tmp_path):
     def write(f):
         f.write(b"half")
         raise KeyboardInterrupt
+
     with pytest.raises(KeyboardInterrupt):
         paths.write_atomic(path, write)
     assert path.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["r.json"]

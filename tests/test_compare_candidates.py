@@ -1,6 +1,7 @@
 """PyTorch at its best in the comparison (mnist_cuda/compare/candidates.py, torch_side.py): which candidates a
 run times, which one the headline takes, the check that nothing recompiles while timed (a fake torch here,
 the real one where installed), the outside figure, and the rate table of a graphed schedule."""
+
 import collections
 import json
 import types
@@ -16,8 +17,15 @@ from mnist_cuda.compare.plot import MODE_COLOURS
 
 def test_every_run_times_each_candidate_graphed_and_compiled_for_its_batch_alone():
     names = [x.name for x in c.chosen()]
-    assert names == ["graph", "graph, channels_last", "compiled+graph", "compiled+graph, channels_last",
-                     "max-autotune+graph", "max-autotune+graph, channels_last", "eager"]
+    assert names == [
+        "graph",
+        "graph, channels_last",
+        "compiled+graph",
+        "compiled+graph, channels_last",
+        "max-autotune+graph",
+        "max-autotune+graph, channels_last",
+        "eager",
+    ]
     assert all(x.graph for x in c.chosen() if x.name != "eager")
     assert c.BY_NAME["max-autotune+graph, channels_last"].compile_mode == "max-autotune-no-cudagraphs"
     assert [x.name for x in c.chosen(no_autotune=True)] == names[:4] + ["eager"]
@@ -29,8 +37,12 @@ def test_every_run_times_each_candidate_graphed_and_compiled_for_its_batch_alone
 
 
 def test_the_headline_takes_the_fastest_candidate_that_ran():
-    modes = {"graph": {"median_us": 400.0}, "compiled+graph": {"median_us": 290.0},
-             "max-autotune+graph": {"error": "RuntimeError: no triton"}, "eager": {"median_us": 2000.0}}
+    modes = {
+        "graph": {"median_us": 400.0},
+        "compiled+graph": {"median_us": 290.0},
+        "max-autotune+graph": {"error": "RuntimeError: no triton"},
+        "eager": {"median_us": 2000.0},
+    }
     assert c.fastest(modes)[0] == "compiled+graph"
     modes["max-autotune+graph, channels_last"] = {"median_us": 280.0}
     assert c.fastest(modes) == ("max-autotune+graph, channels_last", {"median_us": 280.0})
@@ -54,7 +66,9 @@ def fake_torch():
 
 def test_recipe_modes_take_every_candidate_by_its_name():
     from argparse import ArgumentTypeError
+
     from mnist_cuda.compare.recipes import RECIPE_TORCH_MODES, recipe_modes
+
     assert recipe_modes(",".join(c.BY_NAME)) == tuple(c.BY_NAME)  # names with ", channels_last" too
     assert recipe_modes("graph, channels_last,eager") == ("graph, channels_last", "eager")
     assert set(RECIPE_TORCH_MODES) <= set(c.BY_NAME)
@@ -91,14 +105,21 @@ def test_compile_watch_sees_a_real_recompile_at_another_batch_size():
         watch.expect_none("a step of another batch size")
 
 
-@pytest.mark.parametrize("flags", [dict(schedule="onecycle", momentum=0.9, nesterov=True, weight_decay=5e-4),
-                                   dict(schedule="onecycle", anneal="linear", pct_start=0.25),
-                                   dict(schedule="cosine"), dict(schedule="step", step_size=40, gamma=0.5)])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        dict(schedule="onecycle", momentum=0.9, nesterov=True, weight_decay=5e-4),
+        dict(schedule="onecycle", anneal="linear", pct_start=0.25),
+        dict(schedule="cosine"),
+        dict(schedule="step", step_size=40, gamma=0.5),
+    ],
+)
 def test_the_graphs_rate_table_is_torchs_scheduler_to_one_ulp(flags):
     """PyTorch's graph modes read each step's rate from a float32 table of its scheduler's rates: the same
     float32 rates its eager mode's scheduler sets, and ours (optim.Schedule) within 1 ulp."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     from mnist_cuda.compare.torch_side import scheduler_rates
+
     steps = 300
     options = optim.options_from(flags, 0.05, steps)
     table = np.array(scheduler_rates(torch, options, steps), np.float32)
@@ -146,15 +167,17 @@ def test_pytorch_graph_with_the_rate_on_the_device_trains_as_its_eager_mode():
     from mnist_cuda import cuda, data, reference
     from mnist_cuda.compare.parity import PARITY_TOL
     from mnist_cuda.compare.torch_side import TorchSide
+
     ds = data.load("mnist", folder, empty=cuda.pinned_empty, progress=False)
     y64 = ds.train_y.astype(np.int64)
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
     torch.backends.cudnn.allow_tf32 = False
     steps, state = 120, reference.init_state_dict(0)
-    options = optim.options_from(dict(schedule="onecycle", momentum=0.9, nesterov=True, weight_decay=5e-4),
-                                 0.0002, steps)
+    options = optim.options_from(
+        dict(schedule="onecycle", momentum=0.9, nesterov=True, weight_decay=5e-4), 0.0002, steps
+    )
     order = np.random.default_rng(0).permutation(len(ds.train_x))
-    idxs = [order[i * 64:(i + 1) * 64] for i in range(steps)]
+    idxs = [order[i * 64 : (i + 1) * 64] for i in range(steps)]
     losses = {}
     for name in ("eager", "graph", "graph again"):
         if name != "graph again":
@@ -223,6 +246,7 @@ def timing_run(monkeypatch, torch_us: dict):
     """run_timing at batch 4 with our side at 50 us a step and PyTorch's candidates at torch_us[name] (a
     candidate missing from it fails to build)."""
     from mnist_cuda.compare import timing
+
     monkeypatch.setattr(timing, "OurSide", lambda *a, **k: FakeSide(50.0))
 
     def torch_side(torch, state, batch, candidate, *a, **k):
@@ -232,21 +256,35 @@ def timing_run(monkeypatch, torch_us: dict):
         if candidate.compiled:
             side.compile_s, side.frames_compiled = 12.5, 2
         return side
+
     monkeypatch.setattr(timing, "TorchSide", torch_side)
     monkeypatch.setattr(timing, "speed_defaults", lambda torch: None)
     ds = types.SimpleNamespace(train_x=np.zeros((64, 1, 28, 28), np.uint8), train_y=np.zeros(64, np.int32))
     ds.train_y64 = ds.train_y.astype(np.int64)
-    args = types.SimpleNamespace(seed=0, warmup=2, steps=20, timing_window=5, warmup_seconds=0.0, no_epoch=True,
-                                 lr=0.05, kernels="fast", precision="fp32", no_compile=False, no_autotune=False,
-                                 compile=False)
+    args = types.SimpleNamespace(
+        seed=0,
+        warmup=2,
+        steps=20,
+        timing_window=5,
+        warmup_seconds=0.0,
+        no_epoch=True,
+        lr=0.05,
+        kernels="fast",
+        precision="fp32",
+        no_compile=False,
+        no_autotune=False,
+        compile=False,
+    )
     return timing.run_timing(None, ds, {}, args, (32, 64), 128, 4, lambda msg: None, device="NVIDIA H200")
 
 
 def test_a_batch_size_reports_every_candidate_and_takes_the_fastest(monkeypatch):
     r = timing_run(monkeypatch, {"eager": 2000.0, "graph": 400.0, "compiled+graph, channels_last": 300.0})
     modes = r["torch"]["modes"]
-    assert modes["graph"]["median_us"] == pytest.approx(400.0) and "no max-autotune+graph" in modes[
-        "max-autotune+graph"]["error"]
+    assert (
+        modes["graph"]["median_us"] == pytest.approx(400.0)
+        and "no max-autotune+graph" in modes["max-autotune+graph"]["error"]
+    )
     h = r["headline"]
     assert h["torch_mode"] == "compiled+graph, channels_last" and h["speedup"] == pytest.approx(6.0)
     assert r["torch"]["again"]["median_us"] == pytest.approx(300.0) and r["ours"]["again"]["mode"] == "graph"
@@ -256,6 +294,7 @@ def test_a_batch_size_reports_every_candidate_and_takes_the_fastest(monkeypatch)
 
 def test_a_batch_size_where_pytorch_cannot_run_is_one_clear_failure(monkeypatch):
     from mnist_cuda.compare.timing import RunFailed
+
     with pytest.raises(RunFailed, match="every PyTorch candidate failed .*no graph here"):
         timing_run(monkeypatch, {})
     with pytest.raises(RunFailed, match="eager could not be timed per phase"):

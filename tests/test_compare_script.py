@@ -1,5 +1,6 @@
 """scripts/compare_pytorch.py and its parts (mnist_cuda/compare/): arguments, result schema, tables and
 error messages (CPU); a short real run on the GPU."""
+
 import json
 import os
 import subprocess
@@ -18,39 +19,84 @@ def cmp():
     """The comparison's parts under one name, as the tests use them."""
     from mnist_cuda.compare import main, measure, parity, plot, recipes, report
     from mnist_cuda.step import PHASES
+
     return types.SimpleNamespace(
-        PHASES=PHASES, SCHEMA=report.SCHEMA, build_parser=main.build_parser, validate_result=report.validate_result,
-        format_tables=report.format_tables, plot=plot.plot, measure_loop=measure.measure_loop,
-        run_parity=parity.run_parity, format_recipe=recipes.format_recipe, recipe_seed_line=recipes.recipe_seed_line,
-        RECIPE_TORCH_MODES=recipes.RECIPE_TORCH_MODES)
+        PHASES=PHASES,
+        SCHEMA=report.SCHEMA,
+        build_parser=main.build_parser,
+        validate_result=report.validate_result,
+        format_tables=report.format_tables,
+        plot=plot.plot,
+        measure_loop=measure.measure_loop,
+        run_parity=parity.run_parity,
+        format_recipe=recipes.format_recipe,
+        recipe_seed_line=recipes.recipe_seed_line,
+        RECIPE_TORCH_MODES=recipes.RECIPE_TORCH_MODES,
+    )
 
 
 def run_script(*args, pre="pass", timeout=900):
-    code = f"import sys, runpy; {pre}; sys.argv = ['compare_pytorch.py', *{list(args)!r}]; runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        f"import sys, runpy; {pre}; sys.argv = ['compare_pytorch.py', *{list(args)!r}]; "
+        f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    )
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 def sample_result(cmp, parity_pass=True):
     """A result with the script's own structure, built from made-up timings (tests the formatting only)."""
-    phases = lambda base: {**{p: {"median_us": base * (i + 1), "mean_us": base * (i + 1.5), "n": 100}
-                              for i, p in enumerate(cmp.PHASES)}, "step": {"median_us": base * 15, "mean_us": base * 16, "n": 100}}
-    bs = {
-        "torch": {"phases": phases(100.0), "modes": {"eager": {"median_us": 2700.0, "mean_us": 2800.0, "epoch_s": 2.6},
-                                                     "graph": {"median_us": 440.0, "mean_us": 450.0, "epoch_s": 0.43},
-                                                     "compiled+graph": {"median_us": 330.0, "mean_us": 335.0, "epoch_s": 0.33, "compile_s": 41.0},
-                                                     "max-autotune+graph": {"error": "RuntimeError: no triton"}}},
-        "ours": {"phases": phases(10.0), "phase_graphs": phases(5.0),
-                 "modes": {"eager": {"median_us": 300.0, "mean_us": 310.0, "epoch_s": 0.3},
-                           "graph": {"median_us": 66.0, "mean_us": 67.0, "epoch_s": 0.07}}},
-        "headline": {"torch_mode": "compiled+graph", "torch_median_us": 330.0, "ours_mode": "graph",
-                     "ours_median_us": 66.0, "speedup": 5.0, "outside_check": {"ceiling_us": 305.0, "pass": False}},
+    phases = lambda base: {
+        **{p: {"median_us": base * (i + 1), "mean_us": base * (i + 1.5), "n": 100} for i, p in enumerate(cmp.PHASES)},
+        "step": {"median_us": base * 15, "mean_us": base * 16, "n": 100},
     }
-    return {"schema": cmp.SCHEMA, "env": {"device": "Test GPU", "driver": "1.0", "cuda_runtime": "13.0",
-                                          "cupy": "14", "torch": "2.11"},
-            "config": {"kernels": "naive"}, "batch_sizes": {"64": bs},
-            "parity": {"steps": 200, "batch_size": 64, "max_loss_diff_first_50": 2e-6, "max_loss_diff": 5e-5,
-                       "max_state_rel_diff": 1e-5, "pass": parity_pass}}
+    bs = {
+        "torch": {
+            "phases": phases(100.0),
+            "modes": {
+                "eager": {"median_us": 2700.0, "mean_us": 2800.0, "epoch_s": 2.6},
+                "graph": {"median_us": 440.0, "mean_us": 450.0, "epoch_s": 0.43},
+                "compiled+graph": {"median_us": 330.0, "mean_us": 335.0, "epoch_s": 0.33, "compile_s": 41.0},
+                "max-autotune+graph": {"error": "RuntimeError: no triton"},
+            },
+        },
+        "ours": {
+            "phases": phases(10.0),
+            "phase_graphs": phases(5.0),
+            "modes": {
+                "eager": {"median_us": 300.0, "mean_us": 310.0, "epoch_s": 0.3},
+                "graph": {"median_us": 66.0, "mean_us": 67.0, "epoch_s": 0.07},
+            },
+        },
+        "headline": {
+            "torch_mode": "compiled+graph",
+            "torch_median_us": 330.0,
+            "ours_mode": "graph",
+            "ours_median_us": 66.0,
+            "speedup": 5.0,
+            "outside_check": {"ceiling_us": 305.0, "pass": False},
+        },
+    }
+    return {
+        "schema": cmp.SCHEMA,
+        "env": {"device": "Test GPU", "driver": "1.0", "cuda_runtime": "13.0", "cupy": "14", "torch": "2.11"},
+        "config": {"kernels": "naive"},
+        "batch_sizes": {"64": bs},
+        "parity": {
+            "steps": 200,
+            "batch_size": 64,
+            "max_loss_diff_first_50": 2e-6,
+            "max_loss_diff": 5e-5,
+            "max_state_rel_diff": 1e-5,
+            "pass": parity_pass,
+        },
+    }
 
 
 def test_arguments(cmp):
@@ -61,9 +107,18 @@ def test_arguments(cmp):
     assert a.timing_window == 10 and a.warmup_seconds == 1.0
     assert p.parse_args(["--warmup-seconds", "0"]).warmup_seconds == 0.0
     assert p.parse_args(["--batch-sizes", "1,65"]).batch_sizes == [1, 65]
-    for bad in (["--batch-sizes", "0"], ["--batch-sizes", "a,b"], ["--steps", "0"], ["--lr", "-1"],
-                ["--warmup", "-1"], ["--kernels", "turbo"], ["--timing-window", "0"], ["--warmup-seconds", "-1"],
-                ["--warmup-seconds", "nan"], ["--warmup-seconds", "soon"]):
+    for bad in (
+        ["--batch-sizes", "0"],
+        ["--batch-sizes", "a,b"],
+        ["--steps", "0"],
+        ["--lr", "-1"],
+        ["--warmup", "-1"],
+        ["--kernels", "turbo"],
+        ["--timing-window", "0"],
+        ["--warmup-seconds", "-1"],
+        ["--warmup-seconds", "nan"],
+        ["--warmup-seconds", "soon"],
+    ):
         with pytest.raises(SystemExit):
             p.parse_args(bad)
 
@@ -112,11 +167,14 @@ def test_measure_loop_windows(cmp):
 def test_measure_loop_warms_up_for_steps_and_seconds(cmp):
     order = list(range(400))
     side = ClockSide([0.5])  # 0.5 ms per step: 10 ms of warm-up take 20 steps
-    m = cmp.measure_loop(side, None, None, order, 3, 30, "graph", window=10, warmup_s=0.010,
-                         clock=lambda: side.clock / 1000.0)
+    m = cmp.measure_loop(
+        side, None, None, order, 3, 30, "graph", window=10, warmup_s=0.010, clock=lambda: side.clock / 1000.0
+    )
     assert side.steps == 20 + 30 and m["n"] == 3 and m["median_us"] == pytest.approx(500.0)
     side = ClockSide([0.5])
-    cmp.measure_loop(side, None, None, order, 40, 30, "graph", window=10, warmup_s=0.010, clock=lambda: side.clock / 1000.0)
+    cmp.measure_loop(
+        side, None, None, order, 40, 30, "graph", window=10, warmup_s=0.010, clock=lambda: side.clock / 1000.0
+    )
     assert side.steps == 40 + 30  # the step count when that is longer
 
 
@@ -128,11 +186,16 @@ def assert_one_line_usage_error(r, flag):
     assert "usage:" not in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("args,flag", [(["--batch-sizes", "0"], "--batch-sizes"),
-                                       (["--tf32", "--kernels", "naive"], "--precision"),
-                                       (["--precision", "bf16", "--kernels", "naive"], "--precision"),
-                                       (["--recipe", "fast", "--precision", "bf16"], "--precision"),
-                                       (["--png", "no-such-folder/x.png"], "--png")])
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["--batch-sizes", "0"], "--batch-sizes"),
+        (["--tf32", "--kernels", "naive"], "--precision"),
+        (["--precision", "bf16", "--kernels", "naive"], "--precision"),
+        (["--recipe", "fast", "--precision", "bf16"], "--precision"),
+        (["--png", "no-such-folder/x.png"], "--png"),
+    ],
+)
 def test_bad_arguments_exit_2_with_one_line(args, flag):
     r = run_script(*args)
     assert_one_line_usage_error(r, flag)
@@ -176,8 +239,10 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 def read_png(path):
     """The picture's pixels, as matplotlib reads them back (rows, columns, channels)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.image
+
     assert path.read_bytes()[:8] == PNG_SIGNATURE
     return matplotlib.image.imread(path)
 
@@ -211,8 +276,9 @@ def test_show_with_png_into_a_missing_folder_is_a_usage_error(tmp_path):
 
 
 def test_show_with_png_without_matplotlib_is_a_usage_error(tmp_path):
-    r = run_script("--show", str(COMMITTED_RESULT), "--png", str(tmp_path / "x.png"),
-                   pre="sys.modules['matplotlib'] = None")
+    r = run_script(
+        "--show", str(COMMITTED_RESULT), "--png", str(tmp_path / "x.png"), pre="sys.modules['matplotlib'] = None"
+    )
     assert_one_line_usage_error(r, "--png")
     assert "matplotlib" in r.stderr and r.stdout == "" and not (tmp_path / "x.png").exists()
 
@@ -228,15 +294,31 @@ def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
     pytest.importorskip("torch", reason="torch is not installed")
     folder = mnist_or_skip()
     out = tmp_path / "r.json"
-    r = run_script("--data-dir", str(folder), "--batch-sizes", "64", "--steps", "30", "--warmup", "5",
-                   "--parity-steps", "60", "--no-compile", "--out", str(out))
+    r = run_script(
+        "--data-dir",
+        str(folder),
+        "--batch-sizes",
+        "64",
+        "--steps",
+        "30",
+        "--warmup",
+        "5",
+        "--parity-steps",
+        "60",
+        "--no-compile",
+        "--out",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr[-3000:]
     assert "-> PASS" in r.stdout
     result = json.loads(out.read_text())
     cmp.validate_result(result)
     modes = set(result["batch_sizes"]["64"]["torch"]["modes"])
     assert result["parity"]["pass"] and modes == {"eager", "graph", "graph, channels_last"}
-    assert result["batch_sizes"]["64"]["ours"]["again"]["mode"] == "graph" and "again" in result["batch_sizes"]["64"]["torch"]
+    assert (
+        result["batch_sizes"]["64"]["ours"]["again"]["mode"] == "graph"
+        and "again" in result["batch_sizes"]["64"]["torch"]
+    )
     assert out.with_suffix(".png").stat().st_size > 1000 or "matplotlib not installed" in r.stdout
 
 
@@ -281,6 +363,7 @@ def parity_data():
     torch = pytest.importorskip("torch", reason="torch is not installed")
     folder = mnist_or_skip()
     from mnist_cuda import cuda, data, reference
+
     ds = data.load("mnist", folder, empty=cuda.pinned_empty, progress=False)
     ds.train_y64 = ds.train_y.astype("int64")
     return torch, ds, reference.init_state_dict(0)
@@ -298,10 +381,12 @@ def test_optimizer_options_match_torch(cmp, parity_data, name, kernels):
     that way at step 21 (2.3e-4; before it 4.8e-7), while seeds 1-3 stay within 7.4e-5 in both versions."""
     torch, ds, _ = parity_data
     from mnist_cuda import reference
+
     results = []
     for seed in (0, 1, 2):
-        args = cmp.build_parser().parse_args(["--parity-only", "--seed", str(seed), "--kernels", kernels,
-                                              *OPTIMIZER_OPTIONS[name]])
+        args = cmp.build_parser().parse_args(
+            ["--parity-only", "--seed", str(seed), "--kernels", kernels, *OPTIMIZER_OPTIONS[name]]
+        )
         par = cmp.run_parity(torch, ds, reference.init_state_dict(seed), args, (32, 64), 128)
         results.append(par)
         assert par["optimizer"]["momentum"] == (0.9 if "--momentum" in OPTIMIZER_OPTIONS[name] else 0.0)
@@ -318,10 +403,17 @@ def test_schedule_rates_are_torch_schedulers(schedule):
     scheduler sets (to within 1 ulp: its step-by-step updates against our closed forms)."""
     torch = pytest.importorskip("torch", reason="torch is not installed")
     import numpy as np
+
     from mnist_cuda import nets, optim
+
     kind, total = schedule[0], 300
-    s = optim.Schedule(kind, total=total, step_size=schedule[1] if kind == "step" else 1,
-                       gamma=schedule[2] if kind == "step" else 0.1, anneal=schedule[1] if kind == "onecycle" else "cos")
+    s = optim.Schedule(
+        kind,
+        total=total,
+        step_size=schedule[1] if kind == "step" else 1,
+        gamma=schedule[2] if kind == "step" else 0.1,
+        anneal=schedule[1] if kind == "onecycle" else "cos",
+    )
     options = optim.SGDOptions(0.08, momentum=0.9, schedule=s)
     opt = optim.Optimizer(nets.Parameters((4, 8), 16), options)
     theirs, scheduler = options.torch_optimizer(torch, [torch.nn.Parameter(torch.zeros(1))])
@@ -356,8 +448,10 @@ def test_recipe_table_and_the_committed_recipe_result(cmp):
 GRAPH_MODES = ("torch graph", "torch compiled+graph", "torch compiled+graph, channels_last")
 
 
-@pytest.mark.parametrize("dataset, name, least", [("mnist", "recipe-best-h200.json", 0.9945),
-                                                  ("fashion-mnist", "recipe-best-fashion-mnist-h200.json", 0.925)])
+@pytest.mark.parametrize(
+    "dataset, name, least",
+    [("mnist", "recipe-best-h200.json", 0.9945), ("fashion-mnist", "recipe-best-fashion-mnist-h200.json", 0.925)],
+)
 def test_the_committed_best_recipe_results(cmp, dataset, name, least):
     """--recipe best on both sides (H200), PyTorch as whole-step graphs: every seed trained all 20 epochs on
     each side, ours reached the mean the recipe was chosen for (MNIST) or the project's target (Fashion-MNIST:
@@ -378,13 +472,31 @@ def test_recipe_table_without_a_target(cmp):
     """--recipe best has no target: each side's table row gives every seed's final accuracy with their mean,
     and the training seconds of all its epochs."""
     run = lambda acc, s: {"accuracy": [0.98, acc], "seconds_to_target": None, "seconds": s}
-    result = {"recipe": "best", "target": None, "flags": {"epochs": 2},
-              "seeds": {"0": {"ours": run(0.995, 1.5), "torch eager": run(0.9948, 12.25)},
-                        "1": {"ours": run(0.9952, 1.7), "torch eager": run(0.9944, 12.75)}}}
+    result = {
+        "recipe": "best",
+        "target": None,
+        "flags": {"epochs": 2},
+        "seeds": {
+            "0": {"ours": run(0.995, 1.5), "torch eager": run(0.9948, 12.25)},
+            "1": {"ours": run(0.9952, 1.7), "torch eager": run(0.9944, 12.75)},
+        },
+    }
     lines = cmp.format_recipe(result).splitlines()
     assert "after 2 epochs" in lines[0] and "seeds 0, 1" in lines[0]
-    assert lines[1].split() == ["ours", "accuracy", "99.50", "99.52", "(mean", "99.51%);", "seconds", "1.50", "1.70",
-                                "(mean", "1.60", "s)"]
+    assert lines[1].split() == [
+        "ours",
+        "accuracy",
+        "99.50",
+        "99.52",
+        "(mean",
+        "99.51%);",
+        "seconds",
+        "1.50",
+        "1.70",
+        "(mean",
+        "1.60",
+        "s)",
+    ]
     assert "(mean 99.46%)" in lines[2] and "(mean 12.50 s)" in lines[2]
 
 
@@ -392,7 +504,9 @@ def test_reference_shift_moves_each_image_by_its_offset():
     """reference.shift_images (what checks our shift kernel and PyTorch's in the recipe comparison): a pixel
     lands offset (dx, dy) away, what comes in from outside is 0."""
     import numpy as np
+
     from mnist_cuda import reference
+
     images = np.arange(2 * 1 * 4 * 4, dtype=np.uint8).reshape(2, 1, 4, 4) + 1
     out = reference.shift_images(images, np.array([[1, -2], [0, 0]]))
     assert np.array_equal(out[1], images[1])
@@ -401,10 +515,13 @@ def test_reference_shift_moves_each_image_by_its_offset():
 
 
 def test_recipe_seed_line_says_where_a_side_missed_the_target(cmp):
-    row = {"ours": {"accuracy": [0.991], "seconds_to_target": 0.131, "seconds": 0.131},
-           "torch eager": {"accuracy": [0.985, 0.989], "seconds_to_target": None, "seconds": 4.5}}
-    assert cmp.recipe_seed_line(row, 0.99) == ("ours 99.10% reached 99.0% in 0.131 s, "
-                                               "torch eager 98.90% did not reach 99.0% in 4.500 s")
+    row = {
+        "ours": {"accuracy": [0.991], "seconds_to_target": 0.131, "seconds": 0.131},
+        "torch eager": {"accuracy": [0.985, 0.989], "seconds_to_target": None, "seconds": 4.5},
+    }
+    assert cmp.recipe_seed_line(row, 0.99) == (
+        "ours 99.10% reached 99.0% in 0.131 s, torch eager 98.90% did not reach 99.0% in 4.500 s"
+    )
     assert cmp.recipe_seed_line({"ours": row["ours"]}, None) == "ours 99.10% in 0.131 s"
 
 

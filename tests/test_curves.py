@@ -1,20 +1,27 @@
 """Training curves from a metrics file (`python -m mnist_cuda.curves`, the trainer's --plot): CPU."""
+
 import json
 import os
 import subprocess
 import sys
 
 import pytest
+from test_cli import one_line_usage_error
 
 from conftest import REPO
-from test_cli import one_line_usage_error
 
 pytest.importorskip("matplotlib")
 
 
 def run_curves(*args):
-    return subprocess.run([sys.executable, "-m", "mnist_cuda.curves", *args], capture_output=True, text=True, cwd=REPO,
-                          env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mnist_cuda.curves", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=120,
+    )
 
 
 def write_metrics(path, epochs=3, steps=120):
@@ -22,7 +29,7 @@ def write_metrics(path, epochs=3, steps=120):
     for epoch in range(1, epochs + 1):
         for _ in range(steps):
             step += 1
-            lines.append({"step": step, "epoch": epoch, "loss": 2.3 / step ** 0.5})
+            lines.append({"step": step, "epoch": epoch, "loss": 2.3 / step**0.5})
         lines.append({"step": step, "epoch": epoch, "test_accuracy": 0.97 + 0.005 * epoch})
     path.write_text("".join(json.dumps(d) + "\n" for d in lines))
     return path
@@ -30,6 +37,7 @@ def write_metrics(path, epochs=3, steps=120):
 
 def test_draws_a_png(tmp_path):
     import matplotlib.image
+
     metrics = write_metrics(tmp_path / "run.jsonl")
     r = run_curves(str(metrics))
     assert r.returncode == 0, r.stderr

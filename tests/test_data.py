@@ -1,4 +1,5 @@
 """The data pipeline: IDX parsing, verification, sources and downloads (local HTTP server only)."""
+
 import errno
 import gzip
 import hashlib
@@ -237,8 +238,14 @@ def cache_files(cache: Path):
 @pytest.mark.parametrize("bad", ["garbage", "missing", "cut", "wronghash"])
 def test_download_falls_back_to_next_mirror(tmp_path, server, bad):
     cache = tmp_path / "cache"
-    got = data.load_arrays(spec=server.spec, cache_dir=cache, mirrors=[server.mirror(bad), server.mirror("good")],
-                           progress=False, retries=0, timeout=5)
+    got = data.load_arrays(
+        spec=server.spec,
+        cache_dir=cache,
+        mirrors=[server.mirror(bad), server.mirror("good")],
+        progress=False,
+        retries=0,
+        timeout=5,
+    )
     assert np.array_equal(got[0], server.arrays["train-images-idx3-ubyte"])
     # only verified files, under their final names, landed in the cache
     assert cache_files(cache) == sorted(n + ".gz" for n in server.arrays)
@@ -260,8 +267,14 @@ def test_every_mirror_failing_leaves_no_partial_file(tmp_path, server):
 
 def test_unreachable_mirror(tmp_path, server):
     with pytest.raises(DataError, match="ConnectionError"):
-        data.load_arrays(spec=server.spec, cache_dir=tmp_path / "c", mirrors=["http://127.0.0.1:9/"],
-                         progress=False, retries=0, timeout=2)
+        data.load_arrays(
+            spec=server.spec,
+            cache_dir=tmp_path / "c",
+            mirrors=["http://127.0.0.1:9/"],
+            progress=False,
+            retries=0,
+            timeout=2,
+        )
     assert cache_files(tmp_path / "c") == []
 
 
@@ -281,6 +294,7 @@ def test_real_mnist_loads_and_verifies(tmp_path):
 
 def test_real_fashion_mnist_loads_and_verifies(tmp_path):
     from conftest import fashion_or_skip
+
     folder = fashion_or_skip()
     host = data.load("fashion-mnist", data_dir=folder, cache_dir=tmp_path / "cache", progress=False)
     assert host.train_x.shape == (60000, 1, 28, 28)

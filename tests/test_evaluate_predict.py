@@ -1,6 +1,7 @@
 """`python -m mnist_cuda.evaluate` and `python -m mnist_cuda.predict`: bad input is one line and exit 2
 before any GPU work (CPU); on the GPU, evaluate gives the trainer's accuracy for the same checkpoint and
 predict gives evaluate's class for MNIST test images saved as PNG."""
+
 import json
 import os
 import subprocess
@@ -8,21 +9,30 @@ import sys
 
 import numpy as np
 import pytest
+from test_cli import one_line_usage_error, run_train
 
 from conftest import REPO, mnist_or_skip
 from mnist_cuda import checkpoint, evaluate, reference
-from test_cli import one_line_usage_error, run_train
 
 
 def run_module(module, *args, env=None, timeout=600):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+    )
 
 
 @pytest.fixture
 def small_checkpoint(tmp_path):
-    return checkpoint.save_checkpoint(tmp_path / "small.npz", reference.init_state_dict(0, (4, 8), 16),
-                                      {"dataset": "mnist", "batch_size": 32, "kernels": "naive", "tf32": False})
+    return checkpoint.save_checkpoint(
+        tmp_path / "small.npz",
+        reference.init_state_dict(0, (4, 8), 16),
+        {"dataset": "mnist", "batch_size": 32, "kernels": "naive", "tf32": False},
+    )
 
 
 @pytest.mark.parametrize("module", ["mnist_cuda.evaluate", "mnist_cuda.predict"])
@@ -31,25 +41,29 @@ def test_bad_checkpoints(module, tmp_path):
     (tmp_path / "x.png").write_bytes(b"")
     (tmp_path / "notes.txt").write_text("hello")
     one_line_usage_error(run_module(module, str(tmp_path / "none.npz"), *images), "CHECKPOINT", "does not exist")
-    one_line_usage_error(run_module(module, str(tmp_path / "notes.txt"), *images), "CHECKPOINT",
-                         "not an .npz archive", "--save PATH")
+    one_line_usage_error(
+        run_module(module, str(tmp_path / "notes.txt"), *images), "CHECKPOINT", "not an .npz archive", "--save PATH"
+    )
     one_line_usage_error(run_module(module, str(tmp_path), *images), "is a folder")
 
 
 def test_evaluate_bad_flags(small_checkpoint, tmp_path):
     ck = str(small_checkpoint)
-    one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--png", str(tmp_path / "no" / "c.png")), "--png",
-                         "does not exist")
+    one_line_usage_error(
+        run_module("mnist_cuda.evaluate", ck, "--png", str(tmp_path / "no" / "c.png")), "--png", "does not exist"
+    )
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--png", str(tmp_path)), "--png", "is a folder")
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--tf32"), "--precision", "tf32 needs --kernels fast")
-    one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--precision", "bf16"), "--precision",
-                         "bf16 needs --kernels fast")
+    one_line_usage_error(
+        run_module("mnist_cuda.evaluate", ck, "--precision", "bf16"), "--precision", "bf16 needs --kernels fast"
+    )
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--batch-size", "0"), "--batch-size")
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--dataset", "cifar"), "--dataset")
     one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--data-dir", str(tmp_path / "nope")), "--data-dir")
     (tmp_path / "empty").mkdir()
-    one_line_usage_error(run_module("mnist_cuda.evaluate", ck, "--data-dir", str(tmp_path / "empty")),
-                         "has no t10k-images-idx3-ubyte")  # only the test files are needed
+    one_line_usage_error(
+        run_module("mnist_cuda.evaluate", ck, "--data-dir", str(tmp_path / "empty")), "has no t10k-images-idx3-ubyte"
+    )  # only the test files are needed
     one_line_usage_error(run_module("mnist_cuda.evaluate"), "the following arguments are required: CHECKPOINT")
 
 
@@ -57,13 +71,19 @@ def test_evaluate_bad_flags(small_checkpoint, tmp_path):
 def test_a_model_too_large_for_the_batch_is_the_checkpoints(module, tmp_path):
     """No flag of evaluate or predict makes the model: a batch its activations cannot take blames CHECKPOINT and
     names the checkpoint's model, not the trainer's --channels and --hidden."""
-    ck = checkpoint.save_checkpoint(tmp_path / "wide.npz", reference.init_state_dict(0, (4, 4096), 1),
-                                    {"dataset": "mnist", "batch_size": 32, "kernels": "fast"})
+    ck = checkpoint.save_checkpoint(
+        tmp_path / "wide.npz",
+        reference.init_state_dict(0, (4, 4096), 1),
+        {"dataset": "mnist", "batch_size": 32, "kernels": "fast"},
+    )
     images = [str(tmp_path / "x.png")] if module.endswith("predict") else []
     (tmp_path / "x.png").write_bytes(b"")
-    line = one_line_usage_error(run_module(module, str(ck), *images, "--batch-size", "1000"), "argument CHECKPOINT:",
-                                "batch 1,000 with the checkpoint's model (channels 4,4096, hidden 1) needs",
-                                "at most batch 668 with this model")
+    line = one_line_usage_error(
+        run_module(module, str(ck), *images, "--batch-size", "1000"),
+        "argument CHECKPOINT:",
+        "batch 1,000 with the checkpoint's model (channels 4,4096, hidden 1) needs",
+        "at most batch 668 with this model",
+    )
     assert "--channels" not in line and "--hidden" not in line
 
 
@@ -71,23 +91,39 @@ def test_predict_bad_images_are_named_before_the_gpu(small_checkpoint, tmp_path)
     pytest.importorskip("PIL")
     (tmp_path / "notes.txt").write_text("not an image")
     (tmp_path / "empty.png").write_bytes(b"")
-    r = run_module("mnist_cuda.predict", str(small_checkpoint), str(tmp_path / "notes.txt"),
-                   str(tmp_path / "empty.png"), env={"CUDA_VISIBLE_DEVICES": ""})
+    r = run_module(
+        "mnist_cuda.predict",
+        str(small_checkpoint),
+        str(tmp_path / "notes.txt"),
+        str(tmp_path / "empty.png"),
+        env={"CUDA_VISIBLE_DEVICES": ""},
+    )
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and "Traceback" not in r.stderr and len(lines) == 2, r.stderr
     assert "notes.txt" in lines[0] and "empty.png" in lines[1]
-    one_line_usage_error(run_module("mnist_cuda.predict", str(small_checkpoint), str(tmp_path / "none.png")),
-                         "IMAGE", "none.png does not exist")
-    one_line_usage_error(run_module("mnist_cuda.predict", str(small_checkpoint)),
-                         "the following arguments are required: IMAGE")
+    one_line_usage_error(
+        run_module("mnist_cuda.predict", str(small_checkpoint), str(tmp_path / "none.png")),
+        "IMAGE",
+        "none.png does not exist",
+    )
+    one_line_usage_error(
+        run_module("mnist_cuda.predict", str(small_checkpoint)), "the following arguments are required: IMAGE"
+    )
 
 
 def test_predict_without_pillow_names_the_extra(small_checkpoint, tmp_path):
     (tmp_path / "x.png").write_bytes(b"\x89PNG")
-    code = ("import sys; sys.modules['PIL'] = None; from mnist_cuda.predict import main; "
-            f"sys.exit(main([{str(small_checkpoint)!r}, {str(tmp_path / 'x.png')!r}]))")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
-                       env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "import sys; sys.modules['PIL'] = None; from mnist_cuda.predict import main; "
+        f"sys.exit(main([{str(small_checkpoint)!r}, {str(tmp_path / 'x.png')!r}]))"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     one_line_usage_error(r, "needs Pillow", "pip install '.[image]'")
 
 
@@ -112,8 +148,19 @@ def trained(tmp_path_factory):
     folder = mnist_or_skip()
     d = tmp_path_factory.mktemp("trained")
     ck, metrics = d / "m.npz", d / "m.jsonl"
-    r = run_train("--data-dir", str(folder), "--steps", "300", "--batch-size", "96", "--save", str(ck),
-                  "--metrics", str(metrics), "--quiet")
+    r = run_train(
+        "--data-dir",
+        str(folder),
+        "--steps",
+        "300",
+        "--batch-size",
+        "96",
+        "--save",
+        str(ck),
+        "--metrics",
+        str(metrics),
+        "--quiet",
+    )
     assert r.returncode == 0, r.stderr
     return folder, ck, metrics
 
@@ -121,7 +168,9 @@ def trained(tmp_path_factory):
 @pytest.mark.gpu
 def test_evaluate_gives_the_trainers_accuracy(trained, tmp_path):
     folder, ck, metrics = trained
-    r = run_module("mnist_cuda.evaluate", str(ck), "--data-dir", str(folder), "--json", "--png", str(tmp_path / "e.png"))
+    r = run_module(
+        "mnist_cuda.evaluate", str(ck), "--data-dir", str(folder), "--json", "--png", str(tmp_path / "e.png")
+    )
     assert r.returncode == 0, r.stderr
     report = json.loads(r.stdout)
     last = [json.loads(line) for line in metrics.read_text().splitlines()][-1]
@@ -140,6 +189,7 @@ def test_evaluate_gives_the_trainers_accuracy(trained, tmp_path):
 
 def load_test_labels(folder):
     from mnist_cuda import data
+
     return data.load_arrays("mnist", folder, progress=False)[3]
 
 
@@ -147,6 +197,7 @@ def load_test_labels(folder):
 def test_predict_on_test_images_saved_as_png(trained, tmp_path):
     Image = pytest.importorskip("PIL.Image")
     from mnist_cuda import data
+
     folder, ck, _ = trained
     test_x = data.load_arrays("mnist", folder, progress=False)[2]
     report = json.loads(run_module("mnist_cuda.evaluate", str(ck), "--data-dir", str(folder), "--json").stdout)

@@ -1,5 +1,6 @@
 """Every kernel against the float64 reference on fresh random inputs (GPU; skipped without one). The
 cases are mnist_cuda/kernel_cases.py's, which dev/bench_kernels.py times."""
+
 import pytest
 
 from mnist_cuda import kernel_cases as kc
@@ -7,8 +8,13 @@ from mnist_cuda import kernel_cases as kc
 pytestmark = pytest.mark.gpu
 
 # batch sizes 1, 3, 64, 65; the default channels and hidden size, and odd ones that fit no tile
-DIMS = [kc.Dims(1, 32, 64, 128), kc.Dims(3, 5, 7, 33), kc.Dims(64, 32, 64, 128), kc.Dims(65, 5, 7, 33),
-        kc.Dims(65, 32, 64, 128)]
+DIMS = [
+    kc.Dims(1, 32, 64, 128),
+    kc.Dims(3, 5, 7, 33),
+    kc.Dims(64, 32, 64, 128),
+    kc.Dims(65, 5, 7, 33),
+    kc.Dims(65, 32, 64, 128),
+]
 
 
 @pytest.mark.parametrize("dims", DIMS, ids=str)
@@ -19,6 +25,7 @@ def test_kernel_matches_reference(case, dims):
 
 def _check_against_reference(case, dims):
     import numpy as np
+
     if not kc.runnable(case):
         pytest.skip("its kernels need a Hopper GPU (sm_90a)")
     prepared = case.make(np.random.default_rng(), dims)  # fresh inputs every run
@@ -34,6 +41,7 @@ def test_the_cases_launch_every_declared_kernel():
 
     from mnist_cuda import cuda
     from mnist_cuda.ops import conv2_implicit_gemm
+
     precision = {f"<{p}>": f"<{expr}>" for p, expr in conv2_implicit_gemm.PRECISIONS.items()}
     rng, launched, seen = np.random.default_rng(), set(), set()
 
@@ -66,6 +74,7 @@ def without_arch_specific():
     """Kernels compiled for plain sm_XY: on a Hopper GPU, conv2_implicit_gemm.cu's mma.sync form instead of
     wgmma."""
     from mnist_cuda import cuda
+
     cuda.use_arch_specific(False)
     yield
     cuda.use_arch_specific(True)

@@ -1,5 +1,6 @@
 """The whole training step against the reference, evaluation, determinism, the three step modes, and real
 training (GPU)."""
+
 from types import SimpleNamespace
 
 import numpy as np
@@ -37,6 +38,7 @@ def make_net(channels, hidden, seed, version, batch):
     """A net of `version` ("naive", "fast", or the fast kernels at precision "tf32" or "bf16") at batch
     size `batch`, initialised from reference.init_state_dict(seed)."""
     from mnist_cuda import nets
+
     params = nets.Parameters(channels, hidden)
     params.load_state_dict(reference.init_state_dict(seed, channels, hidden))
     params.cp.cuda.runtime.deviceSynchronize()  # the steps run on a non-blocking stream
@@ -56,6 +58,7 @@ def step_against_reference(batch, channels, hidden, version, seed):
     reference model), seen (the images as the network sees them), y, decisions, loss and grads (the
     reference's). The seed fixes the weights and the batch, so a failure's seed reproduces it."""
     from mnist_cuda.step import Step
+
     rng = np.random.default_rng([seed, 1])  # a stream of its own: init_state_dict draws the weights from seed
     net = make_net(channels, hidden, seed, version, batch)
     ref = reference.ReferenceModel(reference.init_state_dict(seed, channels, hidden))
@@ -85,8 +88,9 @@ def step_against_reference(batch, channels, hidden, version, seed):
 
 
 @pytest.mark.parametrize("version", VERSIONS)
-@pytest.mark.parametrize("batch,channels,hidden", [(1, (32, 64), 128), (3, (5, 7), 33), (64, (32, 64), 128),
-                                                   (65, (5, 7), 33)])
+@pytest.mark.parametrize(
+    "batch,channels,hidden", [(1, (32, 64), 128), (3, (5, 7), 33), (64, (32, 64), 128), (65, (5, 7), 33)]
+)
 def test_training_step_matches_reference(batch, channels, hidden, version):
     seed = int(np.random.default_rng().integers(1 << 30))
     run = step_against_reference(batch, channels, hidden, version, seed)
@@ -116,6 +120,7 @@ def test_paired_input_gradient_in_the_step(monkeypatch):
     """FastNet with conv2's input gradient in its paired form (taken from PAIRED_INPUT_GRAD_MIN_BATCH, lowered
     here to batch 64) stages its weights for that form and computes the step's gradients as the reference does."""
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
     monkeypatch.setattr(conv2, "PAIRED_INPUT_GRAD_MIN_BATCH", 64)
     seed = int(np.random.default_rng().integers(1 << 30))
     run = step_against_reference(64, (32, 64), 128, "fast", seed)
@@ -128,6 +133,7 @@ def test_paired_input_gradient_in_the_step(monkeypatch):
 @pytest.mark.parametrize("version", VERSIONS)
 def test_eval_forward_uses_running_stats(version):
     from mnist_cuda.step import Step
+
     rng = np.random.default_rng()
     net = make_net((32, 64), 128, seed=1, version=version, batch=64)
     state = net.params.state_dict()
@@ -151,6 +157,7 @@ def run_steps(version, seed, batches, lr, mode):
     batch (a graph step loads it while it computes), except the step at `prefetch_gap`, so that the step
     after it stages and loads its own batch. Returns (losses, the flat parameter buffer)."""
     from mnist_cuda.step import Step
+
     net = make_net((32, 64), 128, seed, version, len(batches[0][0]))
     step = Step(net, lr, mode=mode)
     step.losses(reset=True)
@@ -183,7 +190,8 @@ def test_phase_graphs_equal_eager():
     batches = [random_batch(rng, 64) for _ in range(6)]
     seed = int(rng.integers(1000))
     (eager_losses, eager_params), (phase_losses, phase_params) = (
-        run_steps("fast", seed, batches, 0.05, mode) for mode in ("eager", "phases"))
+        run_steps("fast", seed, batches, 0.05, mode) for mode in ("eager", "phases")
+    )
     assert len(eager_losses) == 6 and np.all(np.isfinite(eager_losses))
     assert np.array_equal(phase_losses, eager_losses)
     assert np.array_equal(phase_params, eager_params)
@@ -196,6 +204,7 @@ def test_one_epoch_on_mnist_reaches_98_percent(version):
     folder = mnist_or_skip()
     from mnist_cuda import cuda, training
     from mnist_cuda.step import PHASES, Step, phase_times_ms
+
     ds = data.load("mnist", data_dir=folder, empty=cuda.pinned_empty, progress=False)
     net = make_net((32, 64), 128, seed=0, version=version, batch=64)
     step = Step(net, training.DEFAULTS["lr"])
@@ -219,9 +228,11 @@ def test_one_epoch_on_fashion_mnist():
     """The trainer's step on Fashion-MNIST's real files, where they are given: one epoch of the fast kernels
     at the default batch and rate learns its ten classes (a CNN of this size reaches ~85% in one epoch)."""
     from conftest import fashion_or_skip
+
     folder = fashion_or_skip()
     from mnist_cuda import cuda, training
     from mnist_cuda.step import Step
+
     ds = data.load("fashion-mnist", data_dir=folder, empty=cuda.pinned_empty, progress=False)
     step = Step(make_net((32, 64), 128, seed=0, version="fast", batch=64), training.DEFAULTS["lr"])
     batches = list(data.batch_indices(data.epoch_order(60000, 0, 0), 64, drop_last=True))

@@ -2,6 +2,7 @@
 for the H100 (sm_90, and sm_90a) and an A100 (sm_80), so CI catches syntax errors; kernels/ and the ops
 modules agree on files, kernels and compile-time constants; the launch's guard against untyped scalars;
 and the ops modules hold every launch."""
+
 import ast
 import re
 
@@ -31,7 +32,9 @@ def test_every_source_compiles(arch):
 def test_compile_check_reports_errors(monkeypatch):
     pytest.importorskip("cupy", reason=NEEDS_CUPY)
     real = cuda.read_source
-    monkeypatch.setattr(cuda, "read_source", lambda path: real(path) + ("\nint broken(" if path == "naive/sgd.cu" else ""))
+    monkeypatch.setattr(
+        cuda, "read_source", lambda path: real(path) + ("\nint broken(" if path == "naive/sgd.cu" else "")
+    )
     errors = compile_errors("sm_90")
     assert list(errors) == ["naive/sgd.cu"] and "error" in errors["naive/sgd.cu"]
 
@@ -57,8 +60,9 @@ def test_every_source_file_is_declared_once():
 
 
 def _template_entry_points(text: str) -> set[str]:
-    return set(re.findall(r"template\s*<[^>]*>\s*__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(",
-                          text))
+    return set(
+        re.findall(r"template\s*<[^>]*>\s*__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(", text)
+    )
 
 
 def test_every_entry_point_is_declared_and_every_declared_kernel_exists():
@@ -81,7 +85,7 @@ def test_kernel_names_say_their_version():
     """kernels/naive/ and kernels/fast/ pair by name: every naive kernel is <op>_naive (except
     count_correct, the evaluation's, and sgd_schedule, the optimizer's one-thread rate: both versions use
     them), every fast kernel <...>_fast. (shift_images_naive, the augmentation, has no fast form.)"""
-    for path, s in SOURCES.items():
+    for path in SOURCES:
         for name in cuda.entry_points(cuda.read_source(path)):
             if path.startswith("naive/"):
                 assert name.endswith("_naive") or name in ("count_correct", "sgd_schedule"), (path, name)
@@ -127,8 +131,9 @@ def test_kernel_cases_group_by_op_family():
     first; a naive case under its own file's family, a fast case only under families whose naive files
     its kernels' files say they replace."""
     from mnist_cuda import kernel_cases as kc
+
     naive_files = {p for p in SOURCES if p.startswith("naive/")}
-    family = lambda naive_file: naive_file[len("naive/"):-len(".cu")]
+    family = lambda naive_file: naive_file[len("naive/") : -len(".cu")]
     assert list(kc.OPS) == list(kc.FAMILIES) and set(kc.FAMILIES) == {family(p) for p in naive_files}
     assert {c.name for cases in kc.OPS.values() for c in cases} == {c.name for c in kc.all_cases()}
     file_of = {k.split("<")[0]: path for path, s in SOURCES.items() for k in s.kernels}
@@ -171,6 +176,7 @@ def unlaunchable_kernel():
 
     def compiled():
         raise AssertionError("the argument check must run before the kernel is compiled or launched")
+
     kernel.function = compiled
     return kernel
 
@@ -207,17 +213,27 @@ def kernel_launches(tree) -> list[tuple[int, str]]:
         f = node.func
         name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
         starred = any(isinstance(a, ast.Starred) for a in node.args)
-        if (name in ("Kernel", "Source", "launch_1d") or (name == "kernel" and isinstance(f, ast.Attribute))
-                or (name == "launch" and isinstance(f, ast.Attribute) and (len(node.args) >= 3 or starred))):
+        if (
+            name in ("Kernel", "Source", "launch_1d")
+            or (name == "kernel" and isinstance(f, ast.Attribute))
+            or (name == "launch" and isinstance(f, ast.Attribute) and (len(node.args) >= 3 or starred))
+        ):
             found.append((node.lineno, ast.unparse(node)[:80]))
     return found
 
 
 def test_kernel_launches_are_recognised():
-    code = ("cuda.Kernel(src, 'k'); src.kernel('k'); k.launch_1d(n, a); k.launch(g, b, x); k.launch(g, *args); "
-            "graph.launch(stream); self.launch(name, fn); kernel_cases.check(p)")
+    code = (
+        "cuda.Kernel(src, 'k'); src.kernel('k'); k.launch_1d(n, a); k.launch(g, b, x); k.launch(g, *args); "
+        "graph.launch(stream); self.launch(name, fn); kernel_cases.check(p)"
+    )
     assert [text for _, text in kernel_launches(ast.parse(code))] == [
-        "cuda.Kernel(src, 'k')", "src.kernel('k')", "k.launch_1d(n, a)", "k.launch(g, b, x)", "k.launch(g, *args)"]
+        "cuda.Kernel(src, 'k')",
+        "src.kernel('k')",
+        "k.launch_1d(n, a)",
+        "k.launch(g, b, x)",
+        "k.launch(g, *args)",
+    ]
 
 
 def test_only_the_ops_modules_launch_kernels():
@@ -233,6 +249,7 @@ def test_conv2_forward_form_by_batch():
     STACKED_FORWARD_MAX_BATCH and keeps them apart (64 per block, 128 rows of A) above; tf32 and bf16 have
     one form; the stacked forward exists in fp32 only."""
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
     limit = conv2.STACKED_FORWARD_MAX_BATCH
     assert conv2.forward_product(limit, "fp32") == "forward_stacked"
     assert conv2.forward_product(limit + 1, "fp32") == "forward"
@@ -255,12 +272,17 @@ def test_conv2_input_grad_form_by_batch():
     32 output channels per block and the same staged size, in another layout); tf32 and bf16 have one form; the
     paired form exists in fp32 only, and each launch names the form its weights were staged for."""
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
     limit = conv2.PAIRED_INPUT_GRAD_MIN_BATCH
     assert conv2.input_grad_product(limit - 1, "fp32") == "backward_input"
     assert conv2.input_grad_product(limit, "fp32") == "backward_input_paired"
-    assert conv2.input_grad_product(10 * limit, "tf32") == conv2.input_grad_product(10 * limit, "bf16") == "backward_input"
+    assert (
+        conv2.input_grad_product(10 * limit, "tf32") == conv2.input_grad_product(10 * limit, "bf16") == "backward_input"
+    )
     assert conv2.tile_channels("backward_input_paired", "fp32") == conv2.tile_channels("backward_input", "fp32") == 32
-    assert conv2.weight_quads(64, 32, "fp32", "backward_input") == conv2.weight_quads(64, 32, "fp32", "backward_input_paired")
+    assert conv2.weight_quads(64, 32, "fp32", "backward_input") == conv2.weight_quads(
+        64, 32, "fp32", "backward_input_paired"
+    )
     with pytest.raises(ValueError, match="3xTF32"):
         conv2.tile_channels("backward_input_paired", "bf16")
     with pytest.raises(ValueError, match="unknown input gradient"):
@@ -273,6 +295,7 @@ def test_conv1_backward_channels_by_batch(monkeypatch):
     """conv1's backward takes all 32 channels per block once the batch has 8 images per SM, fewer below; with the
     model's 32 channels the parts of the batch, and so each channel's sums, are the same whatever the choice."""
     from mnist_cuda.ops import conv1_bn_relu_pool as conv1
+
     monkeypatch.setattr(conv1, "sm_count", lambda: 132)
     choice = {n: conv1.backward_channels_per_block(n, 32) for n in (1, 64, 132, 512, 1024, 1055, 1056, 4096)}
     assert choice == {1: 8, 64: 8, 132: 8, 512: 8, 1024: 8, 1055: 8, 1056: 32, 4096: 32}
@@ -289,6 +312,7 @@ def test_fc1_input_grad_form_by_batch(monkeypatch):
     """fc1's input gradient takes the wgmma form in bf16 from WG_MIN_BATCH on, and only where the kernels are
     compiled for sm_90a."""
     from mnist_cuda.ops import linear_splitk as fc1
+
     monkeypatch.setattr(fc1.cuda, "arch_specific", lambda: True)
     assert fc1._form(None, "bf16", fc1.WG_MIN_BATCH) == "wgmma"
     assert fc1._form(None, "bf16", fc1.WG_MIN_BATCH - 1) == "tiled"
@@ -303,6 +327,7 @@ def test_fc1_input_grad_form_by_batch(monkeypatch):
 def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
     """conv2_implicit_gemm.cu's stage_weight_quad<FLIPPED, Precision::Fp32, F> for quad q, in Python."""
     from mnist_cuda.kernel_cases import split_tf32
+
     c_out, c_in = (w.shape[1], w.shape[0]) if flipped else w.shape[:2]
     chunks, group_taps = -(-c_in // 8), 3 if paired else 1
     rows = quads_per_chunk // (2 * 9 // group_taps)
@@ -327,13 +352,18 @@ def test_conv2_weight_mirror_is_the_kernels_arithmetic():
     (32 channels, a kernel row's three taps in six runs of 32 rows)."""
     from mnist_cuda import kernel_cases as kc
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
     w = np.random.default_rng(0).standard_normal((70, 12, 3, 3)).astype(np.float32)  # K 70, C 12
     for product in ("forward", "forward_stacked", "backward_input", "backward_input_paired"):
         flipped = product.startswith("backward_input")
         c_in, c_out = (70, 12) if flipped else (12, 70)
         tile, per_chunk = conv2.tile_channels(product, "fp32"), conv2.chunk_quads(product, "fp32")
-        want = np.array([_staged_weight_quad(w, q, flipped, tile, per_chunk, product == "backward_input_paired")
-                         for q in range(conv2.weight_quads(c_in, c_out, "fp32", product))])
+        want = np.array(
+            [
+                _staged_weight_quad(w, q, flipped, tile, per_chunk, product == "backward_input_paired")
+                for q in range(conv2.weight_quads(c_in, c_out, "fp32", product))
+            ]
+        )
         got = kc.weight_quads(w, product, "fp32")
         assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), product
 
@@ -342,6 +372,7 @@ def test_conv2_staged_weights_must_fit_their_form():
     """A staged weight buffer of the wrong size is refused before any launch (the kernels would write or read
     past it)."""
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
     stacked = np.empty((conv2.weight_quads(32, 70, "fp32", "forward_stacked"), 4), np.float32)
     grads = np.empty((conv2.weight_quads(70, 32, "fp32", "backward_input"), 4), np.float32)
     assert stacked.shape[0] < conv2.weight_quads(32, 70, "fp32", "forward")
@@ -366,10 +397,14 @@ def test_a_net_compiles_only_the_sources_it_launches_from():
 
     from mnist_cuda import nets, optim, step
     from mnist_cuda.ops import naive
+
     fast = {s.path for s in nets.kernel_sources("fast")}
     assert {p for p in SOURCES if p.startswith("fast/")} <= fast
-    assert fast - {p for p in SOURCES if p.startswith("fast/")} == {"naive/cross_entropy.cu", "naive/sgd.cu",
-                                                                    "naive/shift.cu"}
+    assert fast - {p for p in SOURCES if p.startswith("fast/")} == {
+        "naive/cross_entropy.cu",
+        "naive/sgd.cu",
+        "naive/shift.cu",
+    }
     assert {s.path for s in nets.kernel_sources("naive")} == {p for p in SOURCES if p.startswith("naive/")}
     assert {s.path for s in nets.kernel_sources(None)} == set(SOURCES)
     callers = "".join(inspect.getsource(c) for c in (nets._Net, nets.FastNet, step.Step, optim.Optimizer))
@@ -386,6 +421,7 @@ class _SlowKernel:
 
     def function(self):
         import time
+
         time.sleep(self.seconds)  # as NVRTC's compile, it lets the other threads run
         self._fn = object()
 
@@ -401,14 +437,17 @@ class _Source:
 def _fake_cupy():
     import contextlib
     import types
+
     device = types.SimpleNamespace(id=0, compute_capability="90")
     runtime = types.SimpleNamespace(free=lambda pointer: None)
-    return types.SimpleNamespace(cuda=types.SimpleNamespace(
-        Device=lambda *a: contextlib.nullcontext() if a else device, runtime=runtime))
+    return types.SimpleNamespace(
+        cuda=types.SimpleNamespace(Device=lambda *a: contextlib.nullcontext() if a else device, runtime=runtime)
+    )
 
 
 def test_preload_compiles_side_by_side_and_says_so_when_it_takes_a_while(monkeypatch, capsys):
     import time
+
     monkeypatch.setattr(cuda, "require_gpu", _fake_cupy)
     monkeypatch.setattr(cuda, "COMPILE_NOTICE_SECONDS", 0.2)
     slow = [_Source(0.3, kernels=1) for _ in range(4)]
@@ -425,6 +464,7 @@ def test_preload_compiles_side_by_side_and_says_so_when_it_takes_a_while(monkeyp
 @pytest.mark.parametrize("cpus,sources,workers", [(1, 4, 1), (None, 4, 1), (16, 3, 3), (16, 1, 1), (2, 5, 2)])
 def test_preload_takes_a_thread_per_source_up_to_the_cpus(monkeypatch, cpus, sources, workers):
     import concurrent.futures
+
     monkeypatch.setattr(cuda, "require_gpu", _fake_cupy)
     monkeypatch.setattr(cuda.os, "cpu_count", lambda: cpus)
     made = []

@@ -1,4 +1,5 @@
 """dev/loss_sequences.py: a bundled recording compares as its folder does, and a changed byte is found."""
+
 import pytest
 
 from conftest import DEV, REPO, load_script

@@ -10,6 +10,7 @@ before any work, never a traceback, an overwritten file or an allocation the mac
     warnings      a third party's warnings never reach the terminal as theirs
 
 The commands and their arguments are read from their parsers, so a flag added later is tried too."""
+
 from __future__ import annotations
 
 import argparse
@@ -74,16 +75,28 @@ class Command:
         """(exit status, stderr, peak RSS in bytes, seconds) of a run, its address space limited (a real
         allocation of a size asked for fails at once instead of swapping) and no GPU in sight."""
         import threading
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), "OPENBLAS_NUM_THREADS": "1",
-                    "CUDA_VISIBLE_DEVICES": "", "MNIST_CUDA_CACHE": str(Path(tempfile.gettempdir()) / "no-cache"),
-                    **(env or {})}
+
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "OPENBLAS_NUM_THREADS": "1",
+            "CUDA_VISIBLE_DEVICES": "",
+            "MNIST_CUDA_CACHE": str(Path(tempfile.gettempdir()) / "no-cache"),
+            **(env or {}),
+        }
         # A small runner starts the command and reports its exit status, its own peak RSS and its seconds. A
         # child forked (or vforked) from this test process would count this process's resident memory as its
         # own peak (Linux folds the old address space's high-water mark into ru_maxrss at exec), and once it
         # holds a GPU context and torch that is gigabytes: so the command is a grandchild of a small process.
-        runner = subprocess.Popen([sys.executable, "-c", RUNNER, str(MEMORY_LIMIT), sys.executable, *self.argv,
-                                  *map(str, args)], cwd=REPO, env=full_env, text=True, stdout=subprocess.PIPE,
-                                  stderr=subprocess.PIPE, start_new_session=True)
+        runner = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, str(MEMORY_LIMIT), sys.executable, *self.argv, *map(str, args)],
+            cwd=REPO,
+            env=full_env,
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         killer = threading.Timer(timeout, lambda: os.killpg(runner.pid, signal.SIGKILL))
         killer.start()
         try:
@@ -116,8 +129,9 @@ def _in_file(path: Path):
 
 
 COMMANDS = [
-    Command("train", ["-m", "mnist_cuda.train"], _module("mnist_cuda.train"),
-            allowed=(("save", "init"),)),  # a run continued in place
+    Command(
+        "train", ["-m", "mnist_cuda.train"], _module("mnist_cuda.train"), allowed=(("save", "init"),)
+    ),  # a run continued in place
     Command("evaluate", ["-m", "mnist_cuda.evaluate"], _module("mnist_cuda.evaluate")),
     Command("predict", ["-m", "mnist_cuda.predict"], _module("mnist_cuda.predict")),
     Command("curves", ["-m", "mnist_cuda.curves"], _module("mnist_cuda.curves")),
@@ -128,9 +142,10 @@ COMMANDS = [
     Command("sweep_recipes", ["scripts/sweep_recipes.py"], _in_file(REPO / "scripts" / "sweep_recipes.py")),
     Command("loss_sequences bundle", ["dev/loss_sequences.py", "bundle"], _bundle_parser),
     Command("kernel_cases", ["-m", "mnist_cuda.kernel_cases"], lambda: None),
-] + [Command(name, [f"dev/{name}.py"], _in_file(DEV / f"{name}.py"))
-     for name in ("bench_kernels", "bf16_distance", "profile_step", "step_launch_costs", "step_timeline",
-                  "time_step")]
+] + [
+    Command(name, [f"dev/{name}.py"], _in_file(DEV / f"{name}.py"))
+    for name in ("bench_kernels", "bf16_distance", "profile_step", "step_launch_costs", "step_timeline", "time_step")
+]
 
 
 def _arguments(command: Command):
@@ -143,8 +158,10 @@ def _is_output(action) -> bool:
 
 
 def _is_path(action) -> bool:
-    return action.type in (cli.output_path, cli.input_file, cli.existing_dir, Path) or \
-        getattr(action.type, "__name__", "") == "recording"
+    return (
+        action.type in (cli.output_path, cli.input_file, cli.existing_dir, Path)
+        or getattr(action.type, "__name__", "") == "recording"
+    )
 
 
 def _name(action) -> str:
@@ -160,11 +177,17 @@ def files(tmp_path_factory):
     """A valid file for each kind of input: a checkpoint, a metrics file, a compare result, a README, an
     image (a PNG's bytes, Pillow or not), and a data folder with the four MNIST file names."""
     d = tmp_path_factory.mktemp("inputs")
-    ck = checkpoint.save_checkpoint(d / "model.npz", reference.init_state_dict(0, (4, 8), 16),
-                                    {"dataset": "mnist", "batch_size": 32, "kernels": "naive"})
+    ck = checkpoint.save_checkpoint(
+        d / "model.npz",
+        reference.init_state_dict(0, (4, 8), 16),
+        {"dataset": "mnist", "batch_size": 32, "kernels": "naive"},
+    )
     metrics = d / "run.jsonl"
-    metrics.write_text("".join(json.dumps({"step": s, "epoch": 1, "loss": 1.0 / s}) + "\n" for s in range(1, 60))
-                       + json.dumps({"step": 59, "epoch": 1, "test_accuracy": 0.9}) + "\n")
+    metrics.write_text(
+        "".join(json.dumps({"step": s, "epoch": 1, "loss": 1.0 / s}) + "\n" for s in range(1, 60))
+        + json.dumps({"step": 59, "epoch": 1, "test_accuracy": 0.9})
+        + "\n"
+    )
     result = d / "result.json"
     result.write_text((REPO / "benchmarks" / "results" / "compare-h200-fp32-64.json").read_text())
     readme = d / "README.md"
@@ -175,8 +198,19 @@ def files(tmp_path_factory):
     data.mkdir()
     for spec in DATASETS["mnist"].files:
         (data / f"{spec.name}.gz").write_bytes(b"\x1f\x8b not the real file")
-    return {"checkpoint": ck, "init": ck, "metrics": metrics, "show": result, "files": result, "readme": readme,
-            "images": image, "before": metrics, "after": metrics, "data_dir": data, "dir": data}
+    return {
+        "checkpoint": ck,
+        "init": ck,
+        "metrics": metrics,
+        "show": result,
+        "files": result,
+        "readme": readme,
+        "images": image,
+        "before": metrics,
+        "after": metrics,
+        "data_dir": data,
+        "dir": data,
+    }
 
 
 def _required(command: Command, files, leave_out=()) -> list:
@@ -193,8 +227,13 @@ def _required(command: Command, files, leave_out=()) -> list:
 
 def _far_values(action) -> list[str]:
     """Values far beyond the argument's range, in its own form (a list, a pair), large and negative."""
-    lists = {"channels": ["32,{}"], "configs": ["{}:0.05", "64:{}e300"], "seeds": ["0,{}"], "batch_sizes": ["64,{}"],
-             "recipe_seeds": ["0-{}"]}
+    lists = {
+        "channels": ["32,{}"],
+        "configs": ["{}:0.05", "64:{}e300"],
+        "seeds": ["0,{}"],
+        "batch_sizes": ["64,{}"],
+        "recipe_seeds": ["0-{}"],
+    }
     forms = lists.get(action.dest, ["{}"])
     try:
         action.type("0.5")
@@ -210,8 +249,13 @@ def _far_values(action) -> list[str]:
 
 def _numeric(command: Command):
     for action in _arguments(command):
-        if action.option_strings and action.type is not None and not _is_path(action) and not action.choices \
-                and action.nargs is None:
+        if (
+            action.option_strings
+            and action.type is not None
+            and not _is_path(action)
+            and not action.choices
+            and action.nargs is None
+        ):
             yield action
 
 
@@ -221,15 +265,25 @@ NUMERIC_CASES = [(c, a.option_strings[-1], value) for c in COMMANDS for a in _nu
 def test_every_numeric_argument_is_tried():
     """The discovery finds the sizes the issue names, so the test below covers them."""
     tried = {(c.name, flag) for c, flag, _ in NUMERIC_CASES}
-    for case in [("train", "--hidden"), ("train", "--channels"), ("train", "--epochs"), ("train", "--steps"),
-                 ("train", "--batch-size"), ("evaluate", "--batch-size"), ("predict", "--batch-size"),
-                 ("compare_pytorch", "--steps"), ("compare_pytorch", "--batch-sizes"), ("sweep_hparams", "--configs")]:
+    for case in [
+        ("train", "--hidden"),
+        ("train", "--channels"),
+        ("train", "--epochs"),
+        ("train", "--steps"),
+        ("train", "--batch-size"),
+        ("evaluate", "--batch-size"),
+        ("predict", "--batch-size"),
+        ("compare_pytorch", "--steps"),
+        ("compare_pytorch", "--batch-sizes"),
+        ("sweep_hparams", "--configs"),
+    ]:
         assert case in tried, case
     assert len(NUMERIC_CASES) > 80
 
 
-@pytest.mark.parametrize("command,flag,value", NUMERIC_CASES,
-                         ids=[f"{c.name} {f} {v[:12]}" for c, f, v in NUMERIC_CASES])
+@pytest.mark.parametrize(
+    "command,flag,value", NUMERIC_CASES, ids=[f"{c.name} {f} {v[:12]}" for c, f, v in NUMERIC_CASES]
+)
 def test_a_size_far_beyond_its_range_is_refused_at_once(command, flag, value, files):
     """Exit 2 within a second, naming the flag, the peak memory that of an interpreter that parsed its
     arguments (the address space is limited too: an allocation of the size asked for fails, not swaps)."""
@@ -244,7 +298,9 @@ def test_a_size_far_beyond_its_range_is_refused_at_once(command, flag, value, fi
 def test_the_plan_holds_one_epoch_at_a_time():
     """A run of a million epochs plans as fast, and in as little memory, as a run of one."""
     import tracemalloc
+
     from mnist_cuda.training import Position, plan
+
     tracemalloc.start()
     run = plan(1000, 1, 0, True, Position(), 1_000_000)  # 1000 epochs of 1000 steps
     chunks = iter(run)
@@ -259,34 +315,44 @@ def test_the_plan_holds_one_epoch_at_a_time():
 
 def test_sizes_are_derived_from_the_kernels_limits():
     from mnist_cuda import sizes
+
     assert sizes.model_problem((32, 64), 128) is None and sizes.batch_problem((32, 64), 128, 4096) is None
-    assert sizes.largest_batch((32, 64), 128) == (2 ** 31 - 1) // (64 * 784)  # the nets' own bound
-    flag, message = sizes.model_problem((32, 64), 10 ** 6)
+    assert sizes.largest_batch((32, 64), 128) == (2**31 - 1) // (64 * 784)  # the nets' own bound
+    flag, message = sizes.model_problem((32, 64), 10**6)
     assert flag == "--hidden" and "at most --hidden 684,784" in message
     flag, message = sizes.batch_problem((32, 50000), 128, 64)
     assert flag == "--channels" and "32-bit" in message  # the channels are unusual, not the batch
-    flag, message = sizes.device_problem((32, 64), 128, 4096, "fast", "fp32", False, False, free_bytes=10 ** 8, sms=132)
+    flag, message = sizes.device_problem((32, 64), 128, 4096, "fast", "fp32", False, False, free_bytes=10**8, sms=132)
     assert flag == "--batch-size" and "GB of GPU memory" in message
     assert sizes.host_problem((32, 64), 128, available=1 << 30) is None
-    assert sizes.host_problem((32, 64), 10 ** 5, available=1 << 30)[0] == "--hidden"
+    assert sizes.host_problem((32, 64), 10**5, available=1 << 30)[0] == "--hidden"
 
 
 def test_the_device_estimate_covers_what_the_nets_allocate(monkeypatch):
     """sizes.device_buffers against the nets built on a stand-in for CuPy that allocates NumPy arrays: the
     estimate is at least what they allocate, and not far above it."""
     from mnist_cuda import cuda, nets, sizes
+
     fake = _FakeCupy(sms=132)
     monkeypatch.setattr(cuda, "require_gpu", lambda: fake)
     cuda.sm_count.cache_clear()
     try:
-        for kernels, batch, channels, hidden in (("fast", 64, (32, 64), 128), ("fast", 4096, (8, 16), 33),
-                                                 ("naive", 512, (32, 64), 128), ("fast", 2048, (32, 64), 128)):
+        for kernels, batch, channels, hidden in (
+            ("fast", 64, (32, 64), 128),
+            ("fast", 4096, (8, 16), 33),
+            ("naive", 512, (32, 64), 128),
+            ("fast", 2048, (32, 64), 128),
+        ):
             fake.allocated = 0
             net = nets.make_net(nets.Parameters(channels, hidden), batch, kernels)
             step_inputs = 2 * batch * (784 + 4)  # the step runner's two input buffers (images and labels)
             estimate = sizes.device_bytes(channels, hidden, batch, kernels, 132, momentum=False, augment=False)
-            assert fake.allocated + step_inputs <= estimate <= 1.1 * (fake.allocated + step_inputs) + (1 << 20), \
-                (kernels, batch, fake.allocated, estimate)
+            assert fake.allocated + step_inputs <= estimate <= 1.1 * (fake.allocated + step_inputs) + (1 << 20), (
+                kernels,
+                batch,
+                fake.allocated,
+                estimate,
+            )
             del net
     finally:
         cuda.sm_count.cache_clear()
@@ -297,12 +363,14 @@ class _FakeCupy:
 
     def __init__(self, sms: int):
         import types
+
         self.allocated = 0
         for name in ("float32", "float64", "int32", "uint32", "uint8", "int8"):
             setattr(self, name, getattr(np, name))
         device = types.SimpleNamespace(attributes={"MultiProcessorCount": sms}, compute_capability="90")
-        self.cuda = types.SimpleNamespace(Device=lambda *a: device, Stream=lambda **k: object(),
-                                          Event=lambda **k: object())
+        self.cuda = types.SimpleNamespace(
+            Device=lambda *a: device, Stream=lambda **k: object(), Event=lambda **k: object()
+        )
 
     def _count(self, a):
         self.allocated += a.nbytes
@@ -330,7 +398,7 @@ def _clash_cases():
         for i, out in enumerate(paths):
             if not _is_output(out) and out.dest not in command.writes_in_place:
                 continue
-            for other in paths[:i] + paths[i + 1:]:
+            for other in paths[:i] + paths[i + 1 :]:
                 if _is_output(other) and paths.index(other) < i or (out.dest, other.dest) in command.allowed:
                     continue  # each pair of outputs once
                 for link in ("same", "symlink", "hardlink"):
@@ -342,9 +410,17 @@ CLASH_CASES = list(_clash_cases())
 
 def test_every_output_is_tried_against_every_other_path():
     outputs = {(c.name, _name(o)) for c, o, _, _ in CLASH_CASES}
-    for case in [("train", "--save"), ("train", "--metrics"), ("train", "--plot"), ("evaluate", "--png"),
-                 ("curves", "--out"), ("compare_pytorch", "--png"), ("compare_pytorch", "--out"),
-                 ("sweep_hparams", "--json"), ("loss_sequences bundle", "file")]:
+    for case in [
+        ("train", "--save"),
+        ("train", "--metrics"),
+        ("train", "--plot"),
+        ("evaluate", "--png"),
+        ("curves", "--out"),
+        ("compare_pytorch", "--png"),
+        ("compare_pytorch", "--out"),
+        ("sweep_hparams", "--json"),
+        ("loss_sequences bundle", "file"),
+    ]:
         assert case in outputs, case
 
 
@@ -354,8 +430,9 @@ def _argument(action, path) -> list:
     return [action.option_strings[-1], path]
 
 
-@pytest.mark.parametrize("command,out,other,link", CLASH_CASES,
-                         ids=[f"{c.name} {_name(o)}={_name(x)} {k}" for c, o, x, k in CLASH_CASES])
+@pytest.mark.parametrize(
+    "command,out,other,link", CLASH_CASES, ids=[f"{c.name} {_name(o)}={_name(x)} {k}" for c, o, x, k in CLASH_CASES]
+)
 def test_an_output_that_names_another_argument_is_refused(command, out, other, link, files, tmp_path):
     """Exit 2 and the file untouched; where both name files (not a folder), the line names both."""
     original = files.get(other.dest, files["metrics"])
@@ -381,8 +458,12 @@ def test_an_output_that_names_another_argument_is_refused(command, out, other, l
         assert _name(out) in lines[0] and _name(other) in lines[0], lines[0]
 
 
-DATA_CASES = [(c, o) for c in COMMANDS for o in _arguments(c) if _is_output(o)
-              and any(a.dest == "data_dir" for a in _arguments(c))]
+DATA_CASES = [
+    (c, o)
+    for c in COMMANDS
+    for o in _arguments(c)
+    if _is_output(o) and any(a.dest == "data_dir" for a in _arguments(c))
+]
 
 
 @pytest.mark.parametrize("command,out", DATA_CASES, ids=[f"{c.name} {_name(o)}" for c, o in DATA_CASES])
@@ -429,6 +510,7 @@ def _as_nobody(main, argv, env=None) -> tuple[int, str]:
     interpreter's own files: what it imports on the way is imported here first.)"""
     import encodings.cp437  # noqa: F401 - zipfile's, for the checkpoint
     import secrets  # noqa: F401 - NumPy's, for the initial weights
+
     read, write = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
@@ -446,6 +528,7 @@ def _as_nobody(main, argv, env=None) -> tuple[int, str]:
                 code = e.code if isinstance(e.code, int) else 1
         except BaseException:  # noqa: BLE001 - the child reports a traceback and never returns into pytest
             import traceback
+
             traceback.print_exc()
         finally:
             sys.stderr.flush()
@@ -461,19 +544,23 @@ def _as_nobody(main, argv, env=None) -> tuple[int, str]:
 def open_tmp():
     """A folder that `nobody` may search (pytest's own are private to root)."""
     import shutil
+
     folder = Path(tempfile.mkdtemp(prefix="mistakes-"))
     folder.chmod(0o755)
     yield folder
     shutil.rmtree(folder)  # (as root: whatever the modes inside)
 
 
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="dropping to another user needs root (as non-root, the "
-                                                          "permission checks run in test_cli.py)")
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0,
+    reason="dropping to another user needs root (as non-root, the permission checks run in test_cli.py)",
+)
 
 
 @needs_root
 def test_unreadable_folders_and_files_are_one_line(open_tmp, files):
     from mnist_cuda import curves, data_command, evaluate, predict, train
+
     locked = open_tmp / "locked"
     locked.mkdir()
     ck = open_tmp / "model.npz"
@@ -517,8 +604,12 @@ def test_unreadable_folders_and_files_are_one_line(open_tmp, files):
 def _damaged(tmp_path, name, change, momentum=False):
     state = reference.init_state_dict(0, (4, 8), 16)
     if momentum:
-        state.update({checkpoint.MOMENTUM_PREFIX + k: np.zeros(s, np.float32)
-                      for k, s in reference.param_shapes((4, 8), 16).items()})
+        state.update(
+            {
+                checkpoint.MOMENTUM_PREFIX + k: np.zeros(s, np.float32)
+                for k, s in reference.param_shapes((4, 8), 16).items()
+            }
+        )
     change(state)
     return checkpoint.save_checkpoint(tmp_path / f"{name}.npz", state, {"batch_size": 32, "kernels": "naive"})
 
@@ -527,12 +618,14 @@ def _set(key, index, value):
     def change(state):
         state[key] = state[key].copy()
         state[key][index] = value
+
     return change
 
 
 def _retype(key, dtype):
     def change(state):
         state[key] = state[key].astype(dtype)
+
     return change
 
 
@@ -541,12 +634,21 @@ DAMAGE = {
     "inf bias": (_set("conv1.weight", (0, 0, 1, 1), -np.inf), False, ["conv1.weight", "-inf"]),
     "negative variance": (_set("bn2.running_var", 2, -0.5), False, ["bn2.running_var", "negative variance"]),
     "nan statistic": (_set("bn1.running_mean", 0, np.nan), False, ["bn1.running_mean", "nan"]),
-    "negative count": (lambda s: s.update({"bn1.num_batches_tracked": np.array(-3, np.int64)}), False,
-                       ["bn1.num_batches_tracked", "-3"]),
-    "complex momentum": (_retype(checkpoint.MOMENTUM_PREFIX + "fc2.bias", np.complex64), True,
-                         ["momentum_buffer.fc2.bias", "complex64", "float32"]),
-    "float64 momentum": (_retype(checkpoint.MOMENTUM_PREFIX + "conv1.weight", np.float64), True,
-                         ["momentum_buffer.conv1.weight", "float64"]),
+    "negative count": (
+        lambda s: s.update({"bn1.num_batches_tracked": np.array(-3, np.int64)}),
+        False,
+        ["bn1.num_batches_tracked", "-3"],
+    ),
+    "complex momentum": (
+        _retype(checkpoint.MOMENTUM_PREFIX + "fc2.bias", np.complex64),
+        True,
+        ["momentum_buffer.fc2.bias", "complex64", "float32"],
+    ),
+    "float64 momentum": (
+        _retype(checkpoint.MOMENTUM_PREFIX + "conv1.weight", np.float64),
+        True,
+        ["momentum_buffer.conv1.weight", "float64"],
+    ),
     "nan momentum": (_set(checkpoint.MOMENTUM_PREFIX + "bn1.bias", 1, np.nan), True, ["momentum_buffer.bn1.bias"]),
     "float16 weight": (_retype("fc1.bias", np.float16), False, ["fc1.bias", "float16"]),
     "float count": (_retype("bn2.num_batches_tracked", np.float64), False, ["bn2.num_batches_tracked", "float64"]),
@@ -571,6 +673,7 @@ def test_a_damaged_checkpoint_is_refused_naming_the_array(case, tmp_path):
 def test_an_archive_that_claims_a_huge_array_allocates_nothing(tmp_path):
     """A few hundred bytes whose header claims fc1's weight has a million rows: refused from the header."""
     import io
+
     path = tmp_path / "bomb.npz"
     with zipfile.ZipFile(path, "w") as z:
         for name, value in reference.init_state_dict(0).items():
@@ -579,7 +682,7 @@ def test_an_archive_that_claims_a_huge_array_allocates_nothing(tmp_path):
                 np.lib.format.write_array(buffer, value)
                 z.writestr(name + ".npy", buffer.getvalue())
         header = io.BytesIO()
-        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10 ** 6, 3136)})
+        np.lib.format.write_array_header_1_0(header, {"descr": "<f4", "fortran_order": False, "shape": (10**6, 3136)})
         z.writestr("fc1.weight.npy", header.getvalue())
         meta = io.BytesIO()
         np.lib.format.write_array(meta, np.array(json.dumps({"format": checkpoint.FORMAT})))
@@ -591,7 +694,9 @@ def test_an_archive_that_claims_a_huge_array_allocates_nothing(tmp_path):
     words = f"{path}: the checkpoint's model (channels 32,64, hidden 1000000) makes fc1's weight 1,000,000 x 3,136"
     assert f"argument --init: {words}" in stderr and "--hidden" not in stderr.split("(see")[0], stderr
     status, stderr, _, _ = COMMANDS[1].run([path])
-    assert status == 2 and f"argument CHECKPOINT: {words}" in stderr and "--hidden" not in stderr.split("(see")[0], stderr
+    assert status == 2 and f"argument CHECKPOINT: {words}" in stderr and "--hidden" not in stderr.split("(see")[0], (
+        stderr
+    )
 
 
 # ---- messages ----------------------------------------------------------------------------------------
@@ -639,8 +744,13 @@ def test_help_explains_in_place(command):
     parser = command.parser()
     for action in [] if parser is None else parser._actions:
         assert "see above" not in (action.help or "") and "see below" not in (action.help or ""), action.dest
-    out = subprocess.run([sys.executable, *command.argv, "--help"], cwd=REPO, capture_output=True, text=True,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, *command.argv, "--help"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0 and out.stdout.startswith("usage:"), (out.stdout[:200], out.stderr[-2000:])
 
 
@@ -655,8 +765,10 @@ NO_EFFECT = [
     (["--dampening", "0.1"], "--dampening needs --momentum > 0"),
     (["--dampening", "0", "--momentum", "0"], "--dampening needs --momentum > 0"),
     (["--epochs", "3", "--steps", "10"], "argument --epochs: changes nothing with --steps 10"),
-    (["--steps", "0", "--save", "{tmp}/m.npz", "--metrics", "{tmp}/m.jsonl"],
-     "argument --metrics: changes nothing with --steps 0"),
+    (
+        ["--steps", "0", "--save", "{tmp}/m.npz", "--metrics", "{tmp}/m.jsonl"],
+        "argument --metrics: changes nothing with --steps 0",
+    ),
     (["--steps", "0", "--save", "{tmp}/m.npz", "--eager"], "argument --eager: changes nothing with --steps 0"),
     (["--steps", "0", "--save", "{tmp}/m.npz", "--target-accuracy", "99"], "argument --target-accuracy"),
     (["--steps", "0", "--save", "{tmp}/m.npz", "--epochs", "3"], "argument --epochs: changes nothing with --steps 0"),
@@ -682,9 +794,12 @@ def test_flags_that_act_are_accepted(tmp_path):
     """The rule refuses no flag that acts: --epochs sets a new schedule's length with --steps 0, a recipe's
     flags fill what is not given, --no-nesterov turns off a checkpoint's Nesterov momentum."""
     fast = tmp_path / "fast.npz"
-    for args in (["--steps", "0", "--epochs", "3", "--schedule", "cosine"], ["--recipe", "fast", "--steps", "0"],
-                 ["--momentum", "0.9", "--dampening", "0.1", "--steps", "0"],
-                 ["--schedule", "step", "--step-size", "3", "--gamma", "0.5", "--steps", "0"]):
+    for args in (
+        ["--steps", "0", "--epochs", "3", "--schedule", "cosine"],
+        ["--recipe", "fast", "--steps", "0"],
+        ["--momentum", "0.9", "--dampening", "0.1", "--steps", "0"],
+        ["--schedule", "step", "--step-size", "3", "--gamma", "0.5", "--steps", "0"],
+    ):
         status, stderr, _, _ = COMMANDS[0].run([*args, "--save", fast])
         assert status == 0, (args, stderr)
     status, stderr, _, _ = COMMANDS[0].run(["--init", fast, "--momentum", "0", "--steps", "0", "--save", fast])
@@ -704,8 +819,10 @@ def test_pillows_warnings_become_one_line(tmp_path, files):
     image.paste(1, (10, 5, 30, 35))
     image.info["transparency"] = bytes([255, 0] + [255] * 254)  # transparency as bytes: Pillow warns on convert
     image.save(palette, transparency=bytes([255, 0] + [255] * 254))
-    code = ("import sys; from PIL import Image; Image.MAX_IMAGE_PIXELS = 20000; from mnist_cuda.predict import main; "
-            "sys.exit(main(sys.argv[1:]))")
+    code = (
+        "import sys; from PIL import Image; Image.MAX_IMAGE_PIXELS = 20000; from mnist_cuda.predict import main; "
+        "sys.exit(main(sys.argv[1:]))"
+    )
     too_large = Command("predict", ["-c", code], lambda: None)
     status, stderr, _, _ = too_large.run([files["checkpoint"], big])
     assert status == 2 and stderr.strip().count("\n") == 0 and "too large" in stderr and "Warning" not in stderr, stderr

@@ -1,6 +1,7 @@
 """Image files to MNIST-style 28x28 digits (mnist_cuda.preprocess): the MNIST steps on synthetic
 drawings, every kind of bad file, and, where the MNIST test set is present, the round trip of real test
 digits saved as PNG."""
+
 import errno
 import gzip
 import os
@@ -40,8 +41,7 @@ def ink_box(digit):
 def centre_of_mass(digit):
     weights = digit.astype(np.float64)
     indices = np.arange(digit.shape[0])
-    return (weights.sum(axis=1) @ indices / weights.sum(),
-            weights.sum(axis=0) @ indices / weights.sum())
+    return (weights.sum(axis=1) @ indices / weights.sum(), weights.sum(axis=0) @ indices / weights.sum())
 
 
 @pytest.fixture
@@ -122,7 +122,7 @@ def mnist_like_seven():
     seven[3, 1:18] = 90  # its grey lower edge
     for row in range(3, 20):  # the diagonal down to the foot, with a grey right edge
         col = 16 - (row - 3) // 2
-        seven[row, col - 1:col + 2] = 255
+        seven[row, col - 1 : col + 2] = 255
         seven[row, col + 2] = 60
     seven[8:10, 5:15] = 255  # the crossbar
     digit = np.zeros((28, 28), np.uint8)
@@ -184,6 +184,7 @@ def test_mnist_style_wants_a_2d_array():
 
 # --- bad files: each an ImageError with one line that names the file --------------------------------
 
+
 def png_bytes(tmp_path):
     return save(draw_four(), tmp_path / "source.png").read_bytes()
 
@@ -191,7 +192,7 @@ def png_bytes(tmp_path):
 def corrupt_png(tmp_path):
     data = bytearray(png_bytes(tmp_path))
     image_data = data.index(b"IDAT") + 8  # the compressed pixels start after the chunk type
-    data[image_data + 20:image_data + 200] = bytes(180)  # overwrite the middle of the zlib stream
+    data[image_data + 20 : image_data + 200] = bytes(180)  # overwrite the middle of the zlib stream
     return bytes(data)
 
 
@@ -205,8 +206,7 @@ BAD_FILES = {
     "truncated": (lambda path, tmp: path.write_bytes(png_bytes(tmp)[:400]), "corrupt or truncated"),
     "corrupt": (lambda path, tmp: path.write_bytes(corrupt_png(tmp)), "corrupt or truncated"),
     "uniform": (lambda path, tmp: Image.new("L", (50, 40), 255).save(path, format="PNG"), "uniform"),
-    "grey_jpeg": (lambda path, tmp: Image.new("RGB", (50, 40), (90, 90, 90)).save(path, format="JPEG"),
-                  "uniform"),
+    "grey_jpeg": (lambda path, tmp: Image.new("RGB", (50, 40), (90, 90, 90)).save(path, format="JPEG"), "uniform"),
 }
 
 
@@ -236,8 +236,9 @@ def test_too_large_image(tmp_path, monkeypatch):
     assert_one_line_naming(error, path, "too large")
 
 
-@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
-                    reason="root reads files whatever their permissions")
+@pytest.mark.skipif(
+    not hasattr(os, "geteuid") or os.geteuid() == 0, reason="root reads files whatever their permissions"
+)
 def test_unreadable_file(tmp_path):
     path = save(draw_four(), tmp_path / "locked.png")
     path.chmod(0)
@@ -250,6 +251,7 @@ def test_unreadable_file(tmp_path):
 
 
 # --- the real MNIST test digits ------------------------------------------------------------------------
+
 
 def test_mnist_test_digits_saved_as_png_round_trip_exactly(tmp_path):
     folder = find_mnist_dir()

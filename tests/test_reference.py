@@ -1,4 +1,5 @@
 """The float64 reference against finite differences, and against PyTorch on the CPU where installed."""
+
 import numpy as np
 import pytest
 
@@ -48,7 +49,7 @@ def test_conv2d_matches_direct_definition(rng):
     for k in range(3):
         for h in range(4):
             for v in range(3):
-                assert np.isclose(y[0, k, h, v], np.sum(xp[0, :, h:h + 3, v:v + 3] * w[k]))
+                assert np.isclose(y[0, k, h, v], np.sum(xp[0, :, h : h + 3, v : v + 3] * w[k]))
 
 
 def test_batchnorm_train_gradients(rng):
@@ -116,9 +117,23 @@ def test_whole_model_gradients_against_finite_differences(rng):
 def test_state_dict_names_shapes_and_init_bounds():
     state = ref.init_state_dict(seed=0)
     assert list(state) == [
-        "conv1.weight", "bn1.weight", "bn1.bias", "bn1.running_mean", "bn1.running_var",
-        "bn1.num_batches_tracked", "conv2.weight", "bn2.weight", "bn2.bias", "bn2.running_mean",
-        "bn2.running_var", "bn2.num_batches_tracked", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
+        "conv1.weight",
+        "bn1.weight",
+        "bn1.bias",
+        "bn1.running_mean",
+        "bn1.running_var",
+        "bn1.num_batches_tracked",
+        "conv2.weight",
+        "bn2.weight",
+        "bn2.bias",
+        "bn2.running_mean",
+        "bn2.running_var",
+        "bn2.num_batches_tracked",
+        "fc1.weight",
+        "fc1.bias",
+        "fc2.weight",
+        "fc2.bias",
+    ]
     assert state["fc1.weight"].shape == (128, 64 * 49) and state["fc1.weight"].dtype == np.float32
     for name, fan_in in (("conv1.weight", 9), ("conv2.weight", 32 * 9), ("fc1.weight", 3136), ("fc2.weight", 128)):
         bound = 1 / np.sqrt(fan_in)

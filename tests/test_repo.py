@@ -1,5 +1,6 @@
 """The repository's promises: CI runs the README's test command; the code speaks for itself, in the
 present (no lab version tags, no pointers to notes or folders outside the repository)."""
+
 import io
 import re
 import tokenize
@@ -38,14 +39,18 @@ def prose(path) -> list[tuple[int, str]]:
     text = path.read_text()
     if path.suffix == ".py":
         kinds = {tokenize.COMMENT, tokenize.STRING, getattr(tokenize, "FSTRING_MIDDLE", tokenize.STRING)}
-        return [(tok.start[0], tok.string) for tok in tokenize.generate_tokens(io.StringIO(text).readline)
-                if tok.type in kinds]
+        return [
+            (tok.start[0], tok.string)
+            for tok in tokenize.generate_tokens(io.StringIO(text).readline)
+            if tok.type in kinds
+        ]
     return [(text.count("\n", 0, m.start()) + 1, m.group(0)) for m in _CU_PROSE.finditer(text)]
 
 
 def test_prose_finds_comments_and_strings():
     import tempfile
     from pathlib import Path
+
     tag, name = "v" + "17k", "v" + "1"  # (in pieces: this file is scanned too)
     with tempfile.TemporaryDirectory() as tmp:
         py, cu = Path(tmp) / "a.py", Path(tmp) / "a.cu"
@@ -57,14 +62,23 @@ def test_prose_finds_comments_and_strings():
 
 
 def test_no_lab_version_tags():
-    found = [f"{path.relative_to(REPO)}:{line}: {m.group(0)}" for path in code_files()
-             for line, text in prose(path) for m in LAB_TAG.finditer(text)]
+    found = [
+        f"{path.relative_to(REPO)}:{line}: {m.group(0)}"
+        for path in code_files()
+        for line, text in prose(path)
+        for m in LAB_TAG.finditer(text)
+    ]
     assert found == []
 
 
 def test_no_references_outside_the_repository():
-    found = [f"{path.relative_to(REPO)}:{i}: {ref}" for path in code_files()
-             for i, line in enumerate(path.read_text().splitlines(), 1) for ref in OUTSIDE if ref in line]
+    found = [
+        f"{path.relative_to(REPO)}:{i}: {ref}"
+        for path in code_files()
+        for i, line in enumerate(path.read_text().splitlines(), 1)
+        for ref in OUTSIDE
+        if ref in line
+    ]
     assert found == []
     assert OUTSIDE[1] not in (REPO / "README.md").read_text()
 
@@ -72,6 +86,7 @@ def test_no_references_outside_the_repository():
 def test_readme_results_table_is_generated_from_the_result_files():
     """The README's table is what scripts/results_table.py makes of the result files it names."""
     import importlib.util
+
     spec = importlib.util.spec_from_file_location("results_table", REPO / "scripts" / "results_table.py")
     results_table = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(results_table)
@@ -83,8 +98,10 @@ def test_readme_results_table_is_generated_from_the_result_files():
 def test_results_table_reports_a_bad_file_in_one_line(tmp_path):
     import subprocess
     import sys
+
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "other"}')
-    r = subprocess.run([sys.executable, str(REPO / "scripts" / "results_table.py"), str(bad)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "results_table.py"), str(bad)], capture_output=True, text=True
+    )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a compare_pytorch.py result" in r.stderr

@@ -1,4 +1,5 @@
 """dev/step_timeline.py: the stamp it puts into every kernel (the timeline itself needs a GPU)."""
+
 import os
 import re
 import subprocess
@@ -6,8 +7,8 @@ import sys
 
 import pytest
 
-import mnist_cuda.ops  # noqa: F401  (its modules declare the sources)
 import conftest
+import mnist_cuda.ops  # noqa: F401  (its modules declare the sources)
 from conftest import REPO
 from mnist_cuda import cuda
 
@@ -32,8 +33,8 @@ def test_every_kernel_gets_one_stamp_at_the_top_of_its_body():
         assert text.count("TimelineStamp timeline_stamp_(") == len(names), path
         for kernel in names:  # the stamp is the first statement after the parameter list
             m = re.search(rf"__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?{kernel}\s*\(", text)
-            head = text[m.end():]
-            assert head[head.index("{") + 1:].startswith(f" TimelineStamp timeline_stamp_({ids[kernel]});"), kernel
+            head = text[m.end() :]
+            assert head[head.index("{") + 1 :].startswith(f" TimelineStamp timeline_stamp_({ids[kernel]});"), kernel
     assert sorted(ids.values()) == list(range(len(ids)))
 
 
@@ -63,6 +64,11 @@ def test_stamped_kernels_compile():
 
 
 def test_bad_batch_sizes_are_a_usage_error():
-    r = subprocess.run([sys.executable, str(SCRIPT), "--batch-sizes", "64,x"], capture_output=True, text=True,
-                       cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    r = subprocess.run(
+        [sys.executable, str(SCRIPT), "--batch-sizes", "64,x"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert r.returncode == 2 and "--batch-sizes" in r.stderr and "Traceback" not in r.stderr

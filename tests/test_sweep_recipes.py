@@ -1,5 +1,6 @@
 """scripts/sweep_recipes.py: its candidates are valid trainer settings and the recipes it chose are the
 trainer's (CPU; the sweep itself runs on a GPU)."""
+
 import importlib.util
 import json
 
@@ -30,4 +31,5 @@ def test_the_committed_choice_is_the_trainers_recipe():
             assert flags[key] == value, (recipe, key)
     fast = rows[result["chosen"]["fast"]]
     assert fast["all_reach_target"] and fast["mean_time_to_target"] == min(
-        r["mean_time_to_target"] for r in rows.values() if r.get("all_reach_target") and r["name"].startswith("fast"))
+        r["mean_time_to_target"] for r in rows.values() if r.get("all_reach_target") and r["name"].startswith("fast")
+    )

@@ -16,6 +16,7 @@ the model is compiled with dynamic=False, since a model compiled at one batch si
 is recompiled with a symbolic batch dimension, whose kernels are slower. CompileWatch then checks that
 nothing compiles again after the first step, through the capture and the timed steps.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -104,8 +105,10 @@ class CompileWatch:
     def expect_none(self, during: str):
         n = self.since()
         if n:
-            raise Recompiled(f"torch.compile compiled {n} frame(s) again during {during} (a recompilation; "
-                             f"TORCH_LOGS=recompiles says why)")
+            raise Recompiled(
+                f"torch.compile compiled {n} frame(s) again during {during} (a recompilation; "
+                f"TORCH_LOGS=recompiles says why)"
+            )
 
 
 # ---- the outside figure ---------------------------------------------------------------------------------
@@ -116,8 +119,9 @@ class CompileWatch:
 # TF32 by default, so fp32 and tf32 runs time the same PyTorch. A run that finds PyTorch slower than this
 # has not yet given it its best.
 _FP32_CEILINGS = {64: 305.0, 512: 1075.0, 4096: 5840.0}
-OUTSIDE_CEILINGS_US = {"NVIDIA H200": {"fp32": _FP32_CEILINGS, "tf32": _FP32_CEILINGS,
-                                       "bf16": {64: 270.0, 512: 755.0, 4096: 4540.0}}}
+OUTSIDE_CEILINGS_US = {
+    "NVIDIA H200": {"fp32": _FP32_CEILINGS, "tf32": _FP32_CEILINGS, "bf16": {64: 270.0, 512: 755.0, 4096: 4540.0}}
+}
 
 
 def outside_check(device: str, precision: str, batch: int, torch_us: float) -> dict | None:

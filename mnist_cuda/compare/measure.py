@@ -4,6 +4,7 @@ whole-step loops (no synchronisation inside, a timing event every few steps) and
 A side is anything with step(x, y, idx, mode, phase_events=None, next_idx=None), event(), new_event(),
 elapsed_ms(a, b) and synchronize(): compare.ours.OurSide and compare.torch_side.TorchSide.
 """
+
 from __future__ import annotations
 
 import time
@@ -55,13 +56,13 @@ def measure_loop(side, x, y, order, warmup, steps, mode, window=1, warmup_s=0.0,
     windows = max(1, steps // window)
     steps = windows * window
     idxs = batches(order, side.batch, warmup + steps + 1)
-    warm = idxs[:max(warmup, 1)]
+    warm = idxs[: max(warmup, 1)]
     side.synchronize()
     t0, j = clock(), 0
     while j < warmup or clock() - t0 < warmup_s:
         side.step(x, y, warm[j % len(warm)], mode, next_idx=warm[(j + 1) % len(warm)])
         j += 1
-    timed = [warm[j % len(warm)]] + idxs[warmup + 1:] if j else idxs  # (starting with the batch prefetched last)
+    timed = [warm[j % len(warm)]] + idxs[warmup + 1 :] if j else idxs  # (starting with the batch prefetched last)
     side.synchronize()
     marks = [side.event()]
     for i in range(steps):
@@ -86,5 +87,3 @@ def measure_epoch(side, x, y, seed, mode):
         side.step(x, y, idx, mode, next_idx=next_idx)
     side.synchronize()
     return time.perf_counter() - t0
-
-

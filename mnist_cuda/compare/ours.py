@@ -1,4 +1,5 @@
 """Our side of the comparison: a net of ours at one batch size, driven by mnist_cuda.step.Step."""
+
 from __future__ import annotations
 
 from ..nets import Parameters, make_net

@@ -7,6 +7,7 @@ path, and the difference compounds: PyTorch in fp32 and in fp64 part ways within
 training rate, and stay together at the parity rate (docs/performance.md). Identical computation is what
 parity tests, so it runs where rounding cannot snowball.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -49,8 +50,9 @@ def run_parity(torch, ds, state, args, channels, hidden) -> dict:
     batch = args.batch_sizes[0]
     options = parity_options(args)
     ours = OurSide(state, batch, options, args.kernels, channels, hidden, args.precision)
-    theirs = TorchSide(torch, state, batch, EAGER, channels, hidden, options, log_losses=True,
-                       bf16=args.precision == "bf16")
+    theirs = TorchSide(
+        torch, state, batch, EAGER, channels, hidden, options, log_losses=True, bf16=args.precision == "bf16"
+    )
     order = data.epoch_order(len(ds.train_x), args.seed, 0)
     idxs = batches(order, batch, args.parity_steps)
     ours.losses()
@@ -61,16 +63,31 @@ def run_parity(torch, ds, state, args, channels, hidden) -> dict:
     lo, lt = ours.losses().astype(np.float64), theirs.losses().astype(np.float64)
     diff = np.abs(lo - lt)
     so, st = ours.state_dict(), theirs.state_dict()
-    rel = {k: float(np.linalg.norm(so[k].astype(np.float64) - st[k]) / max(np.linalg.norm(st[k].astype(np.float64)), 1e-30))
-           for k in so if not k.endswith("num_batches_tracked")}
+    rel = {
+        k: float(
+            np.linalg.norm(so[k].astype(np.float64) - st[k]) / max(np.linalg.norm(st[k].astype(np.float64)), 1e-30)
+        )
+        for k in so
+        if not k.endswith("num_batches_tracked")
+    }
     first = float(diff[:50].max())
     tol = PARITY_TOLERANCES[args.precision]
-    result = {"steps": args.parity_steps, "batch_size": batch, "lr": options.lr, "precision": args.precision,
-              "optimizer": optim.describe(options),
-              "max_loss_diff_first_50": first, "max_loss_diff": float(diff.max()),
-              "max_state_rel_diff": max(rel.values()), "state_rel_diff": rel,
-              "tolerances": tol, "losses_ours": lo.tolist(), "losses_torch": lt.tolist(),
-              "num_batches_tracked": [int(so["bn1.num_batches_tracked"]), int(st["bn1.num_batches_tracked"])]}
-    result["pass"] = bool(first <= tol["first_50"] and result["max_loss_diff"] <= tol["all"]
-                          and np.all(np.isfinite(diff)))
+    result = {
+        "steps": args.parity_steps,
+        "batch_size": batch,
+        "lr": options.lr,
+        "precision": args.precision,
+        "optimizer": optim.describe(options),
+        "max_loss_diff_first_50": first,
+        "max_loss_diff": float(diff.max()),
+        "max_state_rel_diff": max(rel.values()),
+        "state_rel_diff": rel,
+        "tolerances": tol,
+        "losses_ours": lo.tolist(),
+        "losses_torch": lt.tolist(),
+        "num_batches_tracked": [int(so["bn1.num_batches_tracked"]), int(st["bn1.num_batches_tracked"])],
+    }
+    result["pass"] = bool(
+        first <= tol["first_50"] and result["max_loss_diff"] <= tol["all"] and np.all(np.isfinite(diff))
+    )
     return result

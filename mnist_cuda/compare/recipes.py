@@ -6,6 +6,7 @@ one captured whole-step graph (graph, compiled+graph, ...) with the rate on the 
 graph from a table of the scheduler's own rates (compare.torch_side): PyTorch's fastest way to run a
 schedule. Every mode is compiled and captured once, before anything is timed, and restarted per seed.
 """
+
 from __future__ import annotations
 
 import time
@@ -50,9 +51,10 @@ def recipe_seeds(text: str) -> tuple:
             low, high, count = min(values), max(values), len(values)
     except ValueError:
         low = high = count = None
-    if count is None or count < 1 or low < 0 or high >= 2 ** 32 or count > MAX_RECIPE_SEEDS:
-        raise ArgumentTypeError(f"want 1 to {MAX_RECIPE_SEEDS} distinct seeds from 0 to 4294967295 as A,B,C or A-B, "
-                                f"got {text[:40]!r}")
+    if count is None or count < 1 or low < 0 or high >= 2**32 or count > MAX_RECIPE_SEEDS:
+        raise ArgumentTypeError(
+            f"want 1 to {MAX_RECIPE_SEEDS} distinct seeds from 0 to 4294967295 as A,B,C or A-B, got {text[:40]!r}"
+        )
     seeds = tuple(range(low, high + 1)) if "-" in text else tuple(values)
     if len(set(seeds)) != len(seeds):
         raise ArgumentTypeError(f"want distinct seeds, got {text[:40]!r}")
@@ -64,10 +66,11 @@ def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
     args.recipe_torch_modes: training seconds to the end of the first epoch that reaches the recipe's target
     accuracy, or of every epoch for a recipe without a target (best); the test accuracy of each epoch;
     evaluation is not counted."""
-    from ..training import RECIPES, Position, plan, run_chunk
     from ..nets import Parameters, make_net
     from ..step import Step
+    from ..training import RECIPES, Position, plan, run_chunk
     from .torch_side import TorchSide
+
     flags = RECIPES[args.recipe]
     target = flags["target_accuracy"] / 100 if "target_accuracy" in flags else None
     batch, augment = flags["batch_size"], flags.get("augment", 0)
@@ -78,8 +81,16 @@ def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
     warm = list(data.batch_indices(np.arange(len(ds.train_x)), batch, drop_last=True))[:30]
     for mode in _build_order(args.recipe_torch_modes):
         log(f"recipe {args.recipe}: PyTorch {mode}, compiling and capturing")
-        side = TorchSide(torch, reference.init_state_dict(0, channels, hidden), batch, BY_NAME[mode], channels,
-                         hidden, options, augment=augment)
+        side = TorchSide(
+            torch,
+            reference.init_state_dict(0, channels, hidden),
+            batch,
+            BY_NAME[mode],
+            channels,
+            hidden,
+            options,
+            augment=augment,
+        )
         side.prepare(ds.train_x, ds.train_y64, np.arange(len(ds.train_x)))
         for idx in warm:  # (and let cuDNN choose) before anything is timed
             side.step(ds.train_x, ds.train_y64, idx)
@@ -93,14 +104,22 @@ def run_recipe(torch, ds, args, channels, hidden, log) -> dict:
         params = Parameters(channels, hidden)
         params.load_state_dict(state)
         ours = Step(make_net(params, batch, "fast"), options, augment=augment, seed=run_seed)
-        row = {"ours": _time_to_target(chunks, target, lambda c: run_chunk(ours, ds, c),
-                                       ours.synchronize, lambda: ours.evaluate(ds.test_x, ds.test_y))}
+        row = {
+            "ours": _time_to_target(
+                chunks,
+                target,
+                lambda c: run_chunk(ours, ds, c),
+                ours.synchronize,
+                lambda: ours.evaluate(ds.test_x, ds.test_y),
+            )
+        }
         for mode, side in sides.items():
             side.restart(state, options, run_seed)
             side.watch_recompiles()  # (over this side's steps alone: TorchDynamo's counters are the process's)
             run = lambda c, side=side: [side.step(ds.train_x, ds.train_y64, idx) for idx in c.batches]
-            row[f"torch {mode}"] = _time_to_target(chunks, target, run, side.synchronize,
-                                                   lambda side=side: side.accuracy(ds.test_x, ds.test_y))
+            row[f"torch {mode}"] = _time_to_target(
+                chunks, target, run, side.synchronize, lambda side=side: side.accuracy(ds.test_x, ds.test_y)
+            )
             side.check_no_recompile("the recipe's steps")
         out["seeds"][str(run_seed)] = row
         log(f"recipe {args.recipe}, seed {run_seed}: {recipe_seed_line(row, target)}")
@@ -131,6 +150,7 @@ def _time_to_target(chunks, target, run, synchronize, accuracy) -> dict:
 def recipe_seed_line(row: dict, target) -> str:
     """One seed's sides in a line: the final accuracy and the training seconds, to the target where there
     is one (saying so where a side missed it)."""
+
     def side(name, v):
         if target is None:
             seconds = f"in {v['seconds']:.3f} s"
@@ -139,6 +159,7 @@ def recipe_seed_line(row: dict, target) -> str:
         else:
             seconds = f"reached {100 * target:.1f}% in {v['seconds_to_target']:.3f} s"
         return f"{name} {100 * v['accuracy'][-1]:.2f}% {seconds}"
+
     return ", ".join(side(name, v) for name, v in row.items())
 
 
@@ -149,22 +170,32 @@ def format_recipe(result: dict) -> str:
     seeds = ", ".join(result["seeds"])
     dataset = f" on {result['dataset']}" if result.get("dataset", "mnist") != "mnist" else ""
     if result["target"] is not None:
-        lines = [f"--recipe {result['recipe']}{dataset}: training seconds to {100 * result['target']:.1f}% test "
-                 f"accuracy (evaluation not counted), seeds {seeds}"]
+        lines = [
+            f"--recipe {result['recipe']}{dataset}: training seconds to {100 * result['target']:.1f}% test "
+            f"accuracy (evaluation not counted), seeds {seeds}"
+        ]
     else:
-        lines = [f"--recipe {result['recipe']}{dataset}: test accuracy after {result['flags']['epochs']} epochs and "
-                 f"the training seconds (evaluation not counted), seeds {seeds}"]
+        lines = [
+            f"--recipe {result['recipe']}{dataset}: test accuracy after {result['flags']['epochs']} epochs and "
+            f"the training seconds (evaluation not counted), seeds {seeds}"
+        ]
     width = max(16, *(len(s) for s in sides))
     for side in sides:
         runs = [r[side] for r in result["seeds"].values()]
         accuracy = "accuracy " + " ".join(f"{100 * r['accuracy'][-1]:.2f}" for r in runs)
         if result["target"] is None:
             seconds = [r["seconds"] for r in runs]
-            lines.append(f"  {side:{width}s} {accuracy} (mean {100 * np.mean([r['accuracy'][-1] for r in runs]):.2f}%); "
-                         "seconds " + " ".join(f"{t:.2f}" for t in seconds) + f" (mean {np.mean(seconds):.2f} s)")
+            lines.append(
+                f"  {side:{width}s} {accuracy} (mean {100 * np.mean([r['accuracy'][-1] for r in runs]):.2f}%); "
+                "seconds " + " ".join(f"{t:.2f}" for t in seconds) + f" (mean {np.mean(seconds):.2f} s)"
+            )
             continue
         times = [r["seconds_to_target"] for r in runs]
         mean = f"mean {np.mean(times):.3f} s" if all(t is not None for t in times) else "not every seed reached it"
-        lines.append(f"  {side:{width}s} " + " ".join(f"{t:.3f}" if t is not None else "-" for t in times)
-                     + f"  ({mean}); " + accuracy)
+        lines.append(
+            f"  {side:{width}s} "
+            + " ".join(f"{t:.3f}" if t is not None else "-" for t in times)
+            + f"  ({mean}); "
+            + accuracy
+        )
     return "\n".join(lines)

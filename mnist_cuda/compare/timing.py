@@ -1,6 +1,7 @@
 """The timed runs at one batch size: our modes, then each of PyTorch's candidates, then each side's fastest
 once more, and the headline: ours against PyTorch's fastest candidate, named, checked against the outside
 figure where there is one."""
+
 from __future__ import annotations
 
 from .. import data
@@ -38,14 +39,20 @@ def run_timing(torch, ds, state, args, channels, hidden, batch, log, device="") 
     order = data.epoch_order(len(ds.train_x), args.seed, 0)
 
     def loop(side, mode, labels):
-        return measure_loop(side, ds.train_x, labels, order, args.warmup, args.steps, mode, args.timing_window,
-                            args.warmup_seconds)
+        return measure_loop(
+            side, ds.train_x, labels, order, args.warmup, args.steps, mode, args.timing_window, args.warmup_seconds
+        )
+
     ours, o = _time_ours(ds, state, args, channels, hidden, batch, order, loop, log)
     t, sides = _time_torch(torch, ds, state, args, channels, hidden, batch, order, loop, log)
     our_mode, torch_mode = fastest(o["modes"])[0], fastest(t["modes"])[0]
     o["again"] = _again(ours, our_mode, loop, ds.train_y, batch, log)
     t["again"] = _again(sides[torch_mode], torch_mode, loop, ds.train_y64, batch, log)
-    return {"ours": o, "torch": t, "headline": _headline(o, t, our_mode, torch_mode, device, args.precision, batch, log)}
+    return {
+        "ours": o,
+        "torch": t,
+        "headline": _headline(o, t, our_mode, torch_mode, device, args.precision, batch, log),
+    }
 
 
 def _time_ours(ds, state, args, channels, hidden, batch, order, loop, log):
@@ -69,8 +76,13 @@ def _time_ours(ds, state, args, channels, hidden, batch, order, loop, log):
 def _time_torch(torch, ds, state, args, channels, hidden, batch, order, loop, log):
     """Every candidate (one that fails on this machine is reported, not fatal), then eager per phase."""
     bf16 = args.precision == "bf16"
-    t = {"modes": {}, "tf32": {"cudnn": True, "matmul": False}, "cudnn_benchmark": True,
-         "autocast": "bfloat16" if bf16 else None, "optimizer": "SGD(fused=True)"}
+    t = {
+        "modes": {},
+        "tf32": {"cudnn": True, "matmul": False},
+        "cudnn_benchmark": True,
+        "autocast": "bfloat16" if bf16 else None,
+        "optimizer": "SGD(fused=True)",
+    }
     sides = {}
     for candidate in chosen(args.no_compile, args.no_autotune, args.compile):
         log(f"batch {batch}: torch, whole step, {candidate.name}")
@@ -90,8 +102,10 @@ def _time_torch(torch, ds, state, args, channels, hidden, batch, order, loop, lo
         if not side.fused:
             t["optimizer"] = "SGD(foreach)"
         t["modes"][candidate.name], sides[candidate.name] = m, side
-        log(f"batch {batch}: torch, {candidate.name}: {m['median_us']:,.1f} us"
-            + (f" (compiled in {side.compile_s:.1f} s)" if candidate.compiled else ""))
+        log(
+            f"batch {batch}: torch, {candidate.name}: {m['median_us']:,.1f} us"
+            + (f" (compiled in {side.compile_s:.1f} s)" if candidate.compiled else "")
+        )
     if not sides:
         first = next(iter(t["modes"].values()), {}).get("error", "none was tried")
         raise RunFailed(f"batch {batch}: every PyTorch candidate failed (the first: {first})")
@@ -122,12 +136,19 @@ def _again(side, mode, loop, labels, batch, log) -> dict:
 
 def _headline(o, t, our_mode, torch_mode, device, precision, batch, log) -> dict:
     torch_us, our_us = t["modes"][torch_mode]["median_us"], o["modes"][our_mode]["median_us"]
-    headline = {"torch_mode": torch_mode, "torch_median_us": torch_us, "ours_mode": our_mode, "ours_median_us": our_us,
-                "speedup": torch_us / our_us}
+    headline = {
+        "torch_mode": torch_mode,
+        "torch_median_us": torch_us,
+        "ours_mode": our_mode,
+        "ours_median_us": our_us,
+        "speedup": torch_us / our_us,
+    }
     check = outside_check(device, precision, batch, torch_us)
     if check is not None:
         headline["outside_check"] = check
         if not check["pass"]:
-            log(f"batch {batch}: WARNING: PyTorch's fastest here, {torch_us:,.1f} us, is slower than the outside "
-                f"figure ({check['ceiling_us']:,.0f} us): PyTorch is not yet at its best in this run")
+            log(
+                f"batch {batch}: WARNING: PyTorch's fastest here, {torch_us:,.1f} us, is slower than the outside "
+                f"figure ({check['ceiling_us']:,.0f} us): PyTorch is not yet at its best in this run"
+            )
     return headline

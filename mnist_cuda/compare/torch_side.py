@@ -5,6 +5,7 @@ pinned slot on the host and copied into static device buffers, so a captured who
 each new batch. With SGD's options inside a graph the rate lives on the device: a table of the torch
 scheduler's own rates, indexed by a step counter that the graph advances, so one graph serves every step.
 """
+
 from __future__ import annotations
 
 import time
@@ -33,12 +34,27 @@ def scheduler_rates(torch, options, steps: int) -> list[float]:
 class TorchSide:
     name = "torch"
 
-    def __init__(self, torch, state, batch, candidate, channels, hidden, optimizer, *, bf16=False, augment=0, seed=0,
-                 log_losses=False):
+    def __init__(
+        self,
+        torch,
+        state,
+        batch,
+        candidate,
+        channels,
+        hidden,
+        optimizer,
+        *,
+        bf16=False,
+        augment=0,
+        seed=0,
+        log_losses=False,
+    ):
         """optimizer: a learning rate (plain SGD, fused) or optim.SGDOptions (torch.optim.SGD with them and
         the matching scheduler). bf16: the forward and the loss under torch.autocast(dtype=torch.bfloat16)."""
-        from ..torch_model import make_torch_model
         import torch.nn.functional as F
+
+        from ..torch_model import make_torch_model
+
         self.torch, self.F, self.candidate, self.batch, self.bf16 = torch, F, candidate, batch, bf16
         dev = torch.device("cuda")
         self.net = make_torch_model(channels, hidden).to(dev)
@@ -94,14 +110,22 @@ class TorchSide:
             self.opt, self.scheduler = options.torch_optimizer(torch, params)
             return
         if options.dampening:
-            raise ValueError("PyTorch's graph modes take SGD without dampening: its first step with dampening "
-                             "differs from the rest, and a captured graph has one path")
+            raise ValueError(
+                "PyTorch's graph modes take SGD without dampening: its first step with dampening "
+                "differs from the rest, and a captured graph has one path"
+            )
         rates = scheduler_rates(torch, options, max(options.schedule.total, 1))
         self.rates = torch.tensor(rates, dtype=torch.float32, device=dev)
         self.lr = self.rates[0].clone()  # this step's rate, a 0-dim tensor the fused update reads
         self.counter = torch.zeros(1, dtype=torch.int64, device=dev)
-        self.opt = torch.optim.SGD(params, lr=self.lr, momentum=options.momentum, nesterov=options.nesterov,
-                                   weight_decay=options.weight_decay, fused=True)
+        self.opt = torch.optim.SGD(
+            params,
+            lr=self.lr,
+            momentum=options.momentum,
+            nesterov=options.nesterov,
+            weight_decay=options.weight_decay,
+            fused=True,
+        )
         self.fused = True
         if options.momentum:  # made now, zero: the first step then gives buffer = gradient, as PyTorch's first
             for p in params:  # step does (without dampening), and no step of the graph creates state
@@ -169,7 +193,7 @@ class TorchSide:
         torch, c = self.torch, self.candidate
         if not (c.graph or c.compiled):
             return
-        idx = order[:self.batch]
+        idx = order[: self.batch]
         self.x_bytes.copy_(torch.from_numpy(x[idx]))
         self.y.copy_(torch.from_numpy(y[idx]))
         watch = CompileWatch(torch)
@@ -279,14 +303,14 @@ class TorchSide:
         self.net.eval()
         with torch.no_grad():
             for start in range(0, len(x), 1000):
-                images = torch.from_numpy(np.ascontiguousarray(x[start:start + 1000])).cuda()
+                images = torch.from_numpy(np.ascontiguousarray(x[start : start + 1000])).cuda()
                 predicted = self.net(self._normalize(images)).argmax(dim=1).cpu().numpy()
-                correct += int((predicted == y[start:start + 1000]).sum())
+                correct += int((predicted == y[start : start + 1000]).sum())
         self.net.train()
         return correct / len(x)
 
     def losses(self):
-        out = self.loss_log[:self.n_logged].cpu().numpy()
+        out = self.loss_log[: self.n_logged].cpu().numpy()
         self.n_logged = 0
         return out
 

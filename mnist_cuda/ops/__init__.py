@@ -12,8 +12,25 @@ constants (which reach the .cu files as NVRTC -D options from here).
 
 The networks (mnist_cuda/nets.py), the tests and the dev/ programs all launch through these functions.
 """
-from . import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk, naive, sgd_zero_grad
-from . import splitk_reduce
 
-__all__ = ["bn_relu_pool", "conv1_bn_relu_pool", "conv2_implicit_gemm", "head", "linear_splitk", "naive",
-           "sgd_zero_grad", "splitk_reduce"]
+from . import (
+    bn_relu_pool,
+    conv1_bn_relu_pool,
+    conv2_implicit_gemm,
+    head,
+    linear_splitk,
+    naive,
+    sgd_zero_grad,
+    splitk_reduce,
+)
+
+__all__ = [
+    "bn_relu_pool",
+    "conv1_bn_relu_pool",
+    "conv2_implicit_gemm",
+    "head",
+    "linear_splitk",
+    "naive",
+    "sgd_zero_grad",
+    "splitk_reduce",
+]

@@ -1,5 +1,6 @@
 """The launch contracts of kernels/fast/bn_relu_pool.cu: block 2's BatchNorm statistics, BatchNorm + ReLU +
 maxpool fused, and their backward from the pooled gradient."""
+
 from __future__ import annotations
 
 from ..cuda import ceil_div
@@ -21,13 +22,40 @@ def partial_size(channels: int) -> int:
     return MAX_PARTS * channels * 2
 
 
-def stats(a, n: int, channels: int, hw: int, partial, counter, eps: float, momentum: float, mean, invstd,
-          running_mean, running_var):
+def stats(
+    a,
+    n: int,
+    channels: int,
+    hw: int,
+    partial,
+    counter,
+    eps: float,
+    momentum: float,
+    mean,
+    invstd,
+    running_mean,
+    running_var,
+):
     """The batch's mean and 1/std of a [n, channels, hw], and the running statistics' update (in place).
     counter: one uint32 per group of BN_CHANNELS channels, zero, left zero."""
     parts, per_part = parts_of(n)
-    _stats.launch((parts, ceil_div(channels, BN_CHANNELS)), BN_THREADS, a, I32(n), I32(channels), I32(hw),
-                  I32(per_part), partial, counter, F32(eps), F32(momentum), mean, invstd, running_mean, running_var)
+    _stats.launch(
+        (parts, ceil_div(channels, BN_CHANNELS)),
+        BN_THREADS,
+        a,
+        I32(n),
+        I32(channels),
+        I32(hw),
+        I32(per_part),
+        partial,
+        counter,
+        F32(eps),
+        F32(momentum),
+        mean,
+        invstd,
+        running_mean,
+        running_var,
+    )
 
 
 def eval_stats(running_mean, running_var, eps: float, channels: int, mean, invstd):
@@ -39,23 +67,62 @@ def forward(a, mean, invstd, gamma, beta, n: int, channels: int, size: int, pool
     """pooled, argmax, a_at [n, channels, size/2, size/2] with pooled = maxpool(relu(bn(a))), a [n, channels,
     size, size]; argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window
     (pooled <= 0); a_at is a at the window's position (backward_reduce reads it)."""
-    _forward.launch_1d(n * channels * (size // 2) ** 2, a, mean, invstd, gamma, beta, I32(n), I32(channels),
-                       I32(size), pooled, argmax, a_at)
+    _forward.launch_1d(
+        n * channels * (size // 2) ** 2,
+        a,
+        mean,
+        invstd,
+        gamma,
+        beta,
+        I32(n),
+        I32(channels),
+        I32(size),
+        pooled,
+        argmax,
+        a_at,
+    )
 
 
-def backward_reduce(a_at, mean, invstd, d_pooled, argmax, n: int, channels: int, size: int, partial, counter,
-                    dgamma, dbeta):
+def backward_reduce(
+    a_at, mean, invstd, d_pooled, argmax, n: int, channels: int, size: int, partial, counter, dgamma, dbeta
+):
     """dgamma and dbeta from the pooled gradient, forward's argmax (with NO_POSITION: the pooled values are
     not read) and a_at, forward's a at the argmax; size is a's. counter: one uint32 per channel group, zero,
     left zero."""
     parts, per_part = parts_of(n)
-    _backward_reduce.launch((parts, ceil_div(channels, BN_CHANNELS)), BN_THREADS, a_at, mean, invstd, d_pooled,
-                            argmax, I32(n), I32(channels), I32(size), I32(per_part), partial, counter,
-                            dgamma, dbeta)
+    _backward_reduce.launch(
+        (parts, ceil_div(channels, BN_CHANNELS)),
+        BN_THREADS,
+        a_at,
+        mean,
+        invstd,
+        d_pooled,
+        argmax,
+        I32(n),
+        I32(channels),
+        I32(size),
+        I32(per_part),
+        partial,
+        counter,
+        dgamma,
+        dbeta,
+    )
 
 
-def backward_apply(a, mean, invstd, gamma, dgamma, dbeta, d_pooled, argmax, n: int, channels: int, size: int,
-                   d_a):
+def backward_apply(a, mean, invstd, gamma, dgamma, dbeta, d_pooled, argmax, n: int, channels: int, size: int, d_a):
     """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta."""
-    _backward_apply.launch_1d(n * channels * (size // 2) ** 2, a, mean, invstd, gamma, dgamma, dbeta, d_pooled,
-                              argmax, I32(n), I32(channels), I32(size), d_a)
+    _backward_apply.launch_1d(
+        n * channels * (size // 2) ** 2,
+        a,
+        mean,
+        invstd,
+        gamma,
+        dgamma,
+        dbeta,
+        d_pooled,
+        argmax,
+        I32(n),
+        I32(channels),
+        I32(size),
+        d_a,
+    )

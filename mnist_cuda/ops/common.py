@@ -1,5 +1,6 @@
 """What every kernel source shares: the data's constants, the limit of the per-part reductions and the
 pooled position that marks a window the ReLU blocked, as NVRTC -D options, and the argument types."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -10,8 +11,13 @@ I32, F32 = np.int32, np.float32
 MAX_PARTS = 64  # a reduction over the batch uses at most this many parts (kernels/include/part_reduce.cuh)
 NO_POSITION = 4  # the blocks' argmax where the ReLU blocked the window (kernels/include/common.cuh, pool_position)
 CLASSES = data.NUM_CLASSES
-COMMON_DEFINES = {"MNIST_MEAN": data.MEAN, "MNIST_STD": data.STD, "NUM_CLASSES": CLASSES, "MAX_PARTS": MAX_PARTS,
-                  "NO_POSITION": NO_POSITION}
+COMMON_DEFINES = {
+    "MNIST_MEAN": data.MEAN,
+    "MNIST_STD": data.STD,
+    "NUM_CLASSES": CLASSES,
+    "MAX_PARTS": MAX_PARTS,
+    "NO_POSITION": NO_POSITION,
+}
 
 
 def source(path: str, **defines) -> cuda.Source:
@@ -29,6 +35,7 @@ def precision_kernels(src: cuda.Source, op: str, names, precisions: dict):
             return kernels[name, precision]
         except KeyError:
             raise ValueError(f"unknown precision {precision!r}; choose from {tuple(precisions)}") from None
+
     return kernel
 
 

@@ -1,5 +1,6 @@
 """The launch contracts of kernels/fast/conv1_bn_relu_pool.cu: conv1 -> BatchNorm -> ReLU -> maxpool fused,
 forward and backward, with BatchNorm's statistics from the batch's image moments."""
+
 from __future__ import annotations
 
 from ..cuda import ceil_div, sm_count
@@ -18,9 +19,16 @@ CONV1_GRAD_ROWS, CONV1_GRAD_SM_CHANNELS, CONV1_GRAD_STAGES = 14, 32, 3
 CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for the 9 taps
 CONV1_GRAD_CHANNEL_BYTES = 196 * 5  # a channel's part of a ring stage: 196 float gradients, then 196 byte positions
 
-_src = source("fast/conv1_bn_relu_pool.cu", CONV1_THREADS=CONV1_THREADS, CONV1_MOMENTS=CONV1_MOMENTS,
-              CONV1_GRAD_ROWS=CONV1_GRAD_ROWS, CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS,
-              CONV1_GRAD_STAGES=CONV1_GRAD_STAGES, CONV1_GRAD_SUMS=CONV1_GRAD_SUMS, CONV1_GRAD_CHANNEL_BYTES=CONV1_GRAD_CHANNEL_BYTES)
+_src = source(
+    "fast/conv1_bn_relu_pool.cu",
+    CONV1_THREADS=CONV1_THREADS,
+    CONV1_MOMENTS=CONV1_MOMENTS,
+    CONV1_GRAD_ROWS=CONV1_GRAD_ROWS,
+    CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS,
+    CONV1_GRAD_STAGES=CONV1_GRAD_STAGES,
+    CONV1_GRAD_SUMS=CONV1_GRAD_SUMS,
+    CONV1_GRAD_CHANNEL_BYTES=CONV1_GRAD_CHANNEL_BYTES,
+)
 _moments = _src.kernel("conv1_image_moments_fast")
 _forward = {c: _src.kernel(f"conv1_bn_relu_pool_fast<{c}>") for c in FORWARD_CHANNELS}
 _backward = {c: _src.kernel(f"conv1_backward_fast<{c}>") for c in BACKWARD_CHANNELS}
@@ -72,17 +80,51 @@ def forward_channels_per_block(n: int, channels: int) -> int:
     return _most_channels(FORWARD_CHANNELS, n, channels, 2 * sm_count())
 
 
-def forward(x, w, train: bool, moments, eps: float, momentum: float, mean, invstd, running_mean, running_var,
-            gamma, beta, n: int, channels: int, pooled, argmax, per_block: int | None = None):
+def forward(
+    x,
+    w,
+    train: bool,
+    moments,
+    eps: float,
+    momentum: float,
+    mean,
+    invstd,
+    running_mean,
+    running_var,
+    gamma,
+    beta,
+    n: int,
+    channels: int,
+    pooled,
+    argmax,
+    per_block: int | None = None,
+):
     """pooled, argmax [n, channels, 14, 14] = maxpool(relu(bn(conv1(normalize(x))))), argmax the window position
     0..3, or NO_POSITION where the ReLU blocked the window (pooled <= 0: what backward reads). In training BatchNorm's
     statistics come from `moments` (saved in mean, invstd; the running ones updated); in evaluation mean and
     invstd must hold the running statistics' (bn_relu_pool.eval_stats). per_block: channels per block, one
     of FORWARD_CHANNELS (None: forward_channels_per_block's choice)."""
     per_block = per_block or forward_channels_per_block(n, channels)
-    _forward[per_block].launch((n, ceil_div(channels, per_block)), CONV1_THREADS, x, w, I32(train), moments, F32(eps),
-                    F32(momentum), mean, invstd, running_mean, running_var, gamma, beta, I32(n), I32(channels),
-                    pooled, argmax)
+    _forward[per_block].launch(
+        (n, ceil_div(channels, per_block)),
+        CONV1_THREADS,
+        x,
+        w,
+        I32(train),
+        moments,
+        F32(eps),
+        F32(momentum),
+        mean,
+        invstd,
+        running_mean,
+        running_var,
+        gamma,
+        beta,
+        I32(n),
+        I32(channels),
+        pooled,
+        argmax,
+    )
 
 
 def backward_channels_per_block(n: int, channels: int) -> int:
@@ -105,13 +147,47 @@ def backward_grid(n: int, channels: int, per_block: int) -> tuple[tuple[int, int
     return (ceil_div(n, per_part), groups), per_part
 
 
-def backward(x, w, mean, invstd, gamma, moments, d_pooled, argmax, n: int, channels: int, partial, counter, dgamma,
-             dbeta, dw, per_block: int | None = None):
+def backward(
+    x,
+    w,
+    mean,
+    invstd,
+    gamma,
+    moments,
+    d_pooled,
+    argmax,
+    n: int,
+    channels: int,
+    partial,
+    counter,
+    dgamma,
+    dbeta,
+    dw,
+    per_block: int | None = None,
+):
     """dgamma, dbeta and conv1's dw from the pooled gradient and the forward's argmax (NO_POSITION where the ReLU
     blocked the window: the pooled values are not read). counter: one uint32 per channel group, zero.
     per_block: channels per block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice)."""
     per_block = per_block or backward_channels_per_block(n, channels)
     grid, per_part = backward_grid(n, channels, per_block)
-    _backward[per_block].launch(grid, CONV1_GRAD_ROWS * per_block, x, w, mean, invstd, gamma, moments, d_pooled,
-                                argmax, I32(n), I32(channels), I32(per_part), partial, counter, dgamma, dbeta, dw,
-                                shared_mem=CONV1_GRAD_STAGES * per_block * CONV1_GRAD_CHANNEL_BYTES)
+    _backward[per_block].launch(
+        grid,
+        CONV1_GRAD_ROWS * per_block,
+        x,
+        w,
+        mean,
+        invstd,
+        gamma,
+        moments,
+        d_pooled,
+        argmax,
+        I32(n),
+        I32(channels),
+        I32(per_part),
+        partial,
+        counter,
+        dgamma,
+        dbeta,
+        dw,
+        shared_mem=CONV1_GRAD_STAGES * per_block * CONV1_GRAD_CHANNEL_BYTES,
+    )

@@ -5,6 +5,7 @@ precision: "fp32" keeps float32's accuracy (3xTF32: each operand split into two 
 products); "tf32" rounds both operands to TF32 and multiplies once (--precision tf32), as cuDNN's TF32
 convolutions do; "bf16" rounds them to bf16 and multiplies once, 16 k per instruction (--precision bf16),
 as torch.autocast with bfloat16 does. Every precision accumulates in float32."""
+
 from __future__ import annotations
 
 import functools
@@ -37,16 +38,30 @@ PAIRED_INPUT_GRAD_MIN_BATCH = 2048
 # rows of x
 WGRAD_THREADS, WGRAD_OUT, WGRAD_CHANNELS, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 64, 32, 4, 6
 
-_src = source("fast/conv2_implicit_gemm.cu", CONV2_SIZE=CONV2_SIZE, CONV_THREADS=CONV_THREADS,
-              CONV_TILE_CHANNELS=CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED=CONV_TILE_CHANNELS_STACKED,
-              CONV_CHUNK=CONV_CHUNK, CONV_CHUNK_QUADS=CONV_CHUNK_QUADS, CONV_ROWS=CONV_ROWS,
-              CONV_STAGED_PIXELS=CONV_STAGED_PIXELS, WGRAD_THREADS=WGRAD_THREADS, WGRAD_OUT=WGRAD_OUT,
-              WGRAD_CHANNELS=WGRAD_CHANNELS, WGRAD_IMAGES=WGRAD_IMAGES, WGRAD_X_SLOTS=WGRAD_X_SLOTS)
-_kernel = precision_kernels(_src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"),
-                            PRECISIONS)
+_src = source(
+    "fast/conv2_implicit_gemm.cu",
+    CONV2_SIZE=CONV2_SIZE,
+    CONV_THREADS=CONV_THREADS,
+    CONV_TILE_CHANNELS=CONV_TILE_CHANNELS,
+    CONV_TILE_CHANNELS_STACKED=CONV_TILE_CHANNELS_STACKED,
+    CONV_CHUNK=CONV_CHUNK,
+    CONV_CHUNK_QUADS=CONV_CHUNK_QUADS,
+    CONV_ROWS=CONV_ROWS,
+    CONV_STAGED_PIXELS=CONV_STAGED_PIXELS,
+    WGRAD_THREADS=WGRAD_THREADS,
+    WGRAD_OUT=WGRAD_OUT,
+    WGRAD_CHANNELS=WGRAD_CHANNELS,
+    WGRAD_IMAGES=WGRAD_IMAGES,
+    WGRAD_X_SLOTS=WGRAD_X_SLOTS,
+)
+_kernel = precision_kernels(
+    _src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"), PRECISIONS
+)
 # the 3xTF32 forms that have a kernel of their own, and the product they are a form of
-_FP32_FORMS = {"forward_stacked": ("forward", _src.kernel("conv2_forward_stacked_fast")),
-               "backward_input_paired": ("backward_input", _src.kernel("conv2_backward_input_paired_fast"))}
+_FP32_FORMS = {
+    "forward_stacked": ("forward", _src.kernel("conv2_forward_stacked_fast")),
+    "backward_input_paired": ("backward_input", _src.kernel("conv2_backward_input_paired_fast")),
+}
 
 
 def _image_tile_kernel(product: str, precision: str):
@@ -107,12 +122,15 @@ def weight_grad_images(precision: str) -> int:
     return 2 * WGRAD_IMAGES if precision == "bf16" else WGRAD_IMAGES
 
 
-@functools.lru_cache(maxsize=None)  # checked at every launch (_check_quads)
+@functools.cache  # checked at every launch (_check_quads)
 def weight_quads(c_in: int, c_out: int, precision: str, product: str) -> int:
     """Weight quads (16 bytes: float4s) of one image-tile product as stage_weights writes them (c_in input, c_out
     output channels)."""
-    return (ceil_div(c_out, tile_channels(product, precision)) * ceil_div(c_in, chunk_channels(precision))
-            * chunk_quads(product, precision))
+    return (
+        ceil_div(c_out, tile_channels(product, precision))
+        * ceil_div(c_in, chunk_channels(precision))
+        * chunk_quads(product, precision)
+    )
 
 
 def image_tile_shared_bytes(product: str, precision: str) -> int:
@@ -145,12 +163,22 @@ def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str):
     the caller keeps one form per buffer.)"""
     want = weight_quads(c_in, c_out, precision, product)
     if tuple(quads.shape) != (want, 4):
-        raise ValueError(f"{product}'s staged weights are {tuple(quads.shape)}; {c_in} -> {c_out} channels in "
-                         f"{precision} take ({want}, 4)")
+        raise ValueError(
+            f"{product}'s staged weights are {tuple(quads.shape)}; {c_in} -> {c_out} channels in "
+            f"{precision} take ({want}, 4)"
+        )
 
 
-def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, precision: str,
-                  forward_product: str = "forward", input_grad_product: str = "backward_input"):
+def stage_weights(
+    w,
+    c_in: int,
+    c_out: int,
+    forward_quads,
+    input_grad_quads,
+    precision: str,
+    forward_product: str = "forward",
+    input_grad_product: str = "backward_input",
+):
     """w [c_out, c_in, 3, 3] as both products read it: forward_quads [weight_quads(c_in, c_out, precision,
     forward_product), 4] for the forward `forward_product` ("forward" or "forward_stacked") and the flipped
     input_grad_quads [weight_quads(c_out, c_in, precision, input_grad_product), 4] for the input gradient
@@ -159,16 +187,23 @@ def stage_weights(w, c_in: int, c_out: int, forward_quads, input_grad_quads, pre
     _check_form(input_grad_product, "backward_input")
     _check_quads(forward_quads, c_in, c_out, precision, forward_product)
     _check_quads(input_grad_quads, c_out, c_in, precision, input_grad_product)
-    _kernel("stage_weights", precision).launch_1d(forward_quads.shape[0] + input_grad_quads.shape[0], w, I32(c_in),
-                                                  I32(c_out), forward_quads, input_grad_quads,
-                                                  I32(forward_product == "forward_stacked"),
-                                                  I32(input_grad_product == "backward_input_paired"))
+    _kernel("stage_weights", precision).launch_1d(
+        forward_quads.shape[0] + input_grad_quads.shape[0],
+        w,
+        I32(c_in),
+        I32(c_out),
+        forward_quads,
+        input_grad_quads,
+        I32(forward_product == "forward_stacked"),
+        I32(input_grad_product == "backward_input_paired"),
+    )
 
 
 def _image_tiles(name, precision, n, out_channels, *args):
     grid = (n, ceil_div(out_channels, tile_channels(name, precision)), CONV2_SIZE // CONV_ROWS)
-    _image_tile_kernel(name, precision).launch(grid, CONV_THREADS, *args,
-                                               shared_mem=image_tile_shared_bytes(name, precision))
+    _image_tile_kernel(name, precision).launch(
+        grid, CONV_THREADS, *args, shared_mem=image_tile_shared_bytes(name, precision)
+    )
 
 
 def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, product: str = "forward"):
@@ -179,8 +214,9 @@ def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, 
     _image_tiles(product, precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
 
-def backward_input(dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str,
-                   product: str = "backward_input"):
+def backward_input(
+    dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str, product: str = "backward_input"
+):
     """dx [n, c_in, 14, 14] from dy [n, c_out, 14, 14] by `product` ("backward_input" or "backward_input_paired"),
     with the flipped weights staged for it by stage_weights."""
     _check_form(product, "backward_input")
@@ -208,6 +244,16 @@ def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: st
     """The weight gradient's partial results [parts, c_out, c_in, 3, 3] into partial; returns parts (for
     splitk_reduce)."""
     grid, per_part = weight_grad_grid(n, c_in, c_out, precision)
-    _kernel("backward_weight", precision).launch(grid, WGRAD_THREADS, x, dy, partial, I32(n), I32(c_in), I32(c_out),
-                                                 I32(per_part), shared_mem=weight_grad_shared_bytes())
+    _kernel("backward_weight", precision).launch(
+        grid,
+        WGRAD_THREADS,
+        x,
+        dy,
+        partial,
+        I32(n),
+        I32(c_in),
+        I32(c_out),
+        I32(per_part),
+        shared_mem=weight_grad_shared_bytes(),
+    )
     return grid[0]

@@ -1,5 +1,6 @@
 """The launch contracts of kernels/fast/head.cu: fc2 -> log_softmax -> NLL and their backward in one
 kernel, and the sums over its blocks in a second."""
+
 from __future__ import annotations
 
 from ..cuda import ceil_div
@@ -31,12 +32,25 @@ def partial_size(batch: int, hidden: int) -> int:
 def forward_backward(h, w, b, labels, n: int, hidden: int, train: bool, logits, d_pre, partial):
     """logits [n, 10] = h [n, hidden] w^T + b; in training also d_pre [n, hidden], the loss's gradient at
     fc1's pre-activation (fc1's ReLU mask applied), and each block's sums into partial [partial_size]."""
-    _forward_backward.launch(blocks(n), HEAD_THREADS, h, w, b, labels, I32(n), I32(hidden), I32(train), logits,
-                             d_pre, partial)
+    _forward_backward.launch(
+        blocks(n), HEAD_THREADS, h, w, b, labels, I32(n), I32(hidden), I32(train), logits, d_pre, partial
+    )
 
 
 def sum_parts(partial, n: int, hidden: int, dw, db, d_bias_fc1, loss, loss_log, loss_count):
     """The blocks' sums in block order: fc2's dw and db, fc1's bias gradient, and the mean loss into loss and
     loss_log[loss_count++]."""
-    _sum_parts.launch_1d(head_sums(hidden), partial, I32(blocks(n)), I32(n), I32(hidden), dw, db, d_bias_fc1, loss,
-                         loss_log, loss_count, I32(loss_log.size))
+    _sum_parts.launch_1d(
+        head_sums(hidden),
+        partial,
+        I32(blocks(n)),
+        I32(n),
+        I32(hidden),
+        dw,
+        db,
+        d_bias_fc1,
+        loss,
+        loss_log,
+        loss_count,
+        I32(loss_log.size),
+    )

@@ -10,6 +10,7 @@ its loss at large ones (docs/performance.md).
 precision: the step's precision (conv2_implicit_gemm.PRECISIONS). fc1 runs in 3xTF32 (float32's accuracy)
 at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 by default while its
 convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast."""
+
 from __future__ import annotations
 
 from .. import cuda
@@ -26,12 +27,25 @@ MAX_SPLITS = 64
 WG_THREADS, WG_CHUNK_K, WG_INPUT_GRAD_COLS, WG_MIN_BATCH = 128, 32, 112, 256
 FORMS = ("tiled", "wgmma")
 
-_src = source("fast/linear_splitk.cu", TILE_M=TILE, TILE_N=TILE, TILE_K=TILE_K, GEMM_THREADS=GEMM_THREADS,
-              GEMM_MIN_BLOCKS=GEMM_MIN_BLOCKS, GEMM_STAGES=GEMM_STAGES, WG_THREADS=WG_THREADS, WG_CHUNK_K=WG_CHUNK_K,
-              WG_INPUT_GRAD_COLS=WG_INPUT_GRAD_COLS)
+_src = source(
+    "fast/linear_splitk.cu",
+    TILE_M=TILE,
+    TILE_N=TILE,
+    TILE_K=TILE_K,
+    GEMM_THREADS=GEMM_THREADS,
+    GEMM_MIN_BLOCKS=GEMM_MIN_BLOCKS,
+    GEMM_STAGES=GEMM_STAGES,
+    WG_THREADS=WG_THREADS,
+    WG_CHUNK_K=WG_CHUNK_K,
+    WG_INPUT_GRAD_COLS=WG_INPUT_GRAD_COLS,
+)
 PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
-_kernel = precision_kernels(_src, "linear", ("forward", "backward_input", "backward_input_narrow", "backward_weight",
-                                             "backward_input_wgmma"), PRECISIONS)
+_kernel = precision_kernels(
+    _src,
+    "linear",
+    ("forward", "backward_input", "backward_input_narrow", "backward_weight", "backward_input_wgmma"),
+    PRECISIONS,
+)
 
 
 def wgmma_shared_bytes(precision: str) -> int:
@@ -80,13 +94,31 @@ def weight_partial_size(batch: int, n_in: int, n_out: int) -> int:
 def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int, precision: str = "fp32"):
     """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size]."""
     splits, k_per_split = split_k(n_in, ceil_div(n_out, TILE) * ceil_div(n, TILE))
-    _kernel("forward", precision).launch((ceil_div(n_out, TILE), ceil_div(n, TILE), splits), GEMM_THREADS, x, w,
-                                         partial, I32(n), I32(n_in), I32(n_out), I32(k_per_split))
+    _kernel("forward", precision).launch(
+        (ceil_div(n_out, TILE), ceil_div(n, TILE), splits),
+        GEMM_THREADS,
+        x,
+        w,
+        partial,
+        I32(n),
+        I32(n_in),
+        I32(n_out),
+        I32(k_per_split),
+    )
     splitk_reduce(partial, splits, out, bias=b, relu=True, count=n * n_out)
 
 
-def backward_input(dy, w, dx, n: int, n_in: int, n_out: int, narrow: bool | None = None, precision: str = "fp32",
-                   form: str | None = None):
+def backward_input(
+    dy,
+    w,
+    dx,
+    n: int,
+    n_in: int,
+    n_out: int,
+    narrow: bool | None = None,
+    precision: str = "fp32",
+    form: str | None = None,
+):
     """dx [n, n_in] = dy [n, n_out] w. The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
     tiles, or 32-wide ones (narrow) where the wide would be fewer blocks than the GPU has SMs (narrow=None:
     chosen so; True or False forces one)."""
@@ -94,14 +126,25 @@ def backward_input(dy, w, dx, n: int, n_in: int, n_out: int, narrow: bool | None
         if narrow:
             raise ValueError("narrow tiles are the tiled form's")
         _kernel("backward_input_wgmma", precision).launch(
-            (ceil_div(n_in, WG_INPUT_GRAD_COLS), ceil_div(n, 64)), WG_THREADS, dy, w, dx, I32(n), I32(n_in),
-            I32(n_out), shared_mem=wgmma_shared_bytes(precision))
+            (ceil_div(n_in, WG_INPUT_GRAD_COLS), ceil_div(n, 64)),
+            WG_THREADS,
+            dy,
+            w,
+            dx,
+            I32(n),
+            I32(n_in),
+            I32(n_out),
+            shared_mem=wgmma_shared_bytes(precision),
+        )
         return
     rows = ceil_div(n, TILE)
     if narrow is None:
         narrow = ceil_div(n_in, TILE) * rows < sm_count()
-    kernel, width = ((_kernel("backward_input_narrow", precision), TILE // 2) if narrow
-                     else (_kernel("backward_input", precision), TILE))
+    kernel, width = (
+        (_kernel("backward_input_narrow", precision), TILE // 2)
+        if narrow
+        else (_kernel("backward_input", precision), TILE)
+    )
     kernel.launch((ceil_div(n_in, width), rows), GEMM_THREADS, dy, w, dx, I32(n), I32(n_in), I32(n_out))
 
 
@@ -110,14 +153,23 @@ def weight_splits(n: int, n_in: int, n_out: int) -> tuple[int, int]:
     return split_k(n, ceil_div(n_in, TILE) * ceil_div(n_out, TILE))
 
 
-def backward_weight(x, dy, dw, partial, n: int, n_in: int, n_out: int, precision: str = "fp32",
-                    sum_splits: bool = True):
+def backward_weight(
+    x, dy, dw, partial, n: int, n_in: int, n_out: int, precision: str = "fp32", sum_splits: bool = True
+):
     """dw [n_out, n_in] = dy^T x, the batch cut into weight_splits(n, n_in, n_out) splits through partial
     [weight_partial_size] (with one split, straight into dw). With sum_splits False, more than one are left
     in partial for the caller to sum into dw (splitk_reduce), where the step has room for it."""
     splits, k_per_split = weight_splits(n, n_in, n_out)
-    _kernel("backward_weight", precision).launch((ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits), GEMM_THREADS,
-                                                 x, dy, dw if splits == 1 else partial, I32(n), I32(n_in), I32(n_out),
-                                                 I32(k_per_split))
+    _kernel("backward_weight", precision).launch(
+        (ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits),
+        GEMM_THREADS,
+        x,
+        dy,
+        dw if splits == 1 else partial,
+        I32(n),
+        I32(n_in),
+        I32(n_out),
+        I32(k_per_split),
+    )
     if splits > 1 and sum_splits:
         splitk_reduce(partial, splits, dw)

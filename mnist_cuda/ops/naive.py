@@ -2,6 +2,7 @@
 reductions over a channel or the batch, which take one block of REDUCE_THREADS threads each.
 
 Tensors are NCHW float32 cupy arrays; n is the number of samples to process (a workspace may hold more)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,17 +25,24 @@ _shift = source("naive/shift.cu", IMAGE_SIZE=data.IMAGE_SIZE)
 # schedule (sgd.cu) and the augmentation's shift (shift.cu)
 SHARED_SOURCES = (_cross_entropy, _sgd, _shift)
 
-_k = {name: src.kernel(name) for src, names in [
-    (_normalize, ["normalize_naive"]),
-    (_conv2d, ["conv2d_forward_naive", "conv2d_backward_input_naive", "conv2d_backward_weight_naive"]),
-    (_batchnorm, ["batchnorm_stats_naive", "batchnorm_apply_naive", "batchnorm_eval_naive",
-                  "batchnorm_backward_naive"]),
-    (_relu, ["relu_forward_naive", "relu_backward_naive"]),
-    (_maxpool, ["maxpool2x2_forward_naive", "maxpool2x2_backward_naive"]),
-    (_linear, ["linear_forward_naive", "linear_backward_input_naive", "linear_backward_params_naive"]),
-    (_cross_entropy, ["cross_entropy_naive", "count_correct"]),
-    (_sgd, ["sgd_naive", "sgd_momentum_naive", "sgd_schedule"]),
-    (_shift, ["shift_images_naive"])] for name in names}
+_k = {
+    name: src.kernel(name)
+    for src, names in [
+        (_normalize, ["normalize_naive"]),
+        (_conv2d, ["conv2d_forward_naive", "conv2d_backward_input_naive", "conv2d_backward_weight_naive"]),
+        (
+            _batchnorm,
+            ["batchnorm_stats_naive", "batchnorm_apply_naive", "batchnorm_eval_naive", "batchnorm_backward_naive"],
+        ),
+        (_relu, ["relu_forward_naive", "relu_backward_naive"]),
+        (_maxpool, ["maxpool2x2_forward_naive", "maxpool2x2_backward_naive"]),
+        (_linear, ["linear_forward_naive", "linear_backward_input_naive", "linear_backward_params_naive"]),
+        (_cross_entropy, ["cross_entropy_naive", "count_correct"]),
+        (_sgd, ["sgd_naive", "sgd_momentum_naive", "sgd_schedule"]),
+        (_shift, ["shift_images_naive"]),
+    ]
+    for name in names
+}
 
 
 def normalize(images, out, count: int):
@@ -44,40 +52,59 @@ def normalize(images, out, count: int):
 
 def conv2d_forward(x, w, y, n: int, c_in: int, c_out: int, size: int):
     """y [n, c_out, size, size] = conv3x3(x [n, c_in, size, size], w [c_out, c_in, 3, 3]), zero padding 1."""
-    _k["conv2d_forward_naive"].launch_1d(n * c_out * size * size, x, w, y, I32(n), I32(c_in), I32(c_out),
-                                         I32(size), I32(size))
+    _k["conv2d_forward_naive"].launch_1d(
+        n * c_out * size * size, x, w, y, I32(n), I32(c_in), I32(c_out), I32(size), I32(size)
+    )
 
 
 def conv2d_backward_input(dy, w, dx, n: int, c_in: int, c_out: int, size: int):
-    _k["conv2d_backward_input_naive"].launch_1d(n * c_in * size * size, dy, w, dx, I32(n), I32(c_in), I32(c_out),
-                                                I32(size), I32(size))
+    _k["conv2d_backward_input_naive"].launch_1d(
+        n * c_in * size * size, dy, w, dx, I32(n), I32(c_in), I32(c_out), I32(size), I32(size)
+    )
 
 
 def conv2d_backward_weight(x, dy, dw, n: int, c_in: int, c_out: int, size: int):
-    _k["conv2d_backward_weight_naive"].launch_1d(dw.size, x, dy, dw, I32(n), I32(c_in), I32(c_out), I32(size),
-                                                 I32(size))
+    _k["conv2d_backward_weight_naive"].launch_1d(
+        dw.size, x, dy, dw, I32(n), I32(c_in), I32(c_out), I32(size), I32(size)
+    )
 
 
-def batchnorm_stats(x, mean, invstd, running_mean, running_var, n: int, channels: int, hw: int, eps: float,
-                    momentum: float):
+def batchnorm_stats(
+    x, mean, invstd, running_mean, running_var, n: int, channels: int, hw: int, eps: float, momentum: float
+):
     """The batch's mean and 1/std per channel, and the running statistics' update (in place)."""
-    _k["batchnorm_stats_naive"].launch(channels, REDUCE_THREADS, x, mean, invstd, running_mean, running_var,
-                                       I32(n), I32(channels), I32(hw), F32(eps), F32(momentum))
+    _k["batchnorm_stats_naive"].launch(
+        channels,
+        REDUCE_THREADS,
+        x,
+        mean,
+        invstd,
+        running_mean,
+        running_var,
+        I32(n),
+        I32(channels),
+        I32(hw),
+        F32(eps),
+        F32(momentum),
+    )
 
 
 def batchnorm_apply(x, mean, invstd, gamma, beta, y, n: int, channels: int, hw: int):
-    _k["batchnorm_apply_naive"].launch_1d(n * channels * hw, x, mean, invstd, gamma, beta, y, I32(n),
-                                          I32(channels), I32(hw))
+    _k["batchnorm_apply_naive"].launch_1d(
+        n * channels * hw, x, mean, invstd, gamma, beta, y, I32(n), I32(channels), I32(hw)
+    )
 
 
 def batchnorm_eval(x, running_mean, running_var, gamma, beta, y, n: int, channels: int, hw: int, eps: float):
-    _k["batchnorm_eval_naive"].launch_1d(n * channels * hw, x, running_mean, running_var, gamma, beta, y, I32(n),
-                                         I32(channels), I32(hw), F32(eps))
+    _k["batchnorm_eval_naive"].launch_1d(
+        n * channels * hw, x, running_mean, running_var, gamma, beta, y, I32(n), I32(channels), I32(hw), F32(eps)
+    )
 
 
 def batchnorm_backward(dy, x, mean, invstd, gamma, dx, dgamma, dbeta, n: int, channels: int, hw: int):
-    _k["batchnorm_backward_naive"].launch(channels, REDUCE_THREADS, dy, x, mean, invstd, gamma, dx, dgamma, dbeta,
-                                          I32(n), I32(channels), I32(hw))
+    _k["batchnorm_backward_naive"].launch(
+        channels, REDUCE_THREADS, dy, x, mean, invstd, gamma, dx, dgamma, dbeta, I32(n), I32(channels), I32(hw)
+    )
 
 
 def relu_forward(x, y, count: int):
@@ -91,13 +118,15 @@ def relu_backward(dy, y, dx, count: int):
 
 def maxpool_forward(x, y, argmax, n: int, channels: int, size: int):
     """y, argmax [n, channels, size/2, size/2] (argmax: the window position 0..3, as bytes)."""
-    _k["maxpool2x2_forward_naive"].launch_1d(n * channels * (size // 2) ** 2, x, y, argmax, I32(n), I32(channels),
-                                             I32(size), I32(size))
+    _k["maxpool2x2_forward_naive"].launch_1d(
+        n * channels * (size // 2) ** 2, x, y, argmax, I32(n), I32(channels), I32(size), I32(size)
+    )
 
 
 def maxpool_backward(dy, argmax, dx, n: int, channels: int, size: int):
-    _k["maxpool2x2_backward_naive"].launch_1d(n * channels * size * size, dy, argmax, dx, I32(n), I32(channels),
-                                              I32(size), I32(size))
+    _k["maxpool2x2_backward_naive"].launch_1d(
+        n * channels * size * size, dy, argmax, dx, I32(n), I32(channels), I32(size), I32(size)
+    )
 
 
 def linear_forward(x, w, b, y, n: int, n_in: int, n_out: int):
@@ -116,8 +145,9 @@ def linear_backward_params(x, dy, dw, db, n: int, n_in: int, n_out: int):
 
 def cross_entropy(logits, labels, dlogits, loss, loss_log, loss_count, n: int):
     """The mean NLL of log_softmax(logits) into loss and loss_log[loss_count++], and dlogits."""
-    _k["cross_entropy_naive"].launch(1, REDUCE_THREADS, logits, labels, dlogits, loss, loss_log, loss_count,
-                                     I32(loss_log.size), I32(n))
+    _k["cross_entropy_naive"].launch(
+        1, REDUCE_THREADS, logits, labels, dlogits, loss, loss_log, loss_count, I32(loss_log.size), I32(n)
+    )
 
 
 def count_correct(logits, labels, correct, n: int):
@@ -134,21 +164,44 @@ def sgd_schedule(state, lr_out, first_out, schedule_args: tuple):
     """One thread: this step's rate into lr_out and whether the momentum buffers start now into first_out,
     from the step counter in state (advanced). schedule_args: optim.Schedule.kernel_args(lr)."""
     kind, lr, step_size, gamma, total, pct_start, div_factor, final_div_factor, anneal_cos = schedule_args
-    _k["sgd_schedule"].launch(1, 1, state, lr_out, first_out, I32(kind), np.float64(lr), I32(step_size),
-                              np.float64(gamma), I32(total), np.float64(pct_start), np.float64(div_factor),
-                              np.float64(final_div_factor), I32(anneal_cos))
+    _k["sgd_schedule"].launch(
+        1,
+        1,
+        state,
+        lr_out,
+        first_out,
+        I32(kind),
+        np.float64(lr),
+        I32(step_size),
+        np.float64(gamma),
+        I32(total),
+        np.float64(pct_start),
+        np.float64(div_factor),
+        np.float64(final_div_factor),
+        I32(anneal_cos),
+    )
 
 
-def sgd_momentum(params, grads, buffers, lr, first, momentum: float, dampening: float, weight_decay: float,
-                 nesterov: bool):
+def sgd_momentum(
+    params, grads, buffers, lr, first, momentum: float, dampening: float, weight_decay: float, nesterov: bool
+):
     """torch.optim.SGD's step over the flat buffers at the rate lr[0] (a device float) with its options;
     first[0]: the momentum buffers take the direction as it is (their first step)."""
-    _k["sgd_momentum_naive"].launch_1d(params.size, params, grads, buffers, lr, first, F32(momentum),
-                                       F32(1.0 - dampening), F32(weight_decay), I32(bool(nesterov)),
-                                       I32(params.size))
+    _k["sgd_momentum_naive"].launch_1d(
+        params.size,
+        params,
+        grads,
+        buffers,
+        lr,
+        first,
+        F32(momentum),
+        F32(1.0 - dampening),
+        F32(weight_decay),
+        I32(bool(nesterov)),
+        I32(params.size),
+    )
 
 
 def shift_images(x, offsets, out, n: int):
     """out[i] = image x[i] (bytes) moved by offsets[i] = (dx, dy) whole pixels (int8), background moved in."""
     _k["shift_images_naive"].launch_1d(n * data.IMAGE_SIZE * data.IMAGE_SIZE, x, offsets, out, I32(n))
-
