@@ -148,8 +148,8 @@ def _tol(version: str) -> float:
 
 
 def _check_precision(precision: str):
-    if precision not in conv2.PRECISIONS:
-        raise ValueError(f"unknown precision {precision!r}; choose from {tuple(conv2.PRECISIONS)}")
+    if precision not in conv2.KERNEL_PRECISION:
+        raise ValueError(f"unknown precision {precision!r}; choose from {tuple(conv2.KERNEL_PRECISION)}")
 
 
 # ---- conv2d ---------------------------------------------------------------------------------------
@@ -872,7 +872,7 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
     assert part in ("forward", "backward_input", "backward_weight") and form in linear_splitk.FORMS
     assert not narrow or (part, form) == ("backward_input", "tiled")
     assert form == "tiled" or part == "backward_input"
-    assert precision in ("fp32", "bf16"), "fc1 runs in 3xTF32 or in bf16 (linear_splitk.PRECISIONS)"
+    assert precision in ("fp32", "bf16"), "fc1 runs in 3xTF32 or in bf16 (linear_splitk.KERNEL_PRECISION)"
     ops = ("linear", "relu") if part == "forward" else ("linear",)  # the forward's ReLU is in splitk_reduce
     p, wg = f"<{precision}>", "_wgmma" if form == "wgmma" else ""
     name = {
@@ -1021,7 +1021,7 @@ def shift_case():
 
 
 def conv2_product_cases(version: str) -> list[Case]:
-    """conv2's three products at precision `version` (conv2_implicit_gemm.PRECISIONS): "fp32" (3xTF32),
+    """conv2's three products at precision `version` (conv2_implicit_gemm.KERNEL_PRECISION): "fp32" (3xTF32),
     "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
     stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
     paired = [conv_backward_input_case(version, "backward_input_paired")] if version == "fp32" else []
@@ -1036,10 +1036,10 @@ def conv2_product_cases(version: str) -> list[Case]:
 
 def fast_cases() -> list[Case]:
     return (
-        [conv_stage_weights_case(p) for p in conv2.PRECISIONS]
+        [conv_stage_weights_case(p) for p in conv2.KERNEL_PRECISION]
         + [conv_stage_weights_case("fp32", "forward_stacked")]
         + [conv_stage_weights_case("fp32", input_grad="backward_input_paired")]
-        + [case for p in conv2.PRECISIONS for case in conv2_product_cases(p)]
+        + [case for p in conv2.KERNEL_PRECISION for case in conv2_product_cases(p)]
         + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case()]
         + [
             bn_relu_pool_fast_case(1, train, per_block)

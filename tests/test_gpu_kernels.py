@@ -42,7 +42,7 @@ def test_the_cases_launch_every_declared_kernel():
     from mnist_cuda import cuda
     from mnist_cuda.ops import conv2_implicit_gemm
 
-    precision = {f"<{p}>": f"<{expr}>" for p, expr in conv2_implicit_gemm.PRECISIONS.items()}
+    precision = {f"<{p}>": f"<{expr}>" for p, expr in conv2_implicit_gemm.KERNEL_PRECISION.items()}
     rng, launched, seen = np.random.default_rng(), set(), set()
 
     def record(kernel, grid, block, args, shared_mem, launch):

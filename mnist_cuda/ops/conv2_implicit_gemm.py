@@ -13,7 +13,8 @@ import functools
 from ..cuda import ceil_div, sm_count
 from .common import I32, precision_kernels, source
 
-PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
+# the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS)
+KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
 CONV2_SIZE = 14
 # forward and input gradient: a block computes CONV_TILE_CHANNELS output channels (the forward; the input
 # gradient in tf32 and bf16) or CONV_TILE_CHANNELS_STACKED (the input gradient in fp32, in both its forms, and
@@ -55,7 +56,7 @@ _src = source(
     WGRAD_X_SLOTS=WGRAD_X_SLOTS,
 )
 _kernel = precision_kernels(
-    _src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"), PRECISIONS
+    _src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"), KERNEL_PRECISION
 )
 # the 3xTF32 forms that have a kernel of their own, and the product they are a form of
 _FP32_FORMS = {

@@ -7,7 +7,7 @@ slower at some middling ones (docs/performance.md, sections 3 and 6). form="tile
 The forward has the tiled form alone: on wgmma its small gains at middling batches in bf16 do not pay for
 its loss at large ones (docs/performance.md).
 
-precision: the step's precision (conv2_implicit_gemm.PRECISIONS). fc1 runs in 3xTF32 (float32's accuracy)
+precision: the step's precision (conv2_implicit_gemm.KERNEL_PRECISION). fc1 runs in 3xTF32 (float32's accuracy)
 at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 by default while its
 convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast."""
 
@@ -39,12 +39,14 @@ _src = source(
     WG_CHUNK_K=WG_CHUNK_K,
     WG_INPUT_GRAD_COLS=WG_INPUT_GRAD_COLS,
 )
-PRECISIONS = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
+# the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS): under tf32 fc1
+# stays 3xTF32, as PyTorch's matrix products stay fp32 where its convolutions take TF32
+KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
 _kernel = precision_kernels(
     _src,
     "linear",
     ("forward", "backward_input", "backward_input_narrow", "backward_weight", "backward_input_wgmma"),
-    PRECISIONS,
+    KERNEL_PRECISION,
 )
 
 
