@@ -1,0 +1,163 @@
+// conv2_tile_forms.cuh: the geometry the image-tile products of conv2_implicit_gemm.cu share with their weight
+// staging: the launch constants, how a block's operand A holds its output channels (TileForm), and the
+// products of a k-step. Part of the fast form of conv2d_forward_naive and conv2d_backward_input_naive
+// (naive/conv2d.cu).
+#pragma once
+#include "tensor_core.cuh"
+
+// ---- forward and input gradient: one image per block, the image staged in shared memory ----------
+//
+// Both are the same operation, a 3x3 convolution of a stack of 14x14 images:
+//   out[img, n, p] = sum_{c, tap} in[img, c, p + shift(tap)] * wt(n, c, tap)
+// forward: in = x, wt(n, c, tap) = w[n, c, tap]; input gradient: in = dy, wt(n, c, tap) = w[c, n, 8 - tap]
+// (the flipped kernel, with w's two channel indices swapped).
+//
+// A block computes tile_channels output channels (rows) of CONV_ROWS image rows (columns) as a matrix
+// product on the tensor cores (tensor_core.cuh; in 3xTF32, each channel's two weight parts as rows of A,
+// below). Columns are positions on the 16-wide grid of
+// the image with its zero border, not pixels: column j is output pixel (j / 16, j % 16); columns 14 and 15
+// of each grid row are computed and dropped. Column j's window then starts at staged pixel j, so for
+// tap (tr, tc) the block's operand B is the staged image itself, read from pixel 16 tr + tc on: a
+// shifted start address, no im2col copy and no index arithmetic at all.
+//
+// The input passes through shared memory CONV_CHUNK channels at a time (k = 8 channels per tap, 9 taps
+// per chunk), split into its TF32 parts: planes [part][channel quad][pixel][4 channels].
+// A holds the chunk's weights, also split, in one of three forms (TileForm below). 3xTF32 needs three
+// products per k-step, big*big, big*small and small*big; the tensor cores multiply 64 rows of A at a time.
+// - The forward (64 output channels) keeps the parts *apart*: rows 0-63 of A the big parts of the 64
+//   channels' weights, rows 64-127 their small parts. A k-step is three m64 products into one set of
+//   accumulators: small (rows 64-127) * B_big, big (rows 0-63) * B_small, big * B_big. Three products for
+//   3xTF32's three, and every row one channel. Its weights take twice the shared memory of the other forms,
+//   so they have one buffer, not two: the next chunk's weights are copied in once the products are done.
+// - The input gradient (32 output channels) *stacks* them: rows 0-31 the big parts, rows 32-63 the
+//   small parts. Two products per k-step, A * B_big and A * B_small, give big*big and big*small in rows
+//   0-31 and small*big (and the unneeded small*small) in rows 32-63: 32 channels are too few for 64 rows
+//   of one part, which would leave half of them zero. Rows c and c + 32 are added at the end. Small
+//   batches take the forward in this form too (conv2_forward_stacked_fast): twice the blocks, where 64
+//   channels per block would leave SMs idle.
+// - Large batches take the input gradient *paired* (conv2_backward_input_paired_fast): stacked, but a
+//   kernel row's three taps share their weights' layout, so that one product can hold the big parts of
+//   two taps, as rows 0-31 and 32-63, times B_small read from the first tap's pixel. Rows 32-63 then hold
+//   the second tap's big*small for the output pixel one to the left of their column; they go into a
+//   second set of accumulators, moved into place at the end. Five products per kernel row instead of six
+//   (the unneeded small*small is left out for two taps of three), but the second set of 56 accumulators
+//   takes the kernel from 110 to 157 registers: three blocks per SM instead of four.
+//
+// On Hopper (sm_90a) a product is one warpgroup MMA (wgmma) of 64 rows x all the block's columns x
+// 8 k, both operands read by the tensor cores from shared memory: a chunk is 9, 15, 18 or 27 instructions
+// with nothing between them, and the next chunk's image is fetched and staged while they run. On other
+// GPUs the same products are mma.sync (m16n8k8) with the fragments loaded from the same shared memory.
+//
+// Shared memory layouts are wgmma's "K-major, no swizzle": 8 rows x 16 bytes (4 k) core matrices.
+// B: a plane holds a channel quad's pixels at 16 bytes each, so core matrices are 8 consecutive pixels
+// (128 bytes apart along the columns) and the second quad is the next plane; a tap's shift moves the
+// start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4], and in
+// the paired form [kernel row][channel quad][row][4].
+// Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py (NVRTC -D options): CONV2_SIZE (14, conv2's
+// images), CONV_THREADS (one warpgroup: 4 warps x 16 rows), CONV_TILE_CHANNELS output channels per block
+// (the forward in every precision; the input gradient in Precision::Tf32 and Bf16, a row per output
+// channel) and CONV_TILE_CHANNELS_STACKED (the input gradient in Precision::Fp32), CONV_CHUNK input
+// channels per step (x 9 taps = 72 k = 9 k-steps), CONV_CHUNK_QUADS weight float4s per chunk and 64 rows
+// of A (9 taps x 2 channel quads x 64 rows), CONV_ROWS grid rows per block (half the image, so 112
+// columns; a block per whole image was slower at batch 64 and 512 alike), CONV_STAGED_PIXELS (the block's
+// rows and a border row above and below, and 2 pixels that the last column's last tap reads). The block's
+// dynamic shared memory is sized there too: two buffers of the staged image and of the chunk's weights
+// (one in the apart form, whose chunks are twice as large), the accumulators at the end.
+#if !defined(CONV2_SIZE) || !defined(CONV_THREADS) || !defined(CONV_TILE_CHANNELS) ||             \
+    !defined(CONV_TILE_CHANNELS_STACKED) || !defined(CONV_CHUNK) || !defined(CONV_CHUNK_QUADS) || \
+    !defined(CONV_ROWS) || !defined(CONV_STAGED_PIXELS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
+#define CONV_PADDED 16  // the staged grid is 16 wide: the image with its zero border
+
+
+// How A holds the block's output channels (above): Apart, Stacked and Paired in 3xTF32 (Precision::Fp32),
+// OnePart (a row per channel, rounded) in the others.
+enum class TileForm { Apart, Stacked, Paired, OnePart };
+template <Precision PR, bool FLIPPED>  // FLIPPED: the input gradient
+constexpr TileForm tile_form = PR != Precision::Fp32 ? TileForm::OnePart
+                               : FLIPPED             ? TileForm::Stacked
+                                                     : TileForm::Apart;
+// Output channels per block, rows of A per tap (a row holds one part of one channel), weight quads per
+// chunk, buffers of them, and the accumulator sets.
+template <TileForm F>
+constexpr int tile_channels =
+    F == TileForm::Stacked || F == TileForm::Paired ? CONV_TILE_CHANNELS_STACKED : CONV_TILE_CHANNELS;
+template <TileForm F>
+constexpr int a_rows = F == TileForm::Apart ? 128 : 64;
+template <TileForm F>
+constexpr int chunk_quads = CONV_CHUNK_QUADS / 64 * a_rows<F>;
+template <TileForm F>
+constexpr int weight_buffers = F == TileForm::Apart ? 1 : 2;
+template <TileForm F>
+constexpr int accumulator_sets = F == TileForm::Paired ? 2 : 1;
+// A chunk's weights are laid out by groups of taps, [group][channel quad][group_rows]: a tap per group,
+// but a kernel row (three taps) in the paired form, whose products mix taps.
+template <TileForm F>
+constexpr int group_taps = F == TileForm::Paired ? 3 : 1;
+template <TileForm F>
+constexpr int group_rows = a_rows<F> * group_taps<F>;
+// The paired form's 192 rows of a kernel row are six runs of 32 (a part of the 32 channels at one tap):
+// the small parts of column 0, the big parts of columns 0 and 1, the small parts of column 1, the big
+// and small parts of column 2. So each column's two parts are 64 consecutive rows, and so are the big
+// parts of columns 0 and 1.
+__host__ __device__ constexpr int paired_run_column(int run) { return run < 2 ? 0 : run < 4 ? 1 : 2; }
+__host__ __device__ constexpr bool paired_run_small(int run) { return run == 0 || run == 3 || run == 5; }
+// The products of a group, per k-step. Product i multiplies A's 64 rows from row product_a_row(i) of the
+// group by B's part product_b_part(i) (0 big, 1 small) from the staged pixel product_column(i) to the
+// right of the group's tap, into accumulator set product_set(i).
+// - Apart: small * B_big, big * B_small, big * B_big (the small terms first: they are the least significant).
+// - Stacked: A * B_big, A * B_small.
+// - Paired, per kernel row: each column's two parts * B_big (big*big and small*big, rows c and c + 32),
+//   column 2's two parts * B_small (big*small and the unneeded small*small), and the big parts of columns
+//   0 and 1 together * B_small from column 0, into the second set.
+// - One part: the one product.
+template <TileForm F>
+constexpr int group_products = F == TileForm::Apart     ? 3
+                               : F == TileForm::Stacked ? 2
+                               : F == TileForm::Paired  ? 5
+                                                        : 1;
+template <TileForm F>
+__host__ __device__ constexpr int product_a_row(int i) {
+    return F == TileForm::Paired            ? (i == 0   ? 0
+                                               : i == 1 ? 64
+                                               : i == 4 ? 32
+                                                        : 128)
+           : F == TileForm::Apart && i == 0 ? 64
+                                            : 0;
+}
+template <TileForm F>
+__host__ __device__ constexpr int product_b_part(int i) {
+    return F == TileForm::Paired ? (i >= 3 ? 1 : 0) : F == TileForm::Apart ? (i == 1 ? 1 : 0) : i;
+}
+template <TileForm F>
+__host__ __device__ constexpr int product_column(int i) {
+    return F == TileForm::Paired ? (i == 1 ? 1 : i == 2 || i == 3 ? 2 : 0) : 0;
+}
+template <TileForm F>
+__host__ __device__ constexpr int product_set(int i) {
+    return F == TileForm::Paired && i == 4 ? 1 : 0;
+}
+// Where product i of group g reads B: the staged pixel of its tap, counted from the block's first column.
+template <TileForm F>
+__host__ __device__ constexpr int product_shift(int g, int i) {
+    return F == TileForm::Paired ? g * CONV_PADDED + product_column<F>(i) : (g / 3) * CONV_PADDED + g % 3;
+}
+// Whether product i reads B where the group's last product before it that reads the same part of B does
+// (mma.sync then keeps its fragments).
+template <TileForm F>
+__host__ __device__ constexpr bool reads_previous_b(int i) {
+    for (int k = i - 1; k >= 0; k--)
+        if (product_b_part<F>(k) == product_b_part<F>(i)) return product_column<F>(k) == product_column<F>(i);
+    return false;
+}
+// Input channels per chunk (two 16-byte quads of staged values per pixel).
+template <Precision PR>
+constexpr int chunk_channels = 2 * staged_values<PR>;
+static_assert(CONV_CHUNK == chunk_channels<Precision::Fp32>, "8 channels per chunk in float32's layouts");
+static_assert(CONV_CHUNK_QUADS == 9 * 2 * 64, "a chunk's weights: 9 taps x 2 quads x 64 rows of A");
+static_assert(CONV_TILE_CHANNELS == 64 && CONV_TILE_CHANNELS_STACKED == 32, "A's forms hold 64 or 32 channels");
+// Dynamic shared memory of an image tile: the staged image's two buffers, then the weights'.
+constexpr int image_planes_bytes = 2 * 4 * CONV_STAGED_PIXELS * 16;
+template <TileForm F>
+constexpr int image_tile_bytes = image_planes_bytes + weight_buffers<F> * chunk_quads<F> * 16;
