@@ -5,6 +5,8 @@ mnist_cuda/ops' business.
     Source(path, defines)     one .cu file under kernels/, compiled as one module with -D options;
                               local #include "..." headers (kernels/include/) are inlined first, so
                               CuPy's on-disk cache key covers them too
+    Source.from_file(file)    a .cu file outside kernels/ (a dev tool's, such as dev/ladder/'s rungs),
+                              compiled the same way but not declared among the product's sources
     Source.kernel(name)       a Kernel: name is an extern "C" entry point, or a template instantiation
                               such as "conv2_forward_fast<Precision::Tf32>" (an NVRTC name expression)
     Kernel.launch(...)        on the current stream, scalars as explicit NumPy types
@@ -89,8 +91,8 @@ _ENTRY = re.compile(
 
 
 def read_source(path: str) -> str:
-    """The text of kernels/<path> with its local #include "..." headers inlined (each once), looked up
-    beside the file and in kernels/include/."""
+    """The text of kernels/<path> (of the file itself where path is absolute) with its local #include "..."
+    headers inlined (each once), looked up beside the file and in kernels/include/."""
     root, seen = kernel_dir(), set()
     here = (root / path).parent
 
@@ -126,16 +128,26 @@ _transform: Callable[[str, str], str] | None = None  # transform_sources' fn
 
 
 class Source:
-    """One .cu file under kernels/ with the -D options its kernels need; compiled on first use."""
+    """One .cu file under kernels/ (outside it: from_file) with the -D options its kernels need; compiled on first
+    use."""
 
-    def __init__(self, path: str, defines: dict):
-        if path in _sources:
+    def __init__(self, path: str, defines: dict, *, declare: bool = True):
+        if declare and path in _sources:
             raise ValueError(f"{path} is declared twice; declare each source once, in its ops module")
         self.path, self.defines = path, dict(defines)
         self.name_expressions: list[str] = []
         self.kernels: dict[str, Kernel] = {}
         self._module = None
-        _sources[path] = self
+        if declare:
+            _sources[path] = self
+
+    @classmethod
+    def from_file(cls, file, defines: dict | None = None) -> Source:
+        """A .cu file outside kernels/ (a dev tool's, such as a rung of dev/ladder/), by its own path. It compiles
+        as the product's sources do (its #include "..." headers looked up beside it, then in kernels/include/),
+        but is not declared among them: sources(), and so preload() and capture() by default, leave it out (name
+        it in their sources), and use_arch_specific and transform_sources do not drop a module it has loaded."""
+        return cls(str(Path(file).resolve()), defines or {}, declare=False)
 
     def text(self) -> str:
         """The text that compiles: read_source's, passed through transform_sources' fn where one is set."""
