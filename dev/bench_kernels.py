@@ -28,11 +28,12 @@ PROG = "bench_kernels.py"
 PER_GRAPH = 20  # launches per timed graph: Python's launch overhead stays out of the figure
 
 
-def time_case(prepared, warmup: int, repeat: int, per_graph: int = PER_GRAPH) -> float:
+def time_case(prepared, warmup: int, repeat: int, per_graph: int = PER_GRAPH, sources=None) -> float:
     """Median GPU time of one run() in us: per_graph runs are captured in a CUDA graph whose replays are
-    timed with events, so Python's launch overhead stays out of the figure."""
+    timed with events, so Python's launch overhead stays out of the figure. sources: the kernel sources run()
+    launches from, loaded before the capture (default: every declared source)."""
     cp = cuda.require_gpu()
-    graph = cuda.capture(*[prepared.run] * per_graph)
+    graph = cuda.capture(*[prepared.run] * per_graph, sources=sources)
     stream = cp.cuda.Stream(non_blocking=True)
     for _ in range(warmup):
         graph.launch(stream)
@@ -45,6 +46,19 @@ def time_case(prepared, warmup: int, repeat: int, per_graph: int = PER_GRAPH) ->
         stop.synchronize()
         times.append(cp.cuda.get_elapsed_time(start, stop) * 1000.0 / per_graph)
     return float(np.median(times))
+
+
+def add_timing_arguments(p: Parser, what: str):
+    """--warmup and --repeat, time_case's arguments; `what` names the thing timed (a case, a rung)."""
+    p.add_argument(
+        "--warmup", type=int_in_range(0, MAX_TIMED), default=5, help="untimed graph replays before timing (default: 5)"
+    )
+    p.add_argument(
+        "--repeat",
+        type=int_in_range(1, MAX_TIMED),
+        default=200,
+        help=f"timed runs per {what} and batch size, in graphs of {PER_GRAPH} (default: 200)",
+    )
 
 
 def build_parser() -> Parser:
@@ -64,15 +78,7 @@ def build_parser() -> Parser:
         metavar="TEXT",
         help="only cases whose name contains TEXT, e.g. fast, naive or tf32 (default: every case)",
     )
-    p.add_argument(
-        "--warmup", type=int_in_range(0, MAX_TIMED), default=5, help="untimed graph replays before timing (default: 5)"
-    )
-    p.add_argument(
-        "--repeat",
-        type=int_in_range(1, MAX_TIMED),
-        default=200,
-        help=f"timed runs per case and batch size, in graphs of {PER_GRAPH} (default: 200)",
-    )
+    add_timing_arguments(p, "case")
     p.add_argument("--json", type=output_path, default=None, metavar="PATH", help="also write the rows here")
     return p
 

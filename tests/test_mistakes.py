@@ -144,7 +144,15 @@ COMMANDS = [
     Command("kernel_cases", ["-m", "mnist_cuda.kernel_cases"], lambda: None),
 ] + [
     Command(name, [f"dev/{name}.py"], _in_file(DEV / f"{name}.py"))
-    for name in ("bench_kernels", "bf16_distance", "profile_step", "step_launch_costs", "step_timeline", "time_step")
+    for name in (
+        "bench_kernels",
+        "bf16_distance",
+        "ladder",
+        "profile_step",
+        "step_launch_costs",
+        "step_timeline",
+        "time_step",
+    )
 ]
 
 

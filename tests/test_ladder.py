@@ -1,0 +1,220 @@
+"""dev/ladder.py and the rungs of dev/ladder/: without a GPU, every rung compiles with NVRTC for the H100 (sm_90) and
+an A100 (sm_80), its file is short and says what it adds, the table lists every file, rung 01 stays the product's
+naive kernel, and the command refuses a bad op in one line; on a GPU, every rung against the float64 reference at
+every check shape, and the command end to end."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+
+import pytest
+
+from conftest import DEV, REPO, load_script
+from mnist_cuda import cuda
+
+ladder = load_script(DEV / "ladder.py")
+NEEDS_CUPY = "CuPy is not installed (pip install '.[cuda12]')"
+MAX_LINES = 150
+RUNGS = [(op, rung) for op, spec in ladder.OPS.items() for rung in spec.rungs]
+RUNG_IDS = [f"{op}/{rung.name}" for op, rung in RUNGS]
+CHECKS = [(op, rung, shape) for op, rung in RUNGS for shape in ladder.OPS[op].check_shapes]
+
+
+def run(*args, env=None):
+    return subprocess.run(
+        [sys.executable, str(DEV / "ladder.py"), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        timeout=600,
+    )
+
+
+def header(text: str) -> list[str]:
+    """The comment lines a file starts with."""
+    lines = []
+    for line in text.splitlines():
+        if not line.startswith("//"):
+            break
+        lines.append(line[2:].strip())
+    return lines
+
+
+# ---- the rung files -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+@pytest.mark.parametrize("op,rung", RUNGS, ids=RUNG_IDS)
+def test_every_rung_compiles(op, rung, arch):
+    pytest.importorskip("cupy", reason=NEEDS_CUPY)
+    assert ladder.source(op, rung).compile_check(arch) is None
+
+
+def test_the_table_lists_every_rung_file_in_order():
+    """Each folder of dev/ladder/ is an op of OPS, its .cu files exactly the op's rungs, numbered upwards (gaps
+    allowed: room for rungs to come); each file's one kernel is the rung's, named <op>_rung<NN>_<name> from rung 02
+    on (rung 01 is the product's naive kernel, by its own name)."""
+    folders = sorted(p.name for p in ladder.LADDER.iterdir() if p.is_dir())
+    assert folders == sorted(ladder.OPS)
+    for op, spec in ladder.OPS.items():
+        files = sorted(p.name for p in (ladder.LADDER / op).glob("*.cu"))
+        assert files == [r.file for r in spec.rungs], op
+        numbers = [int(re.match(r"(\d\d)_\w+\.cu$", f).group(1)) for f in files]
+        assert numbers[0] == 1 and numbers == sorted(set(numbers)), files
+        for number, rung in zip(numbers, spec.rungs):
+            assert cuda.entry_points((ladder.LADDER / op / rung.file).read_text()) == [rung.kernel], rung.file
+            if number > 1:
+                assert rung.kernel == f"{op}_rung{rung.name[:2]}_{rung.name[3:]}", rung.kernel
+
+
+@pytest.mark.parametrize("op,rung", RUNGS, ids=RUNG_IDS)
+def test_every_rung_file_is_short_and_says_what_it_adds(op, rung):
+    """Under MAX_LINES lines; a header that names the rung ("// Rung NN, name: ...") and, above rung 01, says what
+    it adds over the rung below; every -D option the file requires is one its launch passes."""
+    text = (ladder.LADDER / op / rung.file).read_text()
+    assert len(text.splitlines()) < MAX_LINES, rung.file
+    lines = header(text)
+    number = int(rung.file[:2])
+    assert len(lines) >= 3 and lines[0].startswith(f"Rung {number:02d}, "), lines[:1]
+    spec = ladder.OPS[op]
+    below = max((int(r.file[:2]) for r in spec.rungs if int(r.file[:2]) < number), default=None)
+    if below is not None:
+        assert f"What it adds over rung {below:02d}" in " ".join(lines), rung.file
+    for guard in re.findall(r"^#if\s+(!defined\(\w+\)(?:\s*\|\|\s*!defined\(\w+\))*)", text, re.MULTILINE):
+        assert set(re.findall(r"!defined\((\w+)\)", guard)) <= set(rung.defines), rung.file
+
+
+def _function(text: str, name: str) -> str:
+    """A kernel's text, from its `extern "C"` line to the closing brace at the start of a line."""
+    start = text.index(f'extern "C" __global__ void {name}(')
+    return text[start : text.index("\n}\n", start) + 3]
+
+
+def test_rung_01_is_the_products_naive_kernel():
+    """conv2_forward's rung 01 is kernels/naive/conv2d.cu's conv2d_forward_naive, to the byte."""
+    rung = ladder.CONV2_FORWARD.rungs[0]
+    product = (cuda.kernel_dir() / "naive" / "conv2d.cu").read_text()
+    copy = (ladder.LADDER / "conv2_forward" / rung.file).read_text()
+    assert _function(copy, rung.kernel) == _function(product, "conv2d_forward_naive")
+
+
+# ---- the launches ---------------------------------------------------------------------------------------------
+
+
+def _launched(rung, shape) -> tuple[tuple, int]:
+    """(grid, block) of the rung's launch at a shape, recorded instead of launched."""
+    seen = {}
+    kernel = types.SimpleNamespace(
+        launch=lambda grid, block, *args: seen.update(grid=grid, block=block, args=args),
+        launch_1d=lambda n, *args, block=256: seen.update(grid=(cuda.ceil_div(n, block),), block=block, args=args),
+    )
+    rung.launch(kernel, shape, "x", "w", "y")
+    assert all(a.dtype == "int32" for a in seen["args"][3:]), seen["args"]  # the sizes as np.int32
+    return seen["grid"], seen["block"]
+
+
+@pytest.mark.parametrize("op,rung", RUNGS, ids=RUNG_IDS)
+def test_launches_stay_within_cudas_limits(op, rung):
+    spec = ladder.OPS[op]
+    for shape in spec.check_shapes + tuple(spec.network_shape(b) for b in (1, 64, 4096, 60000)):
+        grid, block = _launched(rung, shape)
+        assert 32 <= block <= 1024 and block % 32 == 0, (shape, block)
+        assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), (shape, grid)
+
+
+def test_too_many_images_for_the_grid_is_refused():
+    rung = ladder.CONV2_FORWARD.rungs[1]
+    with pytest.raises(ValueError, match="grid z"):
+        _launched(rung, ladder.Conv(65536, 32, 64, 14, 14))
+
+
+def test_floor_is_the_slower_of_flops_and_bytes():
+    shape = ladder.Conv(64, 32, 64, 14, 14)
+    flops, nbytes = ladder.CONV2_FORWARD.work(shape)
+    assert flops == 2 * 64 * 64 * 196 * 32 * 9 and nbytes == 4 * (64 * 32 * 196 + 64 * 32 * 9 + 64 * 64 * 196)
+    assert ladder.floor_us("conv2_forward", shape) == pytest.approx(flops / 67e12 * 1e6)  # compute-bound
+
+
+# ---- the command ----------------------------------------------------------------------------------------------
+
+
+def test_a_bad_op_is_refused_in_one_line():
+    r = run("conv7_sideways")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "unknown op 'conv7_sideways'" in r.stderr and "conv2_forward" in r.stderr
+
+
+def test_a_missing_gpu_is_one_line():
+    r = run("conv2_forward", env={"CUDA_VISIBLE_DEVICES": ""})
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_help_explains_every_flag():
+    r = run("--help")
+    assert r.returncode == 0
+    for action in ladder.build_parser()._actions:
+        assert action.help and len(action.help) > 10, action.dest
+        assert all(flag in r.stdout for flag in action.option_strings), action.dest
+
+
+def test_the_tables_and_the_json_with_the_gpu_stood_in_for(monkeypatch, tmp_path, capsys):
+    """main's flow without a GPU: the checks stood in for (rung 02 failing), the timings too (halving per rung).
+    A failing rung is not timed and the exit status is 1; the speed-up is over the rung timed before; the fraction
+    of the floor is the floor over the time."""
+    names = [rung.name for rung in ladder.CONV2_FORWARD.rungs]
+    monkeypatch.setattr(ladder, "gpu_or_exit", lambda prog: None)
+    monkeypatch.setattr(ladder.cuda, "preload", lambda sources: None)
+    device = types.SimpleNamespace(getDeviceProperties=lambda i: {"name": b"Stand-in GPU"})
+    monkeypatch.setattr(
+        ladder.cuda, "require_gpu", lambda: types.SimpleNamespace(cuda=types.SimpleNamespace(runtime=device))
+    )
+    monkeypatch.setattr(ladder, "check", lambda op, rung, shape, rng: 1.0 if rung.name == names[1] else 1e-7)
+    monkeypatch.setattr(ladder, "prepare", lambda op, rung, shape, rng: rung)
+    monkeypatch.setattr(ladder, "time_case", lambda rung, warmup, repeat, sources: 400.0 / 2 ** names.index(rung.name))
+    out = tmp_path / "ladder.json"
+    assert ladder.main(["conv2_forward", "--batch-sizes", "64,512", "--json", str(out)]) == 1
+    printed = capsys.readouterr().out
+    assert "FAIL" in printed and f"result: {out}" in printed
+    result = json.loads(out.read_text())
+    assert result["device"] == "Stand-in GPU" and result["peaks"] == {"fp32_flops": 67e12, "hbm_bytes_per_s": 4.8e12}
+    assert [r["ok"] for r in result["checks"]] == [True] * 5 + [False] * 5 + [True] * 5
+    rows = [(r["rung"], r["batch"], r["us"], r["speedup"]) for r in result["timings"]]
+    assert rows == [
+        (names[0], 64, 400, None),
+        (names[0], 512, 400, None),
+        (names[2], 64, 100, 4),
+        (names[2], 512, 100, 4),
+    ]
+    floor = ladder.floor_us("conv2_forward", ladder.Conv(512, 32, 64, 14, 14))
+    assert result["timings"][3]["fraction_of_floor"] == pytest.approx(floor / 100)
+
+
+# ---- on a GPU -------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("op,rung,shape", CHECKS, ids=[f"{op}/{rung.name}/{shape}" for op, rung, shape in CHECKS])
+def test_rung_matches_reference(op, rung, shape):
+    import numpy as np
+
+    err = ladder.check(op, rung, shape, np.random.default_rng())
+    assert err < ladder.FP32_TOL, f"{rung.file} at {shape}: relative error {err:.2e}"
+
+
+@pytest.mark.gpu
+def test_the_command_checks_and_times_every_rung(tmp_path):
+    out = tmp_path / "ladder.json"
+    r = run("conv2_forward", "--batch-sizes", "64", "--warmup", "1", "--repeat", "20", "--json", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    result = json.loads(out.read_text())
+    names = [rung.name for rung in ladder.CONV2_FORWARD.rungs]
+    assert [row["rung"] for row in result["timings"]] == names
+    assert all(row["ok"] for row in result["checks"]) and len(result["checks"]) == len(names) * len(
+        ladder.CONV2_FORWARD.check_shapes
+    )
+    assert all(row["us"] > 0 and 0 < row["fraction_of_floor"] < 1 for row in result["timings"])
+    assert result["timings"][0]["speedup"] is None and all(row["speedup"] for row in result["timings"][1:])
