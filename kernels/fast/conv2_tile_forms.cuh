@@ -151,6 +151,17 @@ __host__ __device__ constexpr bool reads_previous_b(int i) {
         if (product_b_part<F>(k) == product_b_part<F>(i)) return product_column<F>(k) == product_column<F>(i);
     return false;
 }
+// Form F's numbers agree with each other: A's rows per tap hold each output channel's parts (two in 3xTF32,
+// one in the others), a chunk is its groups' two channel quads of group_rows rows each, and every product's
+// 64 rows of A and its accumulator set exist.
+template <TileForm F>
+__host__ __device__ constexpr bool tile_form_agrees() {
+    if (tile_channels<F> * (F == TileForm::OnePart ? 1 : 2) != group_rows<F> / group_taps<F>) return false;
+    if (chunk_quads<F> != 9 / group_taps<F> * 2 * group_rows<F>) return false;
+    for (int i = 0; i < group_products<F>; i++)
+        if (product_a_row<F>(i) + 64 > group_rows<F> || product_set<F>(i) >= accumulator_sets<F>) return false;
+    return true;
+}
 // Input channels per chunk (two 16-byte quads of staged values per pixel).
 template <Precision PR>
 constexpr int chunk_channels = 2 * staged_values<PR>;
