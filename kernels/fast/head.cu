@@ -26,20 +26,16 @@
 #define HEAD_CHUNK 128  // columns of h and W staged at a time in step 1
 #define HEAD_STAGE_REGS CEIL_DIV((HEAD_SAMPLES + NUM_CLASSES) * HEAD_CHUNK, HEAD_THREADS)
 
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
-    head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
-                               int train, float* logits, float* d_pre, float* partial) {
-    __shared__ float rows[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1];  // (+1: conflict-free columns)
-    __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];                      // logits, then dlogits
-    __shared__ float sample_loss[HEAD_SAMPLES];
-    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+// Step 1: logit (s, j) of the block's samples (s0.., count of them, as the kernel takes them) by thread
+// t = 10 s + j, into z and logits. The block's rows of h and all of W pass through shared memory (rows)
+// HEAD_CHUNK columns at a time, each chunk fetched by all threads at once: one memory latency per chunk,
+// where each thread's dot product read straight from global memory waited for one latency per few elements
+// (11,000 cycles at H = 128).
+__device__ __forceinline__ void head_logits(const float* h, const float* w, const float* b, int N, int H,
+                                            float (&rows)[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1],
+                                            float (&z)[HEAD_SAMPLES][NUM_CLASSES], float* logits) {
+    const int t = threadIdx.x;
     const int s0 = blockIdx.x * HEAD_SAMPLES, count = min(HEAD_SAMPLES, N - s0);
-    const int label = train && t < count ? labels[s0 + t] : 0;  // for step 2 (its latency overlaps step 1)
-
-    // 1. logit (s, j) by thread t = 10 s + j. The block's rows of h and all of W pass through shared
-    // memory HEAD_CHUNK columns at a time, each chunk fetched by all threads at once (one memory
-    // latency per chunk; read straight from global memory, each thread's dot product waited for one
-    // latency per few elements: 11,000 cycles at H = 128).
     const int s1 = t / NUM_CLASSES, j1 = t % NUM_CLASSES;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     for (int c0 = 0; c0 < H; c0 += HEAD_CHUNK) {
@@ -70,26 +66,43 @@ extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
         z[s1][j1] = logit;
         logits[(s0 + s1) * NUM_CLASSES + j1] = logit;
     }
+}
+
+// Step 2 for sample t (of a batch of N): log_softmax of its logits zt, its loss into *loss, and dlogits in
+// place of its logits (each thread its own row).
+__device__ __forceinline__ void softmax_nll(float (&zt)[NUM_CLASSES], int label, int N, float* loss) {
+    float zmax = zt[0];
+#pragma unroll
+    for (int j = 1; j < NUM_CLASSES; j++) zmax = fmaxf(zmax, zt[j]);
+    float se = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NUM_CLASSES; j++) se += expf(zt[j] - zmax);
+    const float lse = zmax + logf(se);
+    float d[NUM_CLASSES], nll = 0.0f;
+#pragma unroll
+    for (int j = 0; j < NUM_CLASSES; j++) {
+        if (j == label) nll = lse - zt[j];
+        d[j] = (expf(zt[j] - lse) - (j == label ? 1.0f : 0.0f)) / N;
+    }
+    *loss = nll;
+#pragma unroll
+    for (int j = 0; j < NUM_CLASSES; j++) zt[j] = d[j];
+}
+
+extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
+    head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
+                               int train, float* logits, float* d_pre, float* partial) {
+    __shared__ float rows[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1];  // (+1: conflict-free columns)
+    __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];                      // logits, then dlogits
+    __shared__ float sample_loss[HEAD_SAMPLES];
+    const int t = threadIdx.x, lane = t % 32, warp = t / 32;
+    const int s0 = blockIdx.x * HEAD_SAMPLES, count = min(HEAD_SAMPLES, N - s0);
+    const int label = train && t < count ? labels[s0 + t] : 0;  // for step 2 (its latency overlaps step 1)
+
+    head_logits(h, w, b, N, H, rows, z, logits);  // 1.
     if (!train) return;
     __syncthreads();
-    if (t < count) {  // 2. softmax of sample t
-        float zmax = z[t][0];
-#pragma unroll
-        for (int j = 1; j < NUM_CLASSES; j++) zmax = fmaxf(zmax, z[t][j]);
-        float se = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NUM_CLASSES; j++) se += expf(z[t][j] - zmax);
-        const float lse = zmax + logf(se);
-        float d[NUM_CLASSES], nll = 0.0f;
-#pragma unroll
-        for (int j = 0; j < NUM_CLASSES; j++) {
-            if (j == label) nll = lse - z[t][j];
-            d[j] = (expf(z[t][j] - lse) - (j == label ? 1.0f : 0.0f)) / N;
-        }
-        sample_loss[t] = nll;
-#pragma unroll
-        for (int j = 0; j < NUM_CLASSES; j++) z[t][j] = d[j];  // (each thread its own row)
-    }
+    if (t < count) softmax_nll(z[t], label, N, &sample_loss[t]);  // 2. sample t
     __syncthreads();
 
     // 3. lane = HEAD_GROUPS * (column in the warp's) + g; group g takes samples g, g + HEAD_GROUPS, ...
