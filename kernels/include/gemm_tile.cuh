@@ -106,6 +106,63 @@ struct WarpTiles {
     __device__ static int col0() { return (threadIdx.x / 32 % 4) * (TN / 4); }
 };
 
+// The products of one staged k-step (as: A's, bs: B's, as SA and SB stage them) in bf16, into this warp's part
+// of the tile: a fragment's values are packed as bf16 pairs as they are read. g and t place the lane in its
+// fragments, wm and wn are the warp's first row and column (gemm_tile works them out once per tile).
+template <class W, class SA, class SB>
+__device__ __forceinline__ void bf16_step_products(const float* as, const float* bs, int g, int t, int wm, int wn,
+                                                   float acc[4][4]) {
+    static_assert(TILE_K % 16 == 0, "whole k16 steps");
+#pragma unroll
+    for (int kk = 0; kk < TILE_K; kk += 16) {
+        unsigned a[W::MI][4], b[W::NI][2];
+#pragma unroll
+        for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+            for (int r = 0; r < 4; r++) {
+                const int k = kk + 2 * t + 8 * (r / 2), m = wm + mi * 16 + g + 8 * (r % 2);
+                a[mi][r] = pack_bf16(as[SA::at(m, k)], as[SA::at(m, k + 1)]);
+            }
+#pragma unroll
+        for (int ni = 0; ni < W::NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int k = kk + 2 * t + 8 * r, n = wn + ni * 8 + g;
+                b[ni][r] = pack_bf16(bs[SB::at(n, k)], bs[SB::at(n, k + 1)]);
+            }
+#pragma unroll
+        for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < W::NI; ni++) mma_bf16(acc[mi * W::NI + ni], a[mi], b[ni]);
+    }
+}
+
+// The same in 3xTF32: each value is split into its TF32 parts as it is read.
+template <class W, class SA, class SB>
+__device__ __forceinline__ void tf32x3_step_products(const float* as, const float* bs, int g, int t, int wm, int wn,
+                                                     float acc[4][4]) {
+#pragma unroll
+    for (int kk = 0; kk < TILE_K; kk += 8) {
+        unsigned a_big[W::MI][4], a_small[W::MI][4], b_big[W::NI][2], b_small[W::NI][2];
+#pragma unroll
+        for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+            for (int r = 0; r < 4; r++)
+                split_tf32(as[SA::at(wm + mi * 16 + g + 8 * (r % 2), kk + t + 4 * (r / 2))], &a_big[mi][r],
+                           &a_small[mi][r]);
+#pragma unroll
+        for (int ni = 0; ni < W::NI; ni++)
+#pragma unroll
+            for (int r = 0; r < 2; r++)
+                split_tf32(bs[SB::at(wn + ni * 8 + g, kk + t + 4 * r)], &b_big[ni][r], &b_small[ni][r]);
+#pragma unroll
+        for (int mi = 0; mi < W::MI; mi++)
+#pragma unroll
+            for (int ni = 0; ni < W::NI; ni++)
+                mma_3xtf32(acc[mi * W::NI + ni], a_big[mi], a_small[mi], b_big[ni], b_small[ni]);
+    }
+}
+
 // Accumulate the block's TM x TN tile (rows m0.., columns n0..) over k in [k_begin, k_end).
 // The operands pass through shared memory TILE_K steps of k at a time, by cp.async into a ring of
 // GEMM_STAGES steps: the copies of the next GEMM_STAGES - 1 steps are in flight while a step's products
@@ -136,8 +193,6 @@ __device__ __forceinline__ void gemm_tile(const Dense& A, const Dense& B, int m0
         }
         cp_async_commit();
     };
-    auto a_at = [&](const float* stage, int m, int k) { return stage[SA::at(m, k)]; };
-    auto b_at = [&](const float* stage, int k, int n) { return stage[SB::at(n, k)]; };
 
 #pragma unroll
     for (int i = 0; i < 4; i++)
@@ -152,51 +207,10 @@ __device__ __forceinline__ void gemm_tile(const Dense& A, const Dense& B, int m0
         const float* as = As[s % GEMM_STAGES];
         const float* bs = Bs[s % GEMM_STAGES];
         if constexpr (PR == Precision::Bf16) {
-            static_assert(TILE_K % 16 == 0, "whole k16 steps");
-#pragma unroll
-            for (int kk = 0; kk < TILE_K; kk += 16) {
-                unsigned a[W::MI][4], b[W::NI][2];
-#pragma unroll
-                for (int mi = 0; mi < W::MI; mi++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++) {
-                        const int k = kk + 2 * t + 8 * (r / 2), m = wm + mi * 16 + g + 8 * (r % 2);
-                        a[mi][r] = pack_bf16(a_at(as, m, k), a_at(as, m, k + 1));
-                    }
-#pragma unroll
-                for (int ni = 0; ni < W::NI; ni++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++) {
-                        const int k = kk + 2 * t + 8 * r, n = wn + ni * 8 + g;
-                        b[ni][r] = pack_bf16(b_at(bs, k, n), b_at(bs, k + 1, n));
-                    }
-#pragma unroll
-                for (int mi = 0; mi < W::MI; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < W::NI; ni++) mma_bf16(acc[mi * W::NI + ni], a[mi], b[ni]);
-            }
+            bf16_step_products<W, SA, SB>(as, bs, g, t, wm, wn, acc);
         } else {
             static_assert(PR == Precision::Fp32, "fc1 runs in 3xTF32 or in bf16");
-#pragma unroll
-            for (int kk = 0; kk < TILE_K; kk += 8) {
-                unsigned a_big[W::MI][4], a_small[W::MI][4], b_big[W::NI][2], b_small[W::NI][2];
-#pragma unroll
-                for (int mi = 0; mi < W::MI; mi++)
-#pragma unroll
-                    for (int r = 0; r < 4; r++)
-                        split_tf32(a_at(as, wm + mi * 16 + g + 8 * (r % 2), kk + t + 4 * (r / 2)), &a_big[mi][r],
-                                   &a_small[mi][r]);
-#pragma unroll
-                for (int ni = 0; ni < W::NI; ni++)
-#pragma unroll
-                    for (int r = 0; r < 2; r++)
-                        split_tf32(b_at(bs, kk + t + 4 * r, wn + ni * 8 + g), &b_big[ni][r], &b_small[ni][r]);
-#pragma unroll
-                for (int mi = 0; mi < W::MI; mi++)
-#pragma unroll
-                    for (int ni = 0; ni < W::NI; ni++)
-                        mma_3xtf32(acc[mi * W::NI + ni], a_big[mi], a_small[mi], b_big[ni], b_small[ni]);
-            }
+            tf32x3_step_products<W, SA, SB>(as, bs, g, t, wm, wn, acc);
         }
     }
 }
