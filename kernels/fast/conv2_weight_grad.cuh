@@ -1,10 +1,5 @@
-// conv2_weight_grad.cuh: conv2's weight gradient, conv3x3_weight_grad_rows, in split parts on the tensor cores:
-// the fast form of conv2d_backward_weight_naive (naive/conv2d.cu).
-#pragma once
-#include "common.cuh"
-#include "tensor_core.cuh"
-
-// ---- weight gradient: rows of four images staged in shared memory ---------------------------------
+// conv2_weight_grad.cuh: conv2's weight gradient, conv3x3_weight_grad_rows, on the tensor cores in split parts:
+// the fast form of conv2d_backward_weight_naive (naive/conv2d.cu). splitk_reduce.cu adds the parts.
 //
 //   dw[o, c, tap] = sum_img sum_p dy[img, o, p] * x[img, c, p + shift(tap)]
 // is a matrix product with rows o, columns (c, tap) and k running over the pixels of the images. For
@@ -30,6 +25,15 @@
 // WGRAD_CHANNELS input channels per block (a tap's 32 columns of B, of one part), WGRAD_IMAGES images per
 // 16-byte unit of k, WGRAD_X_SLOTS staged x rows (the three an item reads, and up to three for the next
 // item); the block's dynamic shared memory (the x rows and two dy rows) is sized there too.
+//
+// A block stages its items' rows (WeightGradStaging), multiplies each item (issue_item_products: wgmma on
+// sm_90a, mma.sync elsewhere) while it stages the next, and writes its partial result (store_weight_grad).
+#pragma once
+#include "common.cuh"
+// conv2_tile_forms.cuh: CONV2_SIZE, and CONV_PADDED, the 16-wide grid of an image with its zero border
+#include "conv2_tile_forms.cuh"
+#include "tensor_core.cuh"
+
 #if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || \
     !defined(WGRAD_X_SLOTS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
@@ -38,38 +42,66 @@
 template <Precision PR>
 constexpr int wgrad_images = PR == Precision::Bf16 ? 2 * WGRAD_IMAGES : WGRAD_IMAGES;
 
+// The staged rows, in floats. (An enum, not constexpr variables: NVRTC emits each namespace-scope variable
+// that device code names into the module as a global, which nothing reads.)
+enum WeightGradGeometry : int {
+    // a staged pixel: [octet][part][8 channels][16 bytes of images]
+    x_pixel_floats = 2 * WGRAD_CHANNELS * 4,
+    dy_pixel_floats = 2 * WGRAD_OUT * 4,
+    // a staged row: x's on the 16-wide grid (its border columns stay zero), dy's 14 pixels
+    x_row_floats = CONV_PADDED * x_pixel_floats,
+    dy_row_floats = CONV2_SIZE * dy_pixel_floats,
+    // a row's staging tasks, 8 per channel (pixel pairs)
+    x_row_tasks = WGRAD_CHANNELS * 8,
+    dy_row_tasks = WGRAD_OUT * 8,
+    // a row of the block's sums in shared memory, dw's [c][tap] and one more: the 8 rows of a store land in
+    // different banks
+    sums_row_floats = WGRAD_CHANNELS * 9 + 1,
+};
+static_assert(dy_row_tasks + x_row_tasks == 2 * WGRAD_THREADS && x_row_tasks == 2 * 128, "two tasks per thread");
+static_assert(WGRAD_OUT * sums_row_floats <= WGRAD_X_SLOTS * x_row_floats + 2 * dy_row_floats,
+              "the sums fit in the staging slots");
+
+// The block's staging of its items' rows into shared memory: x's rows in WGRAD_X_SLOTS slots, dy's in two.
+// A staging task f of a row is 2 adjacent pixels (pair f / 8 % 8; pair 7 is past the row) of channel
+// f / 64 * 8 + f % 8, in IMAGES images: 8 lanes take 8 adjacent channels of a pixel pair, so their 16-byte
+// stores fill all 32 banks once, and 4 lane groups read 8 adjacent pixels of a channel.
+// Per item, its dy row and the last of its three x rows (grid row r + 2) are two tasks per thread (a dy task,
+// then a dy task in warpgroup 0 or an x task in the others), fetched into registers (next) two items ahead:
+// while the tensor cores work on item i, item i + 1's registers (fetched during item i - 1) are stashed and
+// item i + 2's loads are issued, so their latency passes behind a whole item. next belongs to
+// conv3x3_weight_grad_rows, which the staging refers to: as a member of the struct the same code compiles to
+// other instructions.
 template <Precision PR>
-__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N, int C,
-                                                         int K, int items_per_part) {
-    constexpr bool SPLIT = PR == Precision::Fp32;  // two parts (3xTF32)
-    constexpr int IMAGES = wgrad_images<PR>;
-    constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, PAIRS = S / 2;
-    constexpr int X_PIXEL = 2 * WGRAD_CHANNELS * 4, DY_PIXEL = 2 * WGRAD_OUT * 4;  // floats: [octet][part][8][4]
-    constexpr int X_ROW = P * X_PIXEL, DY_ROW = S * DY_PIXEL;
-    constexpr int X_ROW_TASKS = WGRAD_CHANNELS * 8, DY_ROW_TASKS = WGRAD_OUT * 8;
-    static_assert(DY_ROW_TASKS + X_ROW_TASKS == 2 * WGRAD_THREADS && X_ROW_TASKS == 2 * 128, "two tasks per thread");
-    extern __shared__ float4 conv_shared[];
-    float* smem = reinterpret_cast<float*>(conv_shared);  // x: [slot][pixel][part][channel][4]; dy: [slot][pixel]...
-    float* dy_slots = smem + WGRAD_X_SLOTS * X_ROW;
-    const int o0 = blockIdx.y * WGRAD_OUT, c0 = blockIdx.z * WGRAD_CHANNELS, items = CEIL_DIV(N, IMAGES) * S;
-    const int first = blockIdx.x * items_per_part, last = min(items, first + items_per_part);
-    const int tid = threadIdx.x, tap_row = tid / 128, warp = tid / 32 % 4, g = tid % 32 / 4, t = tid % 4;
+struct WeightGradStaging {
+    const float *x, *dy;  // [N][C][14][14], [N][K][14][14]
+    float* smem;          // x's slots, [slot][pixel][octet][part][8][4]
+    float* dy_slots;      // dy's two slots, [slot][pixel][octet][part][8][4]
+    int N, C, K, o0, c0;  // o0, c0: the block's first output and input channel
+    int first, tid;       // first: the block's first item
+    int f_dy, f_second;   // this thread's two tasks of an item
+    float2 (&next)[2][wgrad_images<PR>];
+
     // Grid row p (image row p - 1) of image quad q lives in x slot (16 q + p) % 6: an item (q, r) reads rows
     // r .. r + 2, and the next item's new rows (r + 3, or rows 0-2 of quad q + 1) are in other slots.
-    auto x_slot = [&](int item, int p) { return smem + (P * (item / S) + p) % WGRAD_X_SLOTS * X_ROW; };
-
-    for (int i = tid; i < WGRAD_X_SLOTS * 2 * X_PIXEL / 4;
-         i += WGRAD_THREADS) {  // border columns: no stash writes them
-        const int slot = i / (2 * X_PIXEL / 4), column = i / (X_PIXEL / 4) % 2 * (P - 1);
-        conv_shared[(slot * X_ROW + column * X_PIXEL) / 4 + i % (X_PIXEL / 4)] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    __device__ __forceinline__ float* x_slot(int item, int p) const {
+        return smem + (CONV_PADDED * (item / CONV2_SIZE) + p) % WGRAD_X_SLOTS * x_row_floats;
+    }
+    // Where the rows of an item start, at the block's first channel: image quad item / 14, and x's row (grid
+    // row p, image row p - 1) or dy's row item % 14.
+    __device__ __forceinline__ const float* x_row(int item, int p) const {
+        constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
+        return x + ((size_t)(item / S * IMAGES) * C + c0) * SS + (p - 1) * S;
+    }
+    __device__ __forceinline__ const float* dy_row(int item) const {
+        constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
+        return dy + ((size_t)(item / S * IMAGES) * K + o0) * SS + item % S * S;
     }
 
-    // Staging task f of a row: 2 adjacent pixels (pair f / 8 % 8; pair 7 is past the row) of channel
-    // f / 64 * 8 + f % 8, in IMAGES images. 8 lanes take 8 adjacent channels of a pixel pair, so their 16-byte
-    // stores fill all 32 banks once, and 4 lane groups read 8 adjacent pixels of a channel. Pixels outside
-    // the image and channels or images past the end are zeros.
-    auto load = [&](const float* row, int f, int channels_left, int image_stride, bool row_inside, int img0,
-                    float2 v[IMAGES]) {
+    // Task f of a row into v; pixels outside the image and channels or images past the end are zeros.
+    __device__ __forceinline__ void load(const float* row, int f, int channels_left, int image_stride, bool row_inside,
+                                         int img0, float2* v) const {
+        constexpr int SS = CONV2_SIZE * CONV2_SIZE, PAIRS = CONV2_SIZE / 2, IMAGES = wgrad_images<PR>;
         const int channel = f / 64 * 8 + f % 8, pair = f / 8 % 8;
         const bool inside = row_inside && pair < PAIRS && channel < channels_left;
         const float* src = row + channel * SS + 2 * pair;
@@ -77,155 +109,149 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         for (int i = 0; i < IMAGES; i++)
             v[i] = inside && img0 + i < N ? *reinterpret_cast<const float2*>(src + i * image_stride)
                                           : make_float2(0.0f, 0.0f);
-    };
-    auto store = [&](float* row, int f, int pixel, const float2 v[IMAGES]) {  // staged, [pixel][octet][part][8][16 B]
+    }
+    // v, task f's, into a staged row (pixels `pixel` floats apart), split into its parts: octet f / 64's big
+    // parts, then its small parts.
+    __device__ __forceinline__ void store(float* row, int f, int pixel, const float2* v) const {
+        constexpr int PAIRS = CONV2_SIZE / 2, IMAGES = wgrad_images<PR>;
         const int pair = f / 8 % 8;
         if (pair >= PAIRS) return;
-        float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;  // octet f / 64's big parts, then its small
-        float first[IMAGES], second[IMAGES];
+        float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;
+        float left[IMAGES], right[IMAGES];
 #pragma unroll
-        for (int i = 0; i < IMAGES; i++) first[i] = v[i].x, second[i] = v[i].y;
-        stage16<PR>(first, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
-        stage16<PR>(second, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
-    };
-    // Where the rows of item i and channel offset start: image quad i / 14, and x's row
-    // (grid row p, image row p - 1) or dy's row i % 14.
-    auto x_row = [&](int item, int p) { return x + ((size_t)(item / S * IMAGES) * C + c0) * SS + (p - 1) * S; };
-    auto dy_row = [&](int item) { return dy + ((size_t)(item / S * IMAGES) * K + o0) * SS + item % S * S; };
+        for (int i = 0; i < IMAGES; i++) left[i] = v[i].x, right[i] = v[i].y;
+        stage16<PR>(left, reinterpret_cast<float4*>(dst), reinterpret_cast<float4*>(dst + 32));
+        stage16<PR>(right, reinterpret_cast<float4*>(dst + pixel), reinterpret_cast<float4*>(dst + pixel + 32));
+    }
 
-    // Per item: its dy row and the last of its three x rows (grid row r + 2), two tasks per thread (a
-    // dy task, then a dy task in warpgroup 0 or an x task in the others), fetched into registers two
-    // items ahead: while the tensor cores work on item i, item i + 1's registers (fetched during item
-    // i - 1) are stashed and item i + 2's loads are issued, so their latency passes behind a whole item.
-    float2 next[2][IMAGES];
-    const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
-    auto fetch = [&](int item) {
+    // An item's dy row and the last of its x rows into next.
+    __device__ __forceinline__ void fetch(int item) {
+        constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
         const int img0 = item / S * IMAGES, r = item % S;
         load(dy_row(item), f_dy, K - o0, K * SS, true, img0, next[0]);
         if (tid < 128)
             load(dy_row(item), f_second, K - o0, K * SS, true, img0, next[1]);
         else
             load(x_row(item, r + 2), f_second, C - c0, C * SS, r + 1 < S, img0, next[1]);
-    };
-    auto stash = [&](int item) {
-        float* dy_s = dy_slots + (item - first) % 2 * DY_ROW;
-        store(dy_s, f_dy, DY_PIXEL, next[0]);
+    }
+    // next into the item's slots.
+    __device__ __forceinline__ void stash(int item) {
+        float* dy_s = dy_slots + (item - first) % 2 * dy_row_floats;
+        store(dy_s, f_dy, dy_pixel_floats, next[0]);
         if (tid < 128)
-            store(dy_s, f_second, DY_PIXEL, next[1]);
-        else
-            store(x_slot(item, item % S + 2) + X_PIXEL, f_second, X_PIXEL, next[1]);  // after the border column
-    };
+            store(dy_s, f_second, dy_pixel_floats, next[1]);
+        else  // after the border column
+            store(x_slot(item, item % CONV2_SIZE + 2) + x_pixel_floats, f_second, x_pixel_floats, next[1]);
+    }
     // An item that starts a run or an image quad also needs its first two x rows (grid rows r, r + 1).
-    auto stage_first_rows = [&](int item) {
+    __device__ __forceinline__ void stage_first_rows(int item) {
+        constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
         if (item != first && item % S != 0) return;
         const int img0 = item / S * IMAGES, r = item % S;
-        for (int e = tid; e < 2 * X_ROW_TASKS; e += WGRAD_THREADS) {
-            const int p = r + e / X_ROW_TASKS;
+        for (int e = tid; e < 2 * x_row_tasks; e += WGRAD_THREADS) {
+            const int p = r + e / x_row_tasks;
             float2 v[IMAGES];
-            load(x_row(item, p), e % X_ROW_TASKS, C - c0, C * SS, p >= 1, img0, v);
-            store(x_slot(item, p) + X_PIXEL, e % X_ROW_TASKS, X_PIXEL, v);
+            load(x_row(item, p), e % x_row_tasks, C - c0, C * SS, p >= 1, img0, v);
+            store(x_slot(item, p) + x_pixel_floats, e % x_row_tasks, x_pixel_floats, v);
         }
-    };
-
-    // per part of x: acc[part][16 tc + 4 octet + r] = D(row 16 warp + g + 8 (r / 2), channel 8 octet + 2t + r % 2)
-    // of tap tc of this kernel row (wgmma's column 8j + 2t + r % 2 at d[4j + r], j = 4 tc + octet)
-    float acc[2][48] = {};
-    if (first < last) {
-        fetch(first);
-        __syncthreads();  // the zeros are written before any stash
-        stage_first_rows(first);
-        stash(first);
-        if (first + 1 < last) fetch(first + 1);
     }
-    for (int item = first; item < last; item++) {
-        fence_proxy_async();
-        __syncthreads();  // this item is staged; everyone is done with the slots the next one overwrites
-        const float* x_s = x_slot(item, item % S + tap_row);  // this warpgroup's kernel row
-        const float* dy_s = dy_slots + (item - first) % 2 * DY_ROW;
+};
+
+// A thread's sums, per part of x: acc[part][16 tc + 4 octet + r] = D(row 16 warp + g + 8 (r / 2), channel
+// 8 octet + 2t + r % 2) of tap tc of its warpgroup's kernel row (wgmma's column 8j + 2t + r % 2 at d[4j + r],
+// j = 4 tc + octet).
+using WeightGradAccumulators = float[2][48];
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-        // Descriptors as offsets (units of 16 bytes; a part's core matrices 256 bytes apart) from the big
-        // parts of pixel 2j of dy and x; the small parts are the next core matrix.
-        const unsigned long long dy_desc = wgmma_descriptor(dy_s, DY_PIXEL * 4, 256);
-        const unsigned long long x_desc = wgmma_descriptor(x_s, X_PIXEL * 4, 256);
-        wgmma_fence();
+// An item's products from its staged rows, dy_s and x_s (this warpgroup's kernel row): per k-step, three
+// wgmma m64n96k8 in 3xTF32, one in the others. They run asynchronously, so the block stages the next item
+// before wait_item_products.
+template <Precision PR>
+__device__ __forceinline__ void issue_item_products(WeightGradAccumulators& acc, const float* dy_s, const float* x_s,
+                                                    int tid, int warp) {
+    constexpr bool SPLIT = PR == Precision::Fp32;  // two parts (3xTF32)
+    // Descriptors as offsets (units of 16 bytes; a part's core matrices 256 bytes apart) from the big parts of
+    // pixel 2j of dy and x; the small parts are the next core matrix.
+    const unsigned long long dy_desc = wgmma_descriptor(dy_s, dy_pixel_floats * 4, 256);
+    const unsigned long long x_desc = wgmma_descriptor(x_s, x_pixel_floats * 4, 256);
+    wgmma_fence();
 #pragma unroll
-        for (int j = 0; j < PAIRS; j++) {  // k-step j: pixels 2j and 2j + 1 of the 4 images
-            const unsigned long long dy_big = dy_desc + 2 * j * DY_PIXEL / 4, x_big = x_desc + 2 * j * X_PIXEL / 4;
-            if constexpr (PR == Precision::Bf16) {
-                wgmma_bf16<96>(acc[0], dy_big, x_big);
-            } else {
-                wgmma_tf32<96>(acc[0], dy_big, x_big);
-                if (SPLIT) {
-                    wgmma_tf32<96>(acc[1], dy_big, x_big + 8);
-                    wgmma_tf32<96>(acc[1], dy_big + 8, x_big);
-                }
+    for (int j = 0; j < CONV2_SIZE / 2; j++) {  // k-step j: pixels 2j and 2j + 1 of the 4 images
+        const unsigned long long dy_big = dy_desc + 2 * j * dy_pixel_floats / 4,
+                                 x_big = x_desc + 2 * j * x_pixel_floats / 4;
+        if constexpr (PR == Precision::Bf16) {
+            wgmma_bf16<96>(acc[0], dy_big, x_big);
+        } else {
+            wgmma_tf32<96>(acc[0], dy_big, x_big);
+            if (SPLIT) {
+                wgmma_tf32<96>(acc[1], dy_big, x_big + 8);
+                wgmma_tf32<96>(acc[1], dy_big + 8, x_big);
             }
         }
-        wgmma_commit();
-        if (item + 1 < last) {  // staged while the tensor cores work
-            stage_first_rows(item + 1);
-            stash(item + 1);
-            if (item + 2 < last) fetch(item + 2);
-        }
-        wgmma_wait_all();
-#else
-        const int lane = tid % 32;
-#pragma unroll
-        for (int j = 0; j < PAIRS; j++) {
-            // A: ldmatrix tiles (rows 0-7, pixel 2j), (rows 8-15, 2j), (rows 0-7, 2j + 1), (rows 8-15, 2j + 1)
-            // of the warp's 16 rows (octets 2 warp and 2 warp + 1) are mma's a[0..3]; a 16-byte row of a
-            // tile is a pixel of IMAGES images (k8 of TF32, or k16 of bf16, over the two pixels).
-            unsigned a[2][4];
-#pragma unroll
-            for (int part = 0; part < (SPLIT ? 2 : 1); part++)
-                ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + (2 * warp + lane / 8 % 2) * 64 +
-                                         part * 32 + lane % 8 * 4);
-#pragma unroll
-            for (int tc = 0; tc < 3; tc++) {
-                if constexpr (PR == Precision::Bf16) {
-#pragma unroll
-                    for (int o = 0; o < 4; o += 2) {
-                        // B: tiles (pixel 2j + tc, octet o), (2j + 1 + tc, o), (2j + tc, o + 1), (2j + 1 + tc,
-                        // o + 1), big parts only: b[0..1] of octet o's 8 columns, b[2..3] of octet o + 1's
-                        unsigned b[4];
-                        ldmatrix_x4(
-                            b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (16 * (o + lane / 16) + lane % 8) * 4);
-                        mma_bf16(acc[0] + 16 * tc + 4 * o, a[0], b);
-                        mma_bf16(acc[0] + 16 * tc + 4 * o + 4, a[0], b + 2);
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 8; i += 2) {
-                        // B: tiles (pixel 2j + tc, columns 8i..), (2j + 1 + tc, 8i..), (2j + tc, 8i + 8..),
-                        // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. (octet i / 2's big parts) and
-                        // b[2..3] of 8i + 8.. (its small parts)
-                        unsigned b[4];
-                        ldmatrix_x4(b,
-                                    x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
-                        float* big = acc[0] + 16 * tc + 2 * i;
-                        float* small = acc[1] + 16 * tc + 2 * i;
-                        mma_tf32(big, a[0], b);
-                        if (SPLIT) {
-                            mma_tf32(small, a[0], b + 2);
-                            mma_tf32(small, a[1], b);  // dy small x x big
-                        }
-                    }
-                }
-            }
-        }
-        if (item + 1 < last) {
-            stage_first_rows(item + 1);
-            stash(item + 1);
-            if (item + 2 < last) fetch(item + 2);
-        }
-#endif
     }
+    wgmma_commit();
+}
+__device__ __forceinline__ void wait_item_products() { wgmma_wait_all(); }
+#else
+// An item's products as mma.sync, with the fragments loaded by ldmatrix from the same staged rows that
+// wgmma reads. They are done when this returns.
+template <Precision PR>
+__device__ __forceinline__ void issue_item_products(WeightGradAccumulators& acc, const float* dy_s, const float* x_s,
+                                                    int tid, int warp) {
+    constexpr bool SPLIT = PR == Precision::Fp32;  // two parts (3xTF32)
+    constexpr int X_PIXEL = x_pixel_floats, DY_PIXEL = dy_pixel_floats;
+    const int lane = tid % 32;
+#pragma unroll
+    for (int j = 0; j < CONV2_SIZE / 2; j++) {
+        // A: ldmatrix tiles (rows 0-7, pixel 2j), (rows 8-15, 2j), (rows 0-7, 2j + 1), (rows 8-15, 2j + 1)
+        // of the warp's 16 rows (octets 2 warp and 2 warp + 1) are mma's a[0..3]; a 16-byte row of a
+        // tile is a pixel of IMAGES images (k8 of TF32, or k16 of bf16, over the two pixels).
+        unsigned a[2][4];
+#pragma unroll
+        for (int part = 0; part < (SPLIT ? 2 : 1); part++)
+            ldmatrix_x4(a[part], dy_s + (2 * j + lane / 16) * DY_PIXEL + (2 * warp + lane / 8 % 2) * 64 + part * 32 +
+                                     lane % 8 * 4);
+#pragma unroll
+        for (int tc = 0; tc < 3; tc++) {
+            if constexpr (PR == Precision::Bf16) {
+#pragma unroll
+                for (int o = 0; o < 4; o += 2) {
+                    // B: tiles (pixel 2j + tc, octet o), (2j + 1 + tc, o), (2j + tc, o + 1), (2j + 1 + tc,
+                    // o + 1), big parts only: b[0..1] of octet o's 8 columns, b[2..3] of octet o + 1's
+                    unsigned b[4];
+                    ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (16 * (o + lane / 16) + lane % 8) * 4);
+                    mma_bf16(acc[0] + 16 * tc + 4 * o, a[0], b);
+                    mma_bf16(acc[0] + 16 * tc + 4 * o + 4, a[0], b + 2);
+                }
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; i += 2) {
+                    // B: tiles (pixel 2j + tc, columns 8i..), (2j + 1 + tc, 8i..), (2j + tc, 8i + 8..),
+                    // (2j + 1 + tc, 8i + 8..): b[0..1] of columns 8i.. (octet i / 2's big parts) and
+                    // b[2..3] of 8i + 8.. (its small parts)
+                    unsigned b[4];
+                    ldmatrix_x4(b, x_s + (2 * j + tc + lane / 8 % 2) * X_PIXEL + (8 * (i + lane / 16) + lane % 8) * 4);
+                    float* big = acc[0] + 16 * tc + 2 * i;
+                    float* small = acc[1] + 16 * tc + 2 * i;
+                    mma_tf32(big, a[0], b);
+                    if (SPLIT) {
+                        mma_tf32(small, a[0], b + 2);
+                        mma_tf32(small, a[1], b);  // dy small x x big
+                    }
+                }
+            }
+        }
+    }
+}
+__device__ __forceinline__ void wait_item_products() {}
+#endif
 
-    // A channel's two sums (over x's big and small parts) are in the same thread; added, they go through
-    // shared memory in dw's order [o][c][tap] (a row of 289 floats: the 8 rows of a store land in
-    // different banks), then out coalesced.
-    constexpr int ROW = WGRAD_CHANNELS * 9 + 1;
-    static_assert(WGRAD_OUT * ROW <= WGRAD_X_SLOTS * X_ROW + 2 * DY_ROW, "the sums fit in the staging slots");
+// The block's partial result: a channel's two sums (over x's big and small parts) are in the same thread;
+// added, they go through shared memory (smem, the staging slots, free once every product is done) in dw's
+// order [o][c][tap], then out coalesced into part blockIdx.x of partial [parts][K][C][3][3].
+__device__ __forceinline__ void store_weight_grad(const WeightGradAccumulators& acc, float* smem, float* partial, int C,
+                                                  int K, int o0, int c0, int tid, int tap_row, int warp, int g, int t) {
+    constexpr int ROW = sums_row_floats;
     __syncthreads();  // every warpgroup's products are done: the staging slots are free
 #pragma unroll
     for (int tc = 0; tc < 3; tc++)
@@ -241,4 +267,51 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const f
         const int o = e / (WGRAD_CHANNELS * 9), f = e % (WGRAD_CHANNELS * 9);
         if (o0 + o < K && c0 + f / 9 < C) out[((size_t)(o0 + o) * C + c0) * 9 + f] = smem[o * ROW + f];
     }
+}
+
+// One block: the sums of output channels o0 = blockIdx.y * WGRAD_OUT.. and input channels c0 = blockIdx.z *
+// WGRAD_CHANNELS.. over items first = blockIdx.x * items_per_part .. last - 1, each warpgroup one kernel row.
+template <Precision PR>
+__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N, int C,
+                                                         int K, int items_per_part) {
+    constexpr int IMAGES = wgrad_images<PR>, S = CONV2_SIZE, X_PIXEL = x_pixel_floats;
+    extern __shared__ float4 conv_shared[];
+    float* smem = reinterpret_cast<float*>(conv_shared);  // x: [slot][pixel][part][channel][4]; dy: [slot][pixel]...
+    float* dy_slots = smem + WGRAD_X_SLOTS * x_row_floats;
+    const int o0 = blockIdx.y * WGRAD_OUT, c0 = blockIdx.z * WGRAD_CHANNELS, items = CEIL_DIV(N, IMAGES) * S;
+    const int first = blockIdx.x * items_per_part, last = min(items, first + items_per_part);
+    const int tid = threadIdx.x, tap_row = tid / 128, warp = tid / 32 % 4, g = tid % 32 / 4, t = tid % 4;
+
+    for (int i = tid; i < WGRAD_X_SLOTS * 2 * X_PIXEL / 4; i += WGRAD_THREADS) {  // no stash writes the borders
+        const int slot = i / (2 * X_PIXEL / 4), column = i / (X_PIXEL / 4) % 2 * (CONV_PADDED - 1);
+        conv_shared[(slot * x_row_floats + column * X_PIXEL) / 4 + i % (X_PIXEL / 4)] =
+            make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+
+    float2 next[2][IMAGES];
+    const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
+    WeightGradStaging<PR> staging{x, dy, smem, dy_slots, N, C, K, o0, c0, first, tid, f_dy, f_second, next};
+    WeightGradAccumulators acc = {};
+    if (first < last) {
+        staging.fetch(first);
+        __syncthreads();  // the zeros are written before any stash
+        staging.stage_first_rows(first);
+        staging.stash(first);
+        if (first + 1 < last) staging.fetch(first + 1);
+    }
+    for (int item = first; item < last; item++) {
+        fence_proxy_async();
+        __syncthreads();  // this item is staged; everyone is done with the slots the next one overwrites
+        const float* x_s = staging.x_slot(item, item % S + tap_row);  // this warpgroup's kernel row
+        const float* dy_s = dy_slots + (item - first) % 2 * dy_row_floats;
+        issue_item_products<PR>(acc, dy_s, x_s, tid, warp);
+        if (item + 1 < last) {  // staged while the tensor cores work
+            staging.stage_first_rows(item + 1);
+            staging.stash(item + 1);
+            if (item + 2 < last) staging.fetch(item + 2);
+        }
+        wait_item_products();
+    }
+
+    store_weight_grad(acc, smem, partial, C, K, o0, c0, tid, tap_row, warp, g, t);
 }
