@@ -15,7 +15,7 @@ enum ImageTileGeometry : int {
     // The block's tile: CONV_ROWS rows of the 16-wide grid are the product's columns (columns 14 and 15 of
     // each grid row are computed and dropped).
     tile_columns = CONV_ROWS * CONV_PADDED,
-    staged_plane_floats = CONV_STAGED_PIXELS * 4,  // one plane: a (part, channel quad)'s pixels
+    staged_plane_floats = staged_pixels * 4,  // one plane: a (part, channel quad)'s pixels
     // A chunk of the input, per channel quad: the block's image rows and the rows above and below them,
     // which its taps read; a task is one (channel quad, pixel).
     input_pixels = (CONV_ROWS + 2) * CONV2_SIZE,
@@ -113,13 +113,13 @@ __device__ __forceinline__ void issue_chunk_products(TileAccumulators<FORM>& acc
 #pragma unroll
         for (int i = 0; i < group_products<FORM>; i++) {
             const unsigned long long a =
-                wgmma_descriptor(a_chunk + grp * 2 * GROUP_ROWS + product_a_row<FORM>(i), GROUP_ROWS * 16, 128);
+                wgmma_descriptor(a_chunk + grp * 2 * GROUP_ROWS + group_product<FORM>(i).a_row, GROUP_ROWS * 16, 128);
             const unsigned long long b = wgmma_descriptor(
                 b_planes + 2 * product_b_part<FORM>(i) * PLANE + product_shift<FORM>(grp, i) * 4, PLANE * 4, 128);
             if constexpr (PR == Precision::Bf16)
-                wgmma_bf16<N>(acc[product_set<FORM>(i)], a, b);
+                wgmma_bf16<N>(acc[group_product<FORM>(i).set], a, b);
             else
-                wgmma_tf32<N>(acc[product_set<FORM>(i)], a, b);
+                wgmma_tf32<N>(acc[group_product<FORM>(i).set], a, b);
         }
     }
     wgmma_commit();
@@ -144,8 +144,9 @@ __device__ __forceinline__ void issue_chunk_products(TileAccumulators<FORM>& acc
         unsigned a[PRODUCTS][4];
 #pragma unroll
         for (int i = 0; i < PRODUCTS; i++)
-            ldmatrix_x4(a[i], reinterpret_cast<const float*>(a_chunk + grp * 2 * GROUP_ROWS) +
-                                  ((lane / 16) * GROUP_ROWS + product_a_row<FORM>(i) + 16 * warp + lane % 16) * 4);
+            ldmatrix_x4(a[i],
+                        reinterpret_cast<const float*>(a_chunk + grp * 2 * GROUP_ROWS) +
+                            ((lane / 16) * GROUP_ROWS + group_product<FORM>(i).a_row + 16 * warp + lane % 16) * 4);
 #pragma unroll
         for (int part = 0; part < (FORM == TileForm::OnePart ? 1 : 2); part++)
 #pragma unroll
@@ -159,7 +160,7 @@ __device__ __forceinline__ void issue_chunk_products(TileAccumulators<FORM>& acc
                     if (!reads_previous_b<FORM>(i))
                         ldmatrix_x4(b, b_planes + (2 * part + lane / 8 % 2) * PLANE +
                                            (8 * (j + lane / 16) + lane % 8 + product_shift<FORM>(grp, i)) * 4);
-                    float* d = acc[product_set<FORM>(i)];
+                    float* d = acc[group_product<FORM>(i).set];
                     if constexpr (PR == Precision::Bf16) {  // the same tiles: 16-byte rows of 8 k
                         mma_bf16(d + 4 * j, a[i], b);
                         mma_bf16(d + 4 * j + 4, a[i], b + 2);
