@@ -1,6 +1,8 @@
-// conv2_stage_weights.cuh: conv2's weights as its image-tile products read them, split into TF32 parts and laid
-// out by TileForm, written once per step by conv2_stage_weights_fast. The weight reads of
-// conv2d_forward_naive and conv2d_backward_input_naive (naive/conv2d.cu), done once instead of per pixel.
+// conv2_stage_weights.cuh: stage_weights, the work of conv2_stage_weights_fast: conv2's weights as its image
+// tiles read them (conv2_image_tile.cuh), split into their parts and laid out in a TileForm
+// (conv2_tile_forms.cuh), written once per step for the forward and the input gradient. It takes the weight
+// reads out of conv2d_forward_naive and conv2d_backward_input_naive (naive/conv2d.cu), which read w per
+// multiply-add.
 #pragma once
 #include "common.cuh"
 #include "conv2_tile_forms.cuh"
