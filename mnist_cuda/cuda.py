@@ -83,7 +83,8 @@ def pinned_empty(shape, dtype) -> np.ndarray:
 
 # ---- sources ------------------------------------------------------------------------------------
 
-_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"\s*$', re.MULTILINE)
+# a local include line, with or without a comment after it (one NVRTC would otherwise look for and not find)
+_INCLUDE = re.compile(r'^\s*#include\s+"([^"]+)"(?:[ \t]*(?://[^\n]*|/\*[^\n]*?\*/))?\s*$', re.MULTILINE)
 _ENTRY = re.compile(
     r'(?:extern\s+"C"\s+|template\s*<[^>]*>\s*)__global__\s+void\s+'
     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\("

@@ -494,3 +494,12 @@ def test_preload_takes_a_thread_per_source_up_to_the_cpus(monkeypatch, cpus, sou
     todo = [_Source(0.0, kernels=1) for _ in range(sources)]
     cuda.preload(todo)
     assert made == [workers] and all(s.loaded() for s in todo)
+
+
+def test_a_local_include_is_inlined_with_a_comment_after_it():
+    """A trailing comment on an #include "..." line does not hide it from read_source's inlining (NVRTC, which
+    gets the lines left over, cannot find the project's headers)."""
+    for line in ('#include "common.cuh"', '  #include "common.cuh"  // why', '#include "common.cuh" /* why */'):
+        assert cuda._INCLUDE.fullmatch(line).group(1) == "common.cuh", line
+    assert cuda._INCLUDE.search("#include <cuda_bf16.h>") is None
+    assert "kept" not in cuda._INCLUDE.search('#include "common.cuh"\n\n// kept\n').group(0)  # the next line

@@ -23,7 +23,11 @@ CONV2_SIZE = 14
 # pixels of each), with CONV_CHUNK_QUADS weight quads of 16 bytes per chunk and 64 rows of A per tap (the forward
 # in fp32 has 128: both parts of 64 channels, apart)
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED = 128, 64, 32
-CONV_CHUNK, CONV_CHUNK_QUADS, CONV_ROWS, CONV_STAGED_PIXELS = 8, 1152, 7, 146
+CONV_CHUNK, CONV_ROWS = 8, 7
+# derived as conv2_tile_forms.cuh derives them (its static_asserts check the -D values against the geometry):
+# CONV_ROWS + 2 padded rows of CONV2_SIZE + 2 pixels and 2 more; 9 taps x 2 quads x 64 rows of A
+CONV_STAGED_PIXELS = (CONV_ROWS + 2) * (CONV2_SIZE + 2) + 2
+CONV_CHUNK_QUADS = 9 * 2 * 64
 IMAGE_TILE_PRODUCTS = ("forward", "forward_stacked", "backward_input", "backward_input_paired")
 # In fp32 the forward keeps the weights' two TF32 parts apart: 64 output channels per block, three products per
 # k-step. Up to this batch it stacks them as the input gradient does: 32 channels per block, two products per
