@@ -5,162 +5,49 @@ manner): every rung checked against the float64 reference, then timed.
     PYTHONPATH=. python dev/ladder.py conv2_forward                               # batch 64, 512 and 4096
     PYTHONPATH=. python dev/ladder.py conv2_forward --batch-sizes 512 --json out.json
 
-A rung is a numbered file of dev/ladder/OP/ (NN_name.cu: one kernel, its header saying what it adds over the rung
-below) and its launch function here, which holds the rung's grid, block and -D options. Each rung is checked at
-the op's check shapes (odd sizes that fill no tile, other layers' geometry, the network's) against the reference with
-kernel_cases' fp32 tolerance, then timed at the network's geometry for each batch size (CUDA graphs of launches,
-an event pair around each replay, after warm-up replays; the median), and the table gives each rung's time, the
-fraction of the op's floor that time reaches, and its speed-up over the rung above (dev/ladder/README.md). A rung
-that fails its check is not timed; the exit status is then 1.
+An op is a folder dev/ladder/OP/: its rungs, numbered files NN_name.cu (one kernel each, its header saying what
+it adds over the rung below), and op.py, whose OP (dev/ladder_op.Op) holds each rung's launch contract (grid,
+block, -D options), the shapes to check and to time, the inputs and outputs, the float64 reference and the count of
+FLOPs and bytes. The top rung is the product's fast kernel, launched through mnist_cuda.ops as the step launches it.
 
-An op is an entry of OPS: its rungs, the shapes to check and to time, its inputs and outputs, its reference and
-its count of FLOPs and bytes.
+Each rung is checked at the op's check shapes (odd sizes that fill no tile, other layers' geometry, the network's;
+the product rung at those it is built for) against the reference with its tolerance, then timed at the network's
+geometry for each batch size (CUDA graphs of launches, an event pair around each replay, after warm-up replays; the
+median), and the table gives each rung's time, the fraction of its floor that time reaches (FLOPs at the peak of
+the units it runs on, or bytes at the bandwidth) and its speed-up over the rung above (dev/ladder/README.md). A rung
+that fails its check is not timed; the exit status is then 1.
 """
 
-# (no `from __future__ import annotations`: the tests load this file by conftest.load_script, outside sys.modules,
-# where dataclasses cannot look string annotations up)
 import dataclasses
+import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 from bench_kernels import add_timing_arguments, time_case
+from ladder_op import HBM_BYTES_PER_S, PEAK_FLOPS, UNIT_WORDS, Op, ProductRung, Rung, floor_us
 
 from mnist_cuda import cuda
-from mnist_cuda import reference as ref
 from mnist_cuda.cli import Parser, batch_sizes, gpu_or_exit, output_path, write_json
-from mnist_cuda.cuda import ceil_div
-from mnist_cuda.kernel_cases import FP32_TOL, rel_err
-from mnist_cuda.sizes import GRID_LIMIT
+from mnist_cuda.kernel_cases import rel_err
 
 PROG = "ladder.py"
 LADDER = Path(__file__).resolve().parent / "ladder"
-# The op's floor: its FLOPs at the fp32 CUDA-core peak, or its bytes at the HBM bandwidth, whichever takes longer.
-# NVIDIA's H200 SXM datasheet: FP32 67 TFLOP/s, GPU memory bandwidth 4.8 TB/s (docs/performance.md, section 1,
-# takes the same). The rungs below the tensor-core ones run on the CUDA cores, so fp32's is the peak they can reach.
-FP32_PEAK_FLOPS = 67e12
-HBM_BYTES_PER_S = 4.8e12
 
 
-@dataclasses.dataclass(frozen=True)
-class Rung:
-    file: str  # NN_name.cu in dev/ladder/<op>/
-    kernel: str  # its extern "C" kernel
-    launch: Callable  # launch(kernel, shape, *inputs, *outputs): the rung's grid, block and arguments
-    defines: dict = dataclasses.field(default_factory=dict)  # its -D options
-
-    @property
-    def name(self) -> str:
-        return self.file.removesuffix(".cu")
-
-
-@dataclasses.dataclass(frozen=True)
-class Op:
-    rungs: tuple[Rung, ...]
-    geometry: str  # the network's shapes, in words
-    check_shapes: tuple  # the shapes every rung is checked at
-    network_shape: Callable  # network_shape(batch): the shape it is timed at
-    inputs: Callable  # inputs(rng, shape) -> {name: float32 host array}, in the launch's order
-    outputs: Callable  # outputs(shape) -> {name: shape of the array}, in the launch's order
-    reference: Callable  # reference(**float64 inputs) -> {name: float64 array}
-    work: Callable  # work(shape) -> (FLOPs, fewest bytes moved)
+def load_ops() -> dict[str, Op]:
+    """Every folder of dev/ladder/ with an op.py: its OP, by the folder's name."""
+    ops = {}
+    for folder in sorted(p for p in LADDER.iterdir() if (p / "op.py").is_file()):
+        spec = importlib.util.spec_from_file_location(f"ladder_{folder.name}", folder / "op.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        ops[folder.name] = module.OP
+    return ops
 
 
-# ---- conv2_forward --------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Conv:
-    """A 3x3 convolution, stride 1, zero padding 1: x [n, c, h, w], w [k, c, 3, 3] -> y [n, k, h, w]."""
-
-    n: int
-    c: int
-    k: int
-    h: int
-    w: int
-
-    def __str__(self):
-        return f"N={self.n},C={self.c},K={self.k},{self.h}x{self.w}"
-
-    def ints(self) -> tuple:
-        return tuple(np.int32(v) for v in (self.n, self.c, self.k, self.h, self.w))
-
-
-def _image_tile_grid(s: Conv, tile_h: int, tile_w: int, tile_k: int) -> tuple[int, int, int]:
-    """(the image's spatial tiles, row by row; the output channels' tiles; the images): rungs 02 and 03's grid."""
-    if s.n > GRID_LIMIT:
-        raise ValueError(f"{s.n} images: the images go in grid z, which takes at most {GRID_LIMIT}")
-    return ceil_div(s.h, tile_h) * ceil_div(s.w, tile_w), ceil_div(s.k, tile_k), s.n
-
-
-def launch_naive(kernel, s: Conv, x, w, y):
-    """Rung 01: a thread per element of y, blocks of 256 (mnist_cuda.ops.naive.conv2d_forward's contract)."""
-    kernel.launch_1d(s.n * s.k * s.h * s.w, x, w, y, *s.ints())
-
-
-SHARED_TILES = {"TILE_H": 8, "TILE_W": 16, "TILE_K": 4, "CHUNK_C": 8}
-
-
-def launch_shared_tiles(kernel, s: Conv, x, w, y):
-    """Rung 02: a block per TILE_H x TILE_W output pixels of an image and TILE_K output channels, a thread per
-    output; CHUNK_C input channels staged at a time (its shared memory is sized in the kernel, from these)."""
-    t = SHARED_TILES
-    grid = _image_tile_grid(s, t["TILE_H"], t["TILE_W"], t["TILE_K"])
-    kernel.launch(grid, t["TILE_H"] * t["TILE_W"] * t["TILE_K"], x, w, y, *s.ints())
-
-
-REGISTER_BLOCKING = {"TILE_H": 16, "TILE_W": 16, "TILE_K": 16, "KPT": 4, "CHUNK_C": 8}
-
-
-def launch_register_blocking(kernel, s: Conv, x, w, y):
-    """Rung 03: a block per TILE_H x TILE_W output pixels of an image and TILE_K output channels, a thread per
-    2 x 2 pixels and KPT channels; CHUNK_C input channels staged at a time (shared memory sized in the kernel)."""
-    t = REGISTER_BLOCKING
-    grid = _image_tile_grid(s, t["TILE_H"], t["TILE_W"], t["TILE_K"])
-    threads = (t["TILE_H"] // 2) * (t["TILE_W"] // 2) * (t["TILE_K"] // t["KPT"])
-    kernel.launch(grid, threads, x, w, y, *s.ints())
-
-
-def _conv_inputs(rng, s: Conv) -> dict:
-    """x ~ N(0, 1) and w ~ N(0, 1 / (9 C)), as mnist_cuda.kernel_cases draws them."""
-    x = rng.standard_normal((s.n, s.c, s.h, s.w)).astype(np.float32)
-    w = (rng.standard_normal((s.k, s.c, 3, 3)) / np.sqrt(9 * s.c)).astype(np.float32)
-    return {"x": x, "w": w}
-
-
-def _conv_work(s: Conv) -> tuple[float, float]:
-    """2 FLOPs per multiply-add; x and w read and y written once, as float32."""
-    return 2.0 * s.n * s.k * s.h * s.w * s.c * 9, 4.0 * (s.n * s.c * s.h * s.w + s.k * s.c * 9 + s.n * s.k * s.h * s.w)
-
-
-CONV2_FORWARD = Op(
-    rungs=(
-        Rung("01_naive.cu", "conv2d_forward_naive", launch_naive),
-        Rung("02_shared_tiles.cu", "conv2_forward_rung02_shared_tiles", launch_shared_tiles, SHARED_TILES),
-        Rung(
-            "03_register_blocking.cu",
-            "conv2_forward_rung03_register_blocking",
-            launch_register_blocking,
-            REGISTER_BLOCKING,
-        ),
-    ),
-    geometry="x [N,32,14,14], w [64,32,3,3] -> y [N,64,14,14]",
-    check_shapes=(
-        Conv(3, 5, 7, 13, 13),  # odd sizes: no tile fits whole
-        Conv(2, 9, 33, 17, 30),  # an oblong image: partial tiles at two edges, a partial chunk of C
-        Conv(5, 1, 32, 28, 28),  # conv1's geometry: one input channel, 28 x 28
-        Conv(64, 32, 64, 14, 14),  # conv2's, the network's
-        Conv(512, 32, 64, 14, 14),
-    ),
-    network_shape=lambda batch: Conv(batch, 32, 64, 14, 14),
-    inputs=_conv_inputs,
-    outputs=lambda s: {"y": (s.n, s.k, s.h, s.w)},
-    reference=lambda x, w: {"y": ref.conv2d_forward(x, w)},
-    work=_conv_work,
-)
-
-OPS = {"conv2_forward": CONV2_FORWARD}
+OPS = load_ops()
 
 
 # ---- checking and timing any op ---------------------------------------------------------------------------------
@@ -179,6 +66,11 @@ def kernel(op: str, rung: Rung) -> cuda.Kernel:
     return source(op, rung).kernel(rung.kernel)
 
 
+def sources(op: str, rung) -> list[cuda.Source] | None:
+    """The sources the rung launches from, to load before a graph capture (None: every product source)."""
+    return None if isinstance(rung, ProductRung) else [source(op, rung)]
+
+
 @dataclasses.dataclass
 class Prepared:
     run: Callable[[], None]  # launches the rung once on the current stream
@@ -186,30 +78,30 @@ class Prepared:
     inputs: dict  # name -> float32 host array
 
 
-def prepare(op: str, rung: Rung, shape, rng) -> Prepared:
+def prepare(op: str, rung, shape, rng) -> Prepared:
     """Fresh random inputs on the device for one rung at one shape, and its outputs filled with NaN (an element
     the rung does not write fails the check)."""
     import cupy
 
     spec = OPS[op]
     inputs = spec.inputs(rng, shape)
-    device_inputs = [cupy.asarray(a) for a in inputs.values()]
+    arrays = [cupy.asarray(a) for a in inputs.values()]
     outputs = {name: cupy.full(dims, np.nan, cupy.float32) for name, dims in spec.outputs(shape).items()}
-    k = kernel(op, rung)
-    return Prepared(lambda: rung.launch(k, shape, *device_inputs, *outputs.values()), outputs, inputs)
+    arrays += outputs.values()
+    if isinstance(rung, ProductRung):
+        run = rung.prepare(shape, *arrays)
+    else:
+        k = kernel(op, rung)
+        run = lambda: rung.launch(k, shape, *arrays)  # noqa: E731
+    return Prepared(run, outputs, inputs)
 
 
-def check(op: str, rung: Rung, shape, rng) -> float:
+def check(op: str, rung, shape, rng) -> float:
     """The rung's largest relative error against the float64 reference over its outputs, at one shape."""
     prepared = prepare(op, rung, shape, rng)
     prepared.run()
     want = OPS[op].reference(**{name: a.astype(np.float64) for name, a in prepared.inputs.items()})
     return max(rel_err(prepared.outputs[name].get(), want[name]) for name in want)
-
-
-def floor_us(op: str, shape) -> float:
-    flops, nbytes = OPS[op].work(shape)
-    return max(flops / FP32_PEAK_FLOPS, nbytes / HBM_BYTES_PER_S) * 1e6
 
 
 def build_parser() -> Parser:
@@ -226,57 +118,68 @@ def build_parser() -> Parser:
     return p
 
 
-def check_rungs(op: str, rng) -> tuple[list[Rung], list[dict]]:
-    """Every rung of the op at every check shape: (the rungs that pass, a row per rung and shape); prints a table."""
+def check_rungs(op: str, rng) -> tuple[list, list[dict]]:
+    """Every rung of the op at every check shape it accepts ("-" where it does not): (the rungs that pass, a row
+    per rung and shape checked); prints a table."""
     spec = OPS[op]
     width, column = max(len(r.name) for r in spec.rungs), max(len(str(s)) for s in spec.check_shapes)
-    print(f"\n{op}: relative error against the float64 reference (tolerance {FP32_TOL:.0e})")
+    print(f"\n{op}: relative error against the float64 reference (tolerance after the errors)")
     print(f"{'rung':{width}s} " + " ".join(f"{str(s):>{column}s}" for s in spec.check_shapes))
     passed, rows = [], []
     for rung in spec.rungs:
-        errors = [check(op, rung, shape, rng) for shape in spec.check_shapes]
-        ok = all(e < FP32_TOL for e in errors)
+        shapes = [s for s in spec.check_shapes if rung.accepts(s)]
+        errors = {s: check(op, rung, s, rng) for s in shapes}
+        ok = all(e < rung.tolerance for e in errors.values())
         passed += [rung] if ok else []
         rows += [
-            {"rung": rung.name, "kernel": rung.kernel, "shape": str(s), "rel_err": e, "ok": e < FP32_TOL}
-            for s, e in zip(spec.check_shapes, errors)
+            {"rung": rung.name, "kernel": rung.kernel, "shape": str(s), "rel_err": e, "ok": e < rung.tolerance}
+            for s, e in errors.items()
         ]
-        print(
-            f"{rung.name:{width}s} " + " ".join(f"{e:{column}.1e}" for e in errors) + ("" if ok else "   FAIL"),
-            flush=True,
-        )
+        cells = [f"{errors[s]:{column}.1e}" if s in errors else f"{'-':>{column}s}" for s in spec.check_shapes]
+        print(f"{rung.name:{width}s} " + " ".join(cells) + f"  {rung.tolerance:.0e}" + ("" if ok else "  FAIL"))
     return passed, rows
 
 
-def time_rungs(op: str, rungs: list[Rung], batches: list[int], warmup: int, repeat: int, rng) -> list[dict]:
+def _floors_header(op: str, batches: list[int]) -> str:
+    spec = OPS[op]
+    units = sorted({r.unit for r in spec.rungs}, key=list(PEAK_FLOPS).index)
+    lines = [
+        f"\n{op}, {spec.geometry}: us per launch; the fraction of its floor it reaches (its FLOPs at the peak of the "
+        f"units it runs on, or its fewest bytes at {HBM_BYTES_PER_S / 1e12:.1f} TB/s); the speed-up over the rung above"
+    ]
+    for unit in units:
+        rung = next(r for r in spec.rungs if r.unit == unit)
+        floors = ", ".join(f"{floor_us(spec, rung, spec.network_shape(b)):.1f} us at N={b}" for b in batches)
+        lines.append(f"  floor, {UNIT_WORDS[unit]} ({PEAK_FLOPS[unit] / 1e12:.0f} TFLOP/s): {floors}")
+    return "\n".join(lines)
+
+
+def time_rungs(op: str, rungs: list, batches: list[int], warmup: int, repeat: int, rng) -> list[dict]:
     """The rungs' median times at the network's shape for each batch size: a row per rung and batch size; prints
-    a table of the time, the fraction of the floor it reaches and the speed-up over the rung above (the one timed
-    before it)."""
+    a table of the time, the fraction of the rung's floor it reaches and the speed-up over the rung above (the one
+    timed before it)."""
     spec = OPS[op]
     width = max(len(r.name) for r in spec.rungs)
-    print(
-        f"\n{op}, {spec.geometry}: us per launch, the fraction of the floor it reaches (FLOPs at "
-        f"{FP32_PEAK_FLOPS / 1e12:.0f} TFLOP/s or bytes at {HBM_BYTES_PER_S / 1e12:.1f} TB/s), speed-up over the "
-        "rung above"
-    )
-    floors = {batch: floor_us(op, spec.network_shape(batch)) for batch in batches}
-    print(f"{'':{width}s} " + " ".join(f"{f'N={b} (floor {floors[b]:.1f} us)':>30s}" for b in batches))
+    print(_floors_header(op, batches))
+    print(f"{'':{width}s} " + " ".join(f"{f'N={b}':>30s}" for b in batches))
     print(f"{'rung':{width}s} " + " ".join(f"{'us':>12s} {'floor':>8s} {'speed-up':>8s}" for _ in batches))
     rows, previous = [], {}
     for rung in rungs:
         cells = []
         for batch in batches:
-            prepared = prepare(op, rung, spec.network_shape(batch), rng)
-            us = time_case(prepared, warmup, repeat, sources=[source(op, rung)])
-            fraction, speedup = floors[batch] / us, previous[batch] / us if batch in previous else None
+            shape = spec.network_shape(batch)
+            us = time_case(prepare(op, rung, shape, rng), warmup, repeat, sources=sources(op, rung))
+            floor = floor_us(spec, rung, shape)
+            fraction, speedup = floor / us, previous[batch] / us if batch in previous else None
             previous[batch] = us
             rows.append(
                 {
                     "rung": rung.name,
                     "kernel": rung.kernel,
+                    "unit": rung.unit,
                     "batch": batch,
                     "us": us,
-                    "floor_us": floors[batch],
+                    "floor_us": floor,
                     "fraction_of_floor": fraction,
                     "speedup": speedup,
                 }
@@ -293,7 +196,7 @@ def main(argv=None) -> int:
         p.error(f"argument OP: unknown op {args.op!r} (choose from {', '.join(OPS)})")
     gpu_or_exit(PROG)
     rungs, rng = OPS[args.op].rungs, np.random.default_rng()
-    cuda.preload([kernel(args.op, rung).source for rung in rungs])
+    cuda.preload([source(args.op, r) for r in rungs if isinstance(r, Rung)])
     passed, checks = check_rungs(args.op, rng)
     timings = time_rungs(args.op, passed, args.batch_sizes, args.warmup, args.repeat, rng)
     if args.json:
@@ -302,7 +205,7 @@ def main(argv=None) -> int:
             {
                 "op": args.op,
                 "device": cuda.require_gpu().cuda.runtime.getDeviceProperties(0)["name"].decode(),
-                "peaks": {"fp32_flops": FP32_PEAK_FLOPS, "hbm_bytes_per_s": HBM_BYTES_PER_S},
+                "peaks": {"flops": PEAK_FLOPS, "hbm_bytes_per_s": HBM_BYTES_PER_S},
                 "checks": checks,
                 "timings": timings,
             },

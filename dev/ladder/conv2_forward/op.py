@@ -1,0 +1,83 @@
+"""conv2's forward, the ladder's op conv2_forward: each rung's launch contract (grid, block, arguments, -D options).
+
+3x3 convolution, stride 1, zero padding 1, no bias, NCHW: x [N,C,H,W], w [K,C,3,3] -> y [N,K,H,W].
+"""
+
+from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, conv_inputs, image_tile_grid, is_conv2
+
+from mnist_cuda import reference as ref
+from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
+
+def launch_naive(kernel, s: Conv, x, w, y):
+    """Rung 01: a thread per element of y, blocks of 256 (mnist_cuda.ops.naive.conv2d_forward's contract)."""
+    kernel.launch_1d(s.n * s.k * s.h * s.w, x, w, y, *s.ints())
+
+
+SHARED_TILES = {"TILE_H": 8, "TILE_W": 16, "TILE_K": 4, "CHUNK_C": 8}
+
+
+def launch_shared_tiles(kernel, s: Conv, x, w, y):
+    """Rung 02: a block per TILE_H x TILE_W output pixels of an image and TILE_K output channels, a thread per
+    output; CHUNK_C input channels staged at a time (its shared memory is sized in the kernel, from these)."""
+    t = SHARED_TILES
+    grid = image_tile_grid(s, t["TILE_H"], t["TILE_W"], t["TILE_K"])
+    kernel.launch(grid, t["TILE_H"] * t["TILE_W"] * t["TILE_K"], x, w, y, *s.ints())
+
+
+REGISTER_BLOCKING = {"TILE_H": 16, "TILE_W": 16, "TILE_K": 16, "KPT": 4, "CHUNK_C": 8}
+
+
+def launch_register_blocking(kernel, s: Conv, x, w, y):
+    """Rung 03: a block per TILE_H x TILE_W output pixels of an image and TILE_K output channels, a thread per
+    2 x 2 pixels and KPT channels; CHUNK_C input channels staged at a time (shared memory sized in the kernel)."""
+    t = REGISTER_BLOCKING
+    grid = image_tile_grid(s, t["TILE_H"], t["TILE_W"], t["TILE_K"])
+    threads = (t["TILE_H"] // 2) * (t["TILE_W"] // 2) * (t["TILE_K"] // t["KPT"])
+    kernel.launch(grid, threads, x, w, y, *s.ints())
+
+
+def prepare_product(s: Conv, x, w, y):
+    """The top rung: conv2_implicit_gemm's forward in the form the step takes at this batch (fp32: 3xTF32), from
+    the weights staged once beforehand as the step stages them (on its side stream, not part of the forward)."""
+    import cupy
+
+    product = conv2.forward_product(s.n, "fp32")
+    forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "fp32", product), 4), cupy.float32)
+    input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "fp32", "backward_input"), 4), cupy.float32)
+    conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "fp32", product)
+    return lambda: conv2.forward(x, forward_quads, y, s.n, s.c, s.k, "fp32", product)
+
+
+def _work(s: Conv) -> tuple[float, float]:
+    """2 FLOPs per multiply-add; x and w read and y written once, as float32."""
+    return 2.0 * s.n * s.k * s.h * s.w * s.c * 9, 4.0 * (s.n * s.c * s.h * s.w + s.k * s.c * 9 + s.n * s.k * s.h * s.w)
+
+
+OP = Op(
+    rungs=(
+        Rung("01_naive.cu", "conv2d_forward_naive", launch_naive),
+        Rung("02_shared_tiles.cu", "conv2_forward_rung02_shared_tiles", launch_shared_tiles, SHARED_TILES),
+        Rung(
+            "03_register_blocking.cu",
+            "conv2_forward_rung03_register_blocking",
+            launch_register_blocking,
+            REGISTER_BLOCKING,
+        ),
+        ProductRung(
+            "09_product",
+            "fast/conv2_implicit_gemm.cu",
+            "conv2_forward_stacked_fast (batch <= 96), conv2_forward_fast<Precision::Fp32>",
+            prepare_product,
+            is_conv2,
+        ),
+    ),
+    geometry="x [N,32,14,14], w [64,32,3,3] -> y [N,64,14,14]",
+    check_shapes=CONV_CHECK_SHAPES,
+    network_shape=lambda batch: Conv(batch, 32, 64, 14, 14),
+    inputs=conv_inputs,
+    outputs=lambda s: {"y": (s.n, s.k, s.h, s.w)},
+    reference=lambda x, w: {"y": ref.conv2d_forward(x, w)},
+    work=_work,
+    naive=("naive/conv2d.cu", "conv2d_forward_naive"),
+)
