@@ -62,8 +62,10 @@ def source(op: str, rung: Rung) -> cuda.Source:
     return _sources[op, rung.file]
 
 
-def kernel(op: str, rung: Rung) -> cuda.Kernel:
-    return source(op, rung).kernel(rung.kernel)
+def kernel(op: str, rung: Rung):
+    """The rung's kernel, or the tuple of its kernels where it launches several."""
+    kernels = tuple(source(op, rung).kernel(name) for name in rung.kernels)
+    return kernels[0] if len(kernels) == 1 else kernels
 
 
 def sources(op: str, rung) -> list[cuda.Source] | None:

@@ -27,8 +27,9 @@ class Rung:
     """A rung of the ladder's own: one kernel in one file of dev/ladder/<op>/."""
 
     file: str  # NN_name.cu in dev/ladder/<op>/
-    kernel: str  # its extern "C" kernel
-    launch: Callable  # launch(kernel, shape, *inputs, *outputs): the rung's grid, block and arguments
+    kernel: str  # its extern "C" kernel; or several, "a + b", that it launches in this order
+    launch: Callable  # launch(kernel, shape, *inputs, *outputs): the rung's grid, block and arguments (with several
+    # kernels, `kernel` is the tuple of them, in the order `kernel` names them)
     defines: dict = dataclasses.field(default_factory=dict)  # its -D options
     unit: str = "fp32"  # the units its products run on (PEAK_FLOPS)
     tolerance: float = FP32_TOL  # its largest relative error against the reference
@@ -36,6 +37,10 @@ class Rung:
     @property
     def name(self) -> str:
         return self.file.removesuffix(".cu")
+
+    @property
+    def kernels(self) -> list[str]:
+        return self.kernel.split(" + ")
 
     def accepts(self, shape) -> bool:
         return True
@@ -71,7 +76,7 @@ class Op:
     outputs: Callable  # outputs(shape) -> {name: shape of the array}, in the launch's order
     reference: Callable  # reference(**float64 inputs) -> {name: float64 array}
     work: Callable  # work(shape) -> (FLOPs, fewest bytes moved)
-    naive: tuple[str, str]  # rung 01's kernel in the product: (its file under kernels/, its name)
+    naive: tuple[str, str]  # rung 01's kernel(s) in the product: (its file under kernels/, its kernel as Rung.kernel)
 
 
 def floor_us(op: Op, rung, shape) -> float:
