@@ -76,7 +76,8 @@ class Op:
     outputs: Callable  # outputs(shape) -> {name: shape of the array}, in the launch's order
     reference: Callable  # reference(**float64 inputs) -> {name: float64 array}
     work: Callable  # work(shape) -> (FLOPs, fewest bytes moved)
-    naive: tuple[str, str]  # rung 01's kernel(s) in the product: (its file under kernels/, its kernel as Rung.kernel)
+    naive: tuple  # rung 01's kernel(s) in the product: (its file under kernels/, its kernel as Rung.kernel names it),
+    # or a tuple of such pairs where they come from several files, in rung 01's order
 
 
 def floor_us(op: Op, rung, shape) -> float:
