@@ -49,11 +49,7 @@ def _script(path: Path):
 
 
 def _results_table_parser():
-    """scripts/results_table.py builds its parser inside main(): the same arguments, for discovery."""
-    p = cli.Parser(prog="results_table.py")
-    p.add_argument("files", nargs="*", type=cli.input_file)
-    p.add_argument("--readme", type=cli.input_file, default=None)
-    return p
+    return _script(REPO / "scripts" / "results_table.py").build_parser()
 
 
 def _bundle_parser():

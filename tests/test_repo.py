@@ -84,7 +84,8 @@ def test_no_references_outside_the_repository():
 
 
 def test_readme_results_table_is_generated_from_the_result_files():
-    """The README's table is what scripts/results_table.py makes of the result files it names."""
+    """The README's tables (the results and the whole-step ladder) are what scripts/results_table.py makes of the
+    result files they name."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("results_table", REPO / "scripts" / "results_table.py")
@@ -93,6 +94,12 @@ def test_readme_results_table_is_generated_from_the_result_files():
     in_readme, generated = results_table.readme_table(REPO / "README.md")
     assert in_readme == generated
     assert "| 64 |" in generated and "| 512 |" in generated and "| 4096 |" in generated
+    in_readme, generated = results_table.readme_table(REPO / "README.md", "step-ladder")
+    assert in_readme == generated
+    for batch in (64, 512):
+        rows = ("naive kernels, each launched", "naive kernels, the step as one", "fast kernels, each", "PyTorch")
+        for words in rows:
+            assert any(line.startswith(f"| {batch} |") and words in line for line in generated.splitlines()), words
 
 
 def test_results_table_reports_a_bad_file_in_one_line(tmp_path):
