@@ -6,6 +6,7 @@
 from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, conv_inputs, image_tile_grid, is_conv2
 
 from mnist_cuda import reference as ref
+from mnist_cuda.kernel_cases import TF32_TOL
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
 
@@ -37,6 +38,19 @@ def launch_register_blocking(kernel, s: Conv, x, w, y):
     kernel.launch(grid, threads, x, w, y, *s.ints())
 
 
+MMA = {"TILE_H": 7, "TILE_W": 16, "TILE_K": 64, "WARP_K": 16, "CHUNK_C": 8}
+
+
+def launch_mma(kernel, s: Conv, x, w, y):
+    """Rungs 04 to 06: a block per TILE_H x TILE_W output pixels of an image (TILE_W = 16: A's 16 rows are a row of
+    the tile) and TILE_K output channels, a warp per WARP_K of those channels over all TILE_H rows; CHUNK_C = 8 input
+    channels staged at a time, a k-step per tap (shared memory sized in the kernel, from these). TILE_H = 7 covers
+    the network's 14 rows in two tiles."""
+    t = MMA
+    grid = image_tile_grid(s, t["TILE_H"], t["TILE_W"], t["TILE_K"])
+    kernel.launch(grid, t["TILE_K"] // t["WARP_K"] * 32, x, w, y, *s.ints())
+
+
 def prepare_product(s: Conv, x, w, y):
     """The top rung: conv2_implicit_gemm's forward in the form the step takes at this batch (fp32: 3xTF32), from
     the weights staged once beforehand as the step stages them (on its side stream, not part of the forward)."""
@@ -64,6 +78,9 @@ OP = Op(
             launch_register_blocking,
             REGISTER_BLOCKING,
         ),
+        Rung("04_mma_tf32.cu", "conv2_forward_rung04_mma_tf32", launch_mma, MMA, unit="tf32", tolerance=TF32_TOL),
+        Rung("05_3xtf32.cu", "conv2_forward_rung05_3xtf32", launch_mma, MMA, unit="3xtf32"),
+        Rung("06_fragment_quads.cu", "conv2_forward_rung06_fragment_quads", launch_mma, MMA, unit="3xtf32"),
         ProductRung(
             "09_product",
             "fast/conv2_implicit_gemm.cu",

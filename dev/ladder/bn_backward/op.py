@@ -1,0 +1,266 @@
+"""BN2's backward from the pooled gradient, the ladder's op bn_backward: each rung's launch contract (grid, block,
+arguments, -D options).
+
+The product fuses BatchNorm's backward with the ReLU's and the max pool's (FastNet.backward: backward_reduce, then
+backward_apply, from the pooled gradient), so the op is that fused computation: from x [N,C,S,S] (conv2's output
+a2), BatchNorm's saved mean and invstd, gamma, the pooled gradient d_pooled [N,C,S/2,S/2] and the forward's record
+of the ReLU and the pool, the gradient dx at BatchNorm's input and dgamma, dbeta:
+
+    dz = relu_backward(maxpool_backward(d_pooled)), at BatchNorm's output
+    dbeta = sum dz, dgamma = sum dz xhat (xhat = (x - mean) invstd), dx = gamma invstd / count (count dz - dbeta -
+    xhat dgamma), per channel over count = N x S x S
+
+The forward's record comes in the two forms the two ends read, drawn from one forward on the host: the naive chain
+reads the ReLU's output (relu_out) and the pool's argmax (0..3); the fused rungs and the product read position (the
+argmax, or NO_POSITION where the ReLU blocked the window) and, from rung 04 on, x_at (x at the argmax).
+"""
+
+import dataclasses
+
+import numpy as np
+from ladder_op import Op, ProductRung, Rung
+
+from mnist_cuda import reference as ref
+from mnist_cuda.cuda import ceil_div
+from mnist_cuda.ops import bn_relu_pool
+from mnist_cuda.ops.common import MAX_PARTS, NO_POSITION, parts_of
+
+I32 = np.int32
+MAX_CHANNELS = 1024  # the channels the rungs' own scratch (part_sums, blocks_done) has room for
+NAIVE_THREADS = 256  # mnist_cuda.ops.naive.REDUCE_THREADS: BatchNorm's backward, a block per channel
+PRODUCT_MAX_WINDOWS = 32 * 2  # the product holds a channel's windows of an image in 2 registers a lane
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """x [n, c, s, s] (BatchNorm's input), pooled to [n, c, s/2, s/2] (an odd s's last row and column in no window)."""
+
+    n: int
+    c: int
+    s: int
+
+    def __str__(self):
+        return f"N={self.n},C={self.c},{self.s}x{self.s}"
+
+    def ints(self) -> tuple:
+        return I32(self.n), I32(self.c), I32(self.s)
+
+    @property
+    def pooled(self) -> tuple:
+        return self.n, self.c, self.s // 2, self.s // 2
+
+
+def _kernels(kernel, count: int) -> tuple:
+    """A several-kernel rung's kernels, in order: dev/ladder.py passes their tuple; tests/test_ladder.py's launch
+    check passes one stand-in, which then takes every launch."""
+    return kernel if isinstance(kernel, tuple) else (kernel,) * count
+
+
+def _scratch_fits(s: Block):
+    if s.c > MAX_CHANNELS:
+        raise ValueError(f"{s.c} channels: the rungs' scratch has room for {MAX_CHANNELS}")
+
+
+def launch_naive(
+    kernels, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
+):
+    """Rung 01, the naive net's block backward (nets._NaiveBlock.backward): maxpool2x2_backward_naive and
+    relu_backward_naive a thread per element, batchnorm_backward_naive a block of 256 per channel. The gradients
+    at the ReLU's output and at BatchNorm's output go through dx: the ReLU's and BatchNorm's backward read each
+    element before the same thread writes it (BatchNorm's after the barrier that ends its sums), so in place is
+    safe, and the traffic is the naive net's."""
+    pool, relu, bn = _kernels(kernels, 3)
+    n, c, size = s.ints()
+    elements = s.n * s.c * s.s * s.s
+    pool.launch_1d(elements, d_pooled, argmax, dx, n, c, size, size)
+    relu.launch_1d(elements, dx, relu_out, dx, I32(elements))
+    bn.launch((s.c,), NAIVE_THREADS, dx, x, mean, invstd, gamma, dx, dgamma, dbeta, n, c, I32(s.s * s.s))
+
+
+FUSED = {"THREADS": 256, "NO_POSITION": NO_POSITION}
+
+
+def launch_fused(
+    kernel, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
+):
+    """Rung 02: a block of THREADS threads per channel."""
+    kernel.launch((s.c,), FUSED["THREADS"], x, mean, invstd, gamma, d_pooled, position, *s.ints(), dx, dgamma, dbeta)
+
+
+SPLIT = {"THREADS": 256, "NO_POSITION": NO_POSITION, "MAX_PARTS": MAX_PARTS, "MAX_CHANNELS": MAX_CHANNELS}
+
+
+def launch_split(
+    kernels, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
+):
+    """Rung 03: reduce, a block of THREADS threads per (part, channel), reading x at the positions; apply."""
+    reduce, apply = _kernels(kernels, 2)
+    _scratch_fits(s)
+    parts, per_part = parts_of(s.n)
+    reduce.launch(
+        (parts, s.c), SPLIT["THREADS"], x, mean, invstd, d_pooled, position, *s.ints(), I32(per_part), dgamma, dbeta
+    )
+    _apply(apply, s, x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, dx)
+
+
+def _apply(apply, s: Block, x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, dx):
+    """Rungs 03 to 05's apply: a thread per element of x, blocks of 256."""
+    apply.launch_1d(s.n * s.c * s.s * s.s, x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, *s.ints(), dx)
+
+
+X_AT = SPLIT
+
+
+def launch_x_at(
+    kernels, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
+):
+    """Rung 04: rung 03's, the reduction reading x_at instead of x."""
+    reduce, apply = _kernels(kernels, 2)
+    _scratch_fits(s)
+    parts, per_part = parts_of(s.n)
+    reduce.launch(
+        (parts, s.c), X_AT["THREADS"], x_at, mean, invstd, d_pooled, position, *s.ints(), I32(per_part), dgamma, dbeta
+    )
+    _apply(apply, s, x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, dx)
+
+
+WARP_PER_CHANNEL = {"CHANNELS": 8, "NO_POSITION": NO_POSITION, "MAX_PARTS": MAX_PARTS, "MAX_CHANNELS": MAX_CHANNELS}
+
+
+def launch_warp_per_channel(
+    kernels, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
+):
+    """Rung 05: reduce on grid (parts, ceil(C / CHANNELS)), a warp per channel; apply."""
+    reduce, apply = _kernels(kernels, 2)
+    _scratch_fits(s)
+    parts, per_part = parts_of(s.n)
+    channels = WARP_PER_CHANNEL["CHANNELS"]
+    reduce.launch(
+        (parts, ceil_div(s.c, channels)),
+        32 * channels,
+        x_at,
+        mean,
+        invstd,
+        d_pooled,
+        position,
+        *s.ints(),
+        I32(per_part),
+        dgamma,
+        dbeta,
+    )
+    _apply(apply, s, x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, dx)
+
+
+def prepare_product(s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta):
+    """The top rung: bn_relu_pool.backward_reduce then backward_apply as FastNet.backward launches them, with their
+    scratch (partial) and zeroed counters (a row of c, as FastNet's counters2[1])."""
+    import cupy
+
+    partial = cupy.empty(bn_relu_pool.partial_size(s.c), cupy.float32)
+    counter = cupy.zeros(s.c, cupy.uint32)  # one per group of BN_CHANNELS channels at least; left zero
+    cupy.cuda.get_current_stream().synchronize()
+
+    def run():
+        bn_relu_pool.backward_reduce(
+            x_at, mean, invstd, d_pooled, position, s.n, s.c, s.s, partial, counter, dgamma, dbeta
+        )
+        bn_relu_pool.backward_apply(x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, s.n, s.c, s.s, dx)
+
+    return run
+
+
+def product_accepts(s: Block) -> bool:
+    """Even images (the apply writes each window's rows as float2) of at most PRODUCT_MAX_WINDOWS windows."""
+    return s.s % 2 == 0 and (s.s // 2) ** 2 <= PRODUCT_MAX_WINDOWS
+
+
+def _inputs(rng, s: Block) -> dict:
+    """x ~ N(0.3, 1.5^2), gamma ~ N(0, 1), d_pooled ~ N(0, 1) (mnist_cuda.kernel_cases' block backward); mean and
+    invstd are x's batch statistics in float32, as the forward saves them; the forward's ReLU and pool run on the
+    host in float64 with beta ~ N(0, 0.5^2), and what they record is the same for both forms."""
+    x = (rng.standard_normal((s.n, s.c, s.s, s.s)) * 1.5 + 0.3).astype(np.float32)
+    gamma = rng.standard_normal(s.c).astype(np.float32)
+    beta = rng.standard_normal(s.c) * 0.5
+    mean = x.mean(axis=(0, 2, 3), dtype=np.float64)
+    invstd = 1.0 / np.sqrt(x.var(axis=(0, 2, 3), dtype=np.float64) + ref.BN_EPS)
+    mean, invstd = mean.astype(np.float32), invstd.astype(np.float32)
+    z = (x - mean[:, None, None].astype(np.float64)) * invstd[:, None, None] * gamma[:, None, None] + beta[
+        :, None, None
+    ]
+    relu_out = ref.relu_forward(z).astype(np.float32)
+    pooled, argmax = ref.maxpool_forward(relu_out.astype(np.float64))
+    windows = ref._pool_windows(x)
+    return {
+        "x": x,
+        "mean": mean,
+        "invstd": invstd,
+        "gamma": gamma,
+        "d_pooled": rng.standard_normal(s.pooled).astype(np.float32),
+        "relu_out": relu_out,
+        "argmax": argmax,
+        "position": np.where(pooled > 0, argmax, NO_POSITION).astype(np.uint8),
+        "x_at": np.take_along_axis(windows, argmax.astype(np.int64)[..., None], -1)[..., 0].astype(np.float32),
+    }
+
+
+def _reference(x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at) -> dict:
+    """The reference's chain: the pool's and the ReLU's backward from the naive form of the record, then
+    BatchNorm's backward with xhat from the saved mean and invstd."""
+    dz = ref.relu_backward(ref.maxpool_backward(d_pooled, argmax, x.shape), relu_out)
+    xhat = (x - mean[:, None, None]) * invstd[:, None, None]
+    dx, dgamma, dbeta = ref.batchnorm_backward(dz, gamma, (xhat, invstd, mean, None))
+    return {"dx": dx, "dgamma": dgamma, "dbeta": dbeta}
+
+
+def _work(s: Block) -> tuple[float, float]:
+    """8 FLOPs per element of x (its share of the sums, and dx); x read and dx written once, the pooled gradient
+    and position read once, mean, invstd and gamma read and dgamma and dbeta written, as float32 (position bytes)."""
+    elements, windows = s.n * s.c * s.s * s.s, s.n * s.c * (s.s // 2) ** 2
+    return 8.0 * elements, 8.0 * elements + 5.0 * windows + 4.0 * 5 * s.c
+
+
+OP = Op(
+    rungs=(
+        Rung(
+            "01_naive.cu",
+            "maxpool2x2_backward_naive + relu_backward_naive + batchnorm_backward_naive",
+            launch_naive,
+        ),
+        Rung("02_fused.cu", "bn_backward_rung02_fused", launch_fused, FUSED),
+        Rung("03_split.cu", "bn_backward_rung03_split_reduce + bn_backward_rung03_split_apply", launch_split, SPLIT),
+        Rung("04_x_at.cu", "bn_backward_rung04_x_at_reduce + bn_backward_rung04_x_at_apply", launch_x_at, X_AT),
+        Rung(
+            "05_warp_per_channel.cu",
+            "bn_backward_rung05_warp_per_channel_reduce + bn_backward_rung05_warp_per_channel_apply",
+            launch_warp_per_channel,
+            WARP_PER_CHANNEL,
+        ),
+        ProductRung(
+            "09_product",
+            "fast/bn_relu_pool.cu",
+            "batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast",
+            prepare_product,
+            product_accepts,
+            unit="fp32",
+        ),
+    ),
+    geometry="BN2 + ReLU + pool's backward: x [N,64,14,14], d_pooled [N,64,7,7] -> dx [N,64,14,14], dgamma, dbeta [64]",
+    check_shapes=(
+        Block(3, 5, 13),  # odd sizes: a 13 x 13 image (its last row and column in no window), 5 channels
+        Block(2, 33, 10),  # 33 channels (a group of one), 25 windows an image
+        Block(67, 9, 14),  # 34 parts of two images, the last of one
+        Block(5, 32, 28),  # BN1's geometry: 196 windows an image, more than a warp's lanes
+        Block(64, 64, 14),  # the network's
+        Block(512, 64, 14),
+    ),
+    network_shape=lambda batch: Block(batch, 64, 14),
+    inputs=_inputs,
+    outputs=lambda s: {"dx": (s.n, s.c, s.s, s.s), "dgamma": (s.c,), "dbeta": (s.c,)},
+    reference=_reference,
+    work=_work,
+    naive=(
+        ("naive/maxpool.cu", "maxpool2x2_backward_naive"),
+        ("naive/relu.cu", "relu_backward_naive"),
+        ("naive/batchnorm.cu", "batchnorm_backward_naive"),
+    ),
+)
