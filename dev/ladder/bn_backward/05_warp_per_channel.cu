@@ -5,15 +5,15 @@
 //   dbeta[c] = sum dz, dgamma[c] = sum dz xhat, xhat = (x - mean[c]) invstd[c] (sums over N x S x S = count);
 //   dx = gamma[c] invstd[c] / count (count dz - dbeta[c] - xhat dgamma[c])
 //
-// What it adds over rung 04: no barriers and no idle threads in the sums. A part of one image has 49 windows per
+// What it adds over rung 04: no barriers in the sums. A part of one image has 49 windows per
 // channel at the network's geometry, and rung 04 gives them a block of THREADS threads and two block_sum barriers.
 // Here a warp owns a channel of the part: lane l takes windows l, l + 32, ... of each image in turn (coalesced, as
 // in rung 04), adds into its own two registers, and one warp_sum of each ends the part. CHANNELS warps take
 // CHANNELS channels of the same part, with one counter per group of channels: in the group's last block, warp w
-// adds channel c0 + w's parts, rung 04's merge. apply is rung 04's. What it leaves: the product keeps two images'
-// loads in flight per warp (BN_REDUCE_IMAGES) where this loop waits for each load in turn, and its apply takes a
-// thread per 2 x 2 window, which reads the window's gradient and position once and writes its four elements as
-// two float2 (S even).
+// adds channel c0 + w's parts, rung 04's merge. apply is rung 04's. (At 49 windows, lanes 17 to 31 idle on each image's
+// second pass.) What it leaves: the product keeps two images' loads in flight per warp (BN_REDUCE_IMAGES) where this
+// loop waits for each load in turn, and its apply takes a thread per 2 x 2 window, which reads the window's gradient
+// and position once and writes its four elements as two float2 (S even).
 //
 // Launch (dev/ladder/bn_backward/op.py, launch_warp_per_channel): reduce: grid (parts, ceil(C / CHANNELS)), blocks
 // of 32 x CHANNELS threads; apply: a thread per element of x, blocks of 256. CHANNELS, NO_POSITION, MAX_PARTS and

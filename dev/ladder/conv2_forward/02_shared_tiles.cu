@@ -8,7 +8,11 @@
 // instead of once per output that reads it (up to 9 x TILE_K of them in the block), a weight once per block
 // instead of once per output pixel, and the zero padding is written once, at staging, so the inner loop has no
 // bounds checks and no branches. What it leaves: each thread still holds one output and makes two shared-memory
-// loads per multiply-add, so shared memory, not the FMA units, sets its pace (rung 03).
+// loads per multiply-add, so shared memory, not the FMA units, sets its pace (rung 03). Measured, it is slower
+// than rung 01 at every batch size: rung 01's loads were already cheap (a warp's weight load is one broadcast
+// address, its inputs come from L1), and here each chunk adds staging that overlaps nothing, two barriers, and a
+// quarter of the threads idle (two 8 x 16 tiles cover the 14 x 14 image). The staging pays only with the reuse
+// of rung 03.
 //
 // Launch (dev/ladder.py, launch_shared_tiles): grid (spatial tiles of the image, ceil(K / TILE_K), N), blocks of
 // TILE_H x TILE_W x TILE_K threads. The tile sizes come from there as -D options; the shared memory is sized here.

@@ -10,7 +10,11 @@
 // comes from global memory once per block instead of once per output that reads it (up to 9 x TILE_C of them in
 // the block), a weight once per block instead of once per pixel, and the zero padding is written once, so the
 // inner loop has no bounds checks and no branches. What it leaves: each thread still holds one output and makes
-// two shared-memory loads per multiply-add, so shared memory, not the FMA units, sets its pace (rung 03).
+// two shared-memory loads per multiply-add, so shared memory, not the FMA units, sets its pace (rung 03). Measured,
+// it is slower than rung 01 at every batch size, as conv2's forward rung 02 is: rung 01's loads were already
+// cheap (broadcast weights, cached dy), and here each chunk adds staging that overlaps nothing, two barriers, and
+// a quarter of the threads idle (two 8 x 16 tiles cover the 14 x 14 image). The staging pays only with the reuse
+// of rung 03.
 //
 // Launch (dev/ladder/conv2_input_grad/op.py, launch_shared_tiles): grid (spatial tiles of the image,
 // ceil(C / TILE_C), N), blocks of TILE_H x TILE_W x TILE_C threads. The tile sizes come from there as -D options;

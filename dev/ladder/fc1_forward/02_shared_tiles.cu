@@ -11,7 +11,8 @@
 // ReLU are applied as the result is stored: no second launch, no round trip of the pre-activation. The rows of the
 // staged tiles are padded by one float, so that the threads of a warp, reading W's tile down a column, hit
 // different banks. What it leaves: each multiply-add still takes two loads from shared memory, so shared memory,
-// not the FMA units, sets the pace (rung 03).
+// not the FMA units, sets the pace (rung 03, whose larger tiles then make too few blocks for fc1 at small batches:
+// rung 04 gives them back).
 //
 // Launch (dev/ladder/fc1_forward/op.py, launch_shared_tiles): grid (ceil(O / TILE), ceil(N / TILE)), blocks of
 // TILE x TILE threads. TILE comes from there as a -D option; the shared memory is sized here.

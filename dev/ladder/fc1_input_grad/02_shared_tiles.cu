@@ -9,7 +9,8 @@
 // block instead of once per sample; elements past N, I or O are staged as zeros, so the inner loop needs no bounds
 // checks. Reading ds[sample][k] (one word for the threads of a row, a broadcast) and ws[k][input] (adjacent words)
 // hits no bank twice. What it leaves: each multiply-add still takes two loads from shared memory, so shared memory,
-// not the FMA units, sets the pace (rung 03).
+// not the FMA units, sets the pace (rung 03, whose larger tiles make fewer blocks than the GPU has SMs at batch 64,
+// where it is slower than this rung; the product's narrow tiles give them back).
 //
 // Launch (dev/ladder/fc1_input_grad/op.py, launch_shared_tiles): grid (ceil(I / TILE), ceil(N / TILE)), blocks of
 // TILE x TILE threads. TILE comes from there as a -D option; the shared memory is sized here.
