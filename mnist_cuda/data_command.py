@@ -2,7 +2,7 @@
 
 Checks that a data set's four IDX files are where a run would read them and match their published SHA-256,
 or (--download) fetches the missing ones first; no GPU needed. The finding, verifying and fetching are
-mnist_cuda.data's; this module only parses the flags and says the outcome in one line.
+mnist_cuda.data_sources' and data_files'; this module only parses the flags and says the outcome in one line.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import sys
 from pathlib import Path
 
 from . import cli
-from .data import DATASETS, DataDirError, DataError, default_cache_dir, fetch_file, load_arrays, named_dir
+from .data_files import DATASETS, DataDirError, DataError
+from .data_sources import default_cache_dir, fetch_file, load_arrays, named_dir
 from .paths import kind_of, os_error
 
 

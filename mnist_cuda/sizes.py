@@ -3,7 +3,7 @@ number of epochs or steps) is checked against these bounds before anything is al
 large costs one line and exit status 2, not a MemoryError after minutes of swapping.
 
     the kernels   take element counts and offsets as 32-bit ints: no buffer of a net may hold more than
-                  INDEX_LIMIT elements, and the nets hold batch x channels x 784 below it too (nets.py).
+                  INDEX_LIMIT elements, and the nets hold batch x channels x 784 below it too (mnist_cuda.nets).
                   CUDA's grid has at most 65535 blocks in y and z, where the channel groups (MAX_CHANNELS)
                   and fc1's output tiles (MAX_HIDDEN) go. The step counter and a schedule's length are int32
                   on the GPU (MAX_STEPS).

@@ -118,7 +118,7 @@ def test_a_checkpoint_inside_an_epoch_keeps_its_order(tmp_path):
 
 
 def test_position_of_a_checkpoint_that_records_only_its_step():
-    from mnist_cuda.train import _position
+    from mnist_cuda.train_setup import _position
     from mnist_cuda.training import Position
 
     assert _position({"step": 3749, "epoch": 5}, 64, 60000) == Position(3749, 4, 64)

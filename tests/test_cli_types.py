@@ -1,5 +1,5 @@
-"""mnist_cuda/cli.py: bad values and output paths are usage errors before any work (one line, exit 2);
-results are written whole (mnist_cuda/paths.py)."""
+"""mnist_cuda/cli.py and cli_types.py: bad values and output paths are usage errors before any work (one
+line, exit 2); results are written whole (mnist_cuda/paths.py)."""
 
 import argparse
 import errno

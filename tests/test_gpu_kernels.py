@@ -1,5 +1,5 @@
 """Every kernel against the float64 reference on fresh random inputs (GPU; skipped without one). The
-cases are mnist_cuda/kernel_cases.py's, which dev/bench_kernels.py times."""
+cases are mnist_cuda.kernel_cases', which dev/bench_kernels.py times."""
 
 import pytest
 

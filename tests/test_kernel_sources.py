@@ -142,7 +142,7 @@ def case_kernels(case) -> list[str]:
 
 
 def test_kernel_cases_group_by_op_family():
-    """mnist_cuda/kernel_cases.py's OPS: one family per naive file; every case listed; each family's naive cases
+    """mnist_cuda.kernel_cases' OPS: one family per naive file; every case listed; each family's naive cases
     first; a naive case under its own file's family, a fast case only under families whose naive files
     its kernels' files say they replace."""
     from mnist_cuda import kernel_cases as kc
@@ -344,7 +344,7 @@ def test_fc1_input_grad_form_by_batch(monkeypatch):
 
 def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
     """conv2_implicit_gemm.cu's stage_weight_quad<FLIPPED, Precision::Fp32, F> for quad q, in Python."""
-    from mnist_cuda.kernel_cases import split_tf32
+    from mnist_cuda.kernel_cases.conv2d import split_tf32
 
     c_out, c_in = (w.shape[1], w.shape[0]) if flipped else w.shape[:2]
     chunks, group_taps = -(-c_in // 8), 3 if paired else 1
@@ -425,7 +425,7 @@ def test_a_net_compiles_only_the_sources_it_launches_from():
     }
     assert {s.path for s in nets.kernel_sources("naive")} == {p for p in SOURCES if p.startswith("naive/")}
     assert {s.path for s in nets.kernel_sources(None)} == set(SOURCES)
-    callers = "".join(inspect.getsource(c) for c in (nets._Net, nets.FastNet, step.Step, optim.Optimizer))
+    callers = "".join(inspect.getsource(c) for c in (nets.base._Net, nets.FastNet, step.Step, optim.Optimizer))
     called = set(re.findall(r"naive\.(\w+)\(", callers))
     assert {"count_correct", "sgd_schedule", "shift_images"} <= called
     for function in called:

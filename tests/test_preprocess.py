@@ -13,7 +13,7 @@ Image = pytest.importorskip("PIL.Image")
 from PIL import ImageDraw  # noqa: E402  (after the skip: Pillow is an optional extra)
 
 from conftest import MNIST_HINT, find_mnist_dir  # noqa: E402
-from mnist_cuda.data import read_idx  # noqa: E402
+from mnist_cuda.data_files import read_idx  # noqa: E402
 from mnist_cuda.preprocess import ImageError, load_image, mnist_style  # noqa: E402
 
 WIDTH, HEIGHT = 200, 120

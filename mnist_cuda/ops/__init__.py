@@ -10,7 +10,7 @@ constants (which reach the .cu files as NVRTC -D options from here).
     head                   kernels/fast/head.cu
     sgd_zero_grad          kernels/fast/sgd_zero_grad.cu
 
-The networks (mnist_cuda/nets.py), the tests and the dev/ programs all launch through these functions.
+The networks (mnist_cuda/nets/), the tests and the dev/ programs all launch through these functions.
 """
 
 from . import (

@@ -1,0 +1,296 @@
+"""FastNet: the step as the fused kernels of kernels/fast/, with side streams for the work nothing reads until
+the update (a graph captures them as branches)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .. import cuda, ops
+from ..ops import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk
+from ..ops.common import NO_POSITION
+from ..ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
+from .base import EPS, MOMENTUM, PRECISIONS, S2, S3, SLOTS, _Net
+from .parameters import Parameters
+
+
+class FastNet(_Net):
+    """The step as the fused kernels of kernels/fast/. conv1's output is never stored (its BatchNorm
+    statistics come from the batch's image moments, taken when the batch is loaded); conv2 and fc1 run on
+    the tensor cores; the head is one kernel; the update zeroes the gradients.
+
+    Two side streams carry work that nothing on the main path reads before the update (or, for conv2's
+    weight staging, before conv2): `side` takes the staging, fc1's weight-gradient products and the head's
+    sums over its blocks; `conv_side` takes conv2's weight gradient, which behind fc1's started late,
+    then the sum of fc1's weight-gradient splits."""
+
+    version = "fast"
+
+    def __init__(self, params: Parameters, batch_size: int, precision: str = "fp32"):
+        super().__init__(params, batch_size)
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; choose from {PRECISIONS}")
+        cp, B, c1, c2, H, F = self.cp, batch_size, self.c1, self.c2, self.hidden, self.features
+        self.precision = precision
+        self.side, self.conv_side = cuda.SideStream(cp), cuda.SideStream(cp)
+        f32 = cp.float32
+        # block 1: pooled output and its argmax; BatchNorm's statistics; the image moments of the batch in
+        # each device input buffer (slot), from its load to its backward
+        self.mean1, self.invstd1 = cp.empty(c1, f32), cp.empty(c1, f32)
+        self.partial1 = cp.empty(conv1_bn_relu_pool.backward_partial_size(c1), f32)
+        self.counters1 = cp.zeros((2, c1), cp.uint32)  # last-block counters: moments, backward
+        self.out1, self.argmax1 = cp.empty((B, c1, S2, S2), f32), cp.empty((B, c1, S2, S2), cp.uint8)
+        self.moment_partial = cp.empty(conv1_bn_relu_pool.moment_partial_shape(), cp.float64)
+        self.moments = [cp.empty(conv1_bn_relu_pool.CONV1_MOMENTS, cp.float64) for _ in range(SLOTS)]
+        # block 2
+        self.mean2, self.invstd2 = cp.empty(c2, f32), cp.empty(c2, f32)
+        self.partial2 = cp.empty(bn_relu_pool.partial_size(c2), f32)
+        self.counters2 = cp.zeros((2, c2), cp.uint32)  # last-block counters: statistics, backward
+        self.a2, self.d_a2 = cp.empty((B, c2, S2, S2), f32), cp.empty((B, c2, S2, S2), f32)
+        self.out2, self.argmax2 = cp.empty((B, c2, S3, S3), f32), cp.empty((B, c2, S3, S3), cp.uint8)
+        self.a2_at = cp.empty((B, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
+        self.d_out1 = cp.empty((B, c1, S2, S2), f32)
+        self.w2_partial = cp.empty(conv2_implicit_gemm.weight_grad_partial_size(c1, c2), f32)
+        # conv2's weights as its two image-tile products read them (stage_weights), the forward and the input
+        # gradient in their forms for batches of up to B images
+        self.conv2_forward = conv2_implicit_gemm.forward_product(B, precision)
+        self.conv2_input_grad = conv2_implicit_gemm.input_grad_product(B, precision)
+        self.forward_quads = cp.empty((conv2_implicit_gemm.weight_quads(c1, c2, precision, self.conv2_forward), 4), f32)
+        self.input_grad_quads = cp.empty(
+            (conv2_implicit_gemm.weight_quads(c2, c1, precision, self.conv2_input_grad), 4), f32
+        )
+        # fc1 and the head
+        self.fc1_out, self.d_features = cp.empty((B, H), f32), cp.empty((B, F), f32)
+        self.fc1_partial = cp.empty(linear_splitk.forward_partial_size(B, F, H), f32)
+        self.fc1_w_partial = cp.empty(linear_splitk.weight_partial_size(B, F, H), f32)
+        self.d_pre = cp.empty((B, H), f32)  # the gradient at fc1's pre-activation
+        self.head_partial = cp.empty(head.partial_size(B, H), f32)
+        self.x = self.x_moments = None
+
+    def prepare_batch(self, x, n: int, slot: int):
+        """The image moments of the n images in device input buffer `slot`."""
+        conv1_bn_relu_pool.image_moments(x, n, self.moment_partial, self.counters1[0], self.moments[slot])
+
+    def _stage_conv2_weights(self):
+        conv2_implicit_gemm.stage_weights(
+            self.p["conv2.weight"],
+            self.c1,
+            self.c2,
+            self.forward_quads,
+            self.input_grad_quads,
+            self.precision,
+            self.conv2_forward,
+            self.conv2_input_grad,
+        )
+
+    def forward(self, x, labels, n: int, train: bool = True, slot: int = 0):
+        """Logits of the n images x (bytes, device input buffer `slot`: its moments); in training also the
+        gradient at fc1's pre-activation and the head's sums (the loss among them, logged in backward)."""
+        p, r, c1, c2, H, F = self.p, self.running, self.c1, self.c2, self.hidden, self.features
+        self.x, self.x_moments = x, self.moments[slot]
+        self.side.run(self._stage_conv2_weights)
+        if not train:
+            bn_relu_pool.eval_stats(r["bn1.running_mean"], r["bn1.running_var"], EPS, c1, self.mean1, self.invstd1)
+        conv1_bn_relu_pool.forward(
+            x,
+            p["conv1.weight"],
+            train,
+            self.x_moments,
+            EPS,
+            MOMENTUM,
+            self.mean1,
+            self.invstd1,
+            r["bn1.running_mean"],
+            r["bn1.running_var"],
+            p["bn1.weight"],
+            p["bn1.bias"],
+            n,
+            c1,
+            self.out1,
+            self.argmax1,
+        )
+        self.side.join()
+        conv2_implicit_gemm.forward(
+            self.out1, self.forward_quads, self.a2, n, c1, c2, self.precision, self.conv2_forward
+        )
+        if train:
+            bn_relu_pool.stats(
+                self.a2,
+                n,
+                c2,
+                S2 * S2,
+                self.partial2,
+                self.counters2[0],
+                EPS,
+                MOMENTUM,
+                self.mean2,
+                self.invstd2,
+                r["bn2.running_mean"],
+                r["bn2.running_var"],
+            )
+        else:
+            bn_relu_pool.eval_stats(r["bn2.running_mean"], r["bn2.running_var"], EPS, c2, self.mean2, self.invstd2)
+        bn_relu_pool.forward(
+            self.a2,
+            self.mean2,
+            self.invstd2,
+            p["bn2.weight"],
+            p["bn2.bias"],
+            n,
+            c2,
+            S2,
+            self.out2,
+            self.argmax2,
+            self.a2_at,
+        )
+        linear_splitk.forward(
+            self.out2, p["fc1.weight"], p["fc1.bias"], self.fc1_partial, self.fc1_out, n, F, H, self.precision
+        )
+        head.forward_backward(
+            self.fc1_out,
+            p["fc2.weight"],
+            p["fc2.bias"],
+            labels,
+            n,
+            H,
+            train,
+            self.logits,
+            self.d_pre,
+            self.head_partial,
+        )
+
+    def _head_sums(self, n):
+        g = self.g
+        head.sum_parts(
+            self.head_partial,
+            n,
+            self.hidden,
+            g["fc2.weight"],
+            g["fc2.bias"],
+            g["fc1.bias"],
+            self.loss,
+            self.loss_log,
+            self.loss_count,
+        )
+
+    def _fc1_weight_grad(self, n):
+        linear_splitk.backward_weight(
+            self.out2,
+            self.d_pre,
+            self.g["fc1.weight"],
+            self.fc1_w_partial,
+            n,
+            self.features,
+            self.hidden,
+            self.precision,
+            sum_splits=False,
+        )
+
+    def _conv2_weight_grad(self, n):
+        parts = conv2_implicit_gemm.backward_weight(
+            self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2, self.precision
+        )
+        ops.splitk_reduce.splitk_reduce(self.w2_partial, parts, self.g["conv2.weight"])
+        # fc1's weight-gradient splits are summed here, after fc1's products on `side` (joined): on `side` the
+        # sum's blocks took the SMs just as conv2's gradients could start (docs/performance.md)
+        fc1_splits, _ = linear_splitk.weight_splits(n, self.features, self.hidden)
+        if fc1_splits > 1:
+            self.side.join()
+            ops.splitk_reduce.splitk_reduce(self.fc1_w_partial, fc1_splits, self.g["fc1.weight"])
+
+    def backward(self, n: int):
+        p, g, c1, c2 = self.p, self.g, self.c1, self.c2
+        # fc1's weight-gradient products first: behind the head's sums they would start only as BN2's
+        # backward apply does, and contend with it (docs/performance.md)
+        self.side.run(lambda: self._fc1_weight_grad(n))
+        self.side.run(lambda: self._head_sums(n))
+        linear_splitk.backward_input(
+            self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden, precision=self.precision
+        )
+        bn_relu_pool.backward_reduce(
+            self.a2_at,
+            self.mean2,
+            self.invstd2,
+            self.d_features,
+            self.argmax2,
+            n,
+            c2,
+            S2,
+            self.partial2,
+            self.counters2[1],
+            g["bn2.weight"],
+            g["bn2.bias"],
+        )
+        bn_relu_pool.backward_apply(
+            self.a2,
+            self.mean2,
+            self.invstd2,
+            p["bn2.weight"],
+            g["bn2.weight"],
+            g["bn2.bias"],
+            self.d_features,
+            self.argmax2,
+            n,
+            c2,
+            S2,
+            self.d_a2,
+        )
+        self.conv_side.run(lambda: self._conv2_weight_grad(n))
+        conv2_implicit_gemm.backward_input(
+            self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision, self.conv2_input_grad
+        )
+        conv1_bn_relu_pool.backward(
+            self.x,
+            p["conv1.weight"],
+            self.mean1,
+            self.invstd1,
+            p["bn1.weight"],
+            self.x_moments,
+            self.d_out1,
+            self.argmax1,
+            n,
+            c1,
+            self.partial1,
+            self.counters1[1],
+            g["bn1.weight"],
+            g["bn1.bias"],
+            g["conv1.weight"],
+        )
+        self.conv_side.join()
+        self.side.join()
+
+    def update(self, opt):
+        """The optimizer's step (optim.Optimizer), fused with the zero-grad (ALIGN keeps the flat buffers'
+        size a multiple of 4)."""
+        p, o = self.params, opt.options
+        if o.plain:
+            sgd_zero_grad(p.params, p.grads, o.lr)
+            return
+        opt.schedule()
+        sgd_momentum_zero_grad(
+            p.params,
+            p.grads,
+            opt.buffers if opt.buffers is not None else p.grads,
+            opt.lr,
+            opt.first,
+            o.momentum,
+            o.dampening,
+            o.weight_decay,
+            o.nesterov,
+        )
+
+    def zero_grad(self):
+        """Nothing to do: the update zeroes the gradients."""
+
+    def decisions(self, n: int) -> dict:
+        """As NaiveNet.decisions. The blocks' argmax holds NO_POSITION where the ReLU blocked the window; there
+        the reference's value and gradient are 0 whatever the position, so it reads as position 0."""
+
+        def positions(argmax):
+            argmax = argmax[:n].get()
+            return np.where(argmax == NO_POSITION, 0, argmax).astype(np.uint8)
+
+        return {
+            "block1": (positions(self.argmax1), self.out1[:n].get() > 0),
+            "block2": (positions(self.argmax2), self.out2[:n].get() > 0),
+            "fc1": self.fc1_out[:n].get() > 0,
+        }
