@@ -155,9 +155,9 @@ class Optimizer:
 
     def schedule(self):
         """This step's rate and first-step flag, on the current stream (before the update kernel)."""
-        from .ops import naive
+        from .ops import both
 
-        naive.sgd_schedule(self.state, self.lr, self.first, self.options.schedule.kernel_args(self.options.lr))
+        both.sgd_schedule(self.state, self.lr, self.first, self.options.schedule.kernel_args(self.options.lr))
 
     def buffer_state(self) -> dict[str, np.ndarray]:
         """The momentum buffers by checkpoint name (MOMENTUM_PREFIX + parameter name); empty without momentum."""

@@ -94,7 +94,7 @@ class Step:
         src = self.stage[slot]
         rt.memcpyAsync(self.batch[slot].data.ptr, src.ctypes.data, src.nbytes, rt.memcpyHostToDevice, stream)
         if self.augment and train:
-            ops.naive.shift_images(self.x[slot], self.offsets[slot], self.shifted[slot], n)
+            ops.both.shift_images(self.x[slot], self.offsets[slot], self.shifted[slot], n)
         self.net.prepare_batch(self.inputs[slot] if train else self.x[slot], n, slot)
 
     def phases(self, slot: int):

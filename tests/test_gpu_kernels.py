@@ -71,7 +71,7 @@ def _conv2_product_cases():
 
 @pytest.fixture
 def without_arch_specific():
-    """Kernels compiled for plain sm_XY: on a Hopper GPU, conv2_implicit_gemm.cu's mma.sync form instead of
+    """Kernels compiled for plain sm_XY: on a Hopper GPU, 2_conv2_implicit_gemm.cu's mma.sync form instead of
     wgmma."""
     from mnist_cuda import cuda
 

@@ -22,7 +22,7 @@ def compile_errors(arch: str) -> dict[str, str]:
     return {path: log for path, s in SOURCES.items() if (log := s.compile_check(arch)) is not None}
 
 
-@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_80"])  # sm_90a: conv2_implicit_gemm.cu's wgmma form
+@pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_80"])  # sm_90a: 2_conv2_implicit_gemm.cu's wgmma form
 def test_every_source_compiles(arch):
     pytest.importorskip("cupy", reason=NEEDS_CUPY)
     errors = compile_errors(arch)
@@ -33,14 +33,14 @@ def test_compile_check_reports_errors(monkeypatch):
     pytest.importorskip("cupy", reason=NEEDS_CUPY)
     real = cuda.read_source
     monkeypatch.setattr(
-        cuda, "read_source", lambda path: real(path) + ("\nint broken(" if path == "naive/sgd.cu" else "")
+        cuda, "read_source", lambda path: real(path) + ("\nint broken(" if path == "naive/8_sgd.cu" else "")
     )
     errors = compile_errors("sm_90")
-    assert list(errors) == ["naive/sgd.cu"] and "error" in errors["naive/sgd.cu"]
+    assert list(errors) == ["naive/8_sgd.cu"] and "error" in errors["naive/8_sgd.cu"]
 
 
 def test_headers_are_inlined_once():
-    src = cuda.read_source("naive/batchnorm.cu")
+    src = cuda.read_source("naive/3_batchnorm.cu")
     assert '#include "common.cuh"' not in src and src.count("block_sum(float v)") == 1
     for path in SOURCES:  # also where several headers include the same one
         text = cuda.read_source(path)
@@ -50,11 +50,11 @@ def test_headers_are_inlined_once():
 
 
 def test_every_source_file_is_declared_once():
-    """Every .cu file under kernels/ is in naive/ or fast/ and declared by exactly one ops Source."""
+    """Every .cu file under kernels/ is in naive/, fast/ or both/ and declared by exactly one ops Source."""
     on_disk = sorted(p.relative_to(KERNEL_DIR).as_posix() for p in KERNEL_DIR.rglob("*.cu"))
     declared = [s.path for s in cuda.sources()]
     assert sorted(declared) == on_disk
-    assert all(p.split("/")[0] in ("naive", "fast") and p.count("/") == 1 for p in on_disk), on_disk
+    assert all(p.split("/")[0] in ("naive", "fast", "both") and p.count("/") == 1 for p in on_disk), on_disk
     with pytest.raises(ValueError, match="declared twice"):
         cuda.Source(declared[0], {})
 
@@ -97,20 +97,22 @@ def test_every_entry_point_is_declared_and_every_declared_kernel_exists():
 
 
 def test_kernel_names_say_their_version():
-    """kernels/naive/ and kernels/fast/ pair by name: every naive kernel is <op>_naive (except
-    count_correct, the evaluation's, and sgd_schedule, the optimizer's one-thread rate: both versions use
-    them), every fast kernel <...>_fast. (shift_images_naive, the augmentation, has no fast form.)"""
+    """kernels/naive/ and kernels/fast/ pair by name: every naive kernel is <op>_naive, every fast kernel
+    <...>_fast. A kernel both versions launch (kernels/both/: the augmentation's shift, the optimizer's
+    one-thread rate, the evaluation's accuracy count) is neither, alone in a file named after it."""
     for path in SOURCES:
-        for name in cuda.entry_points(cuda.read_source(path)):
-            if path.startswith("naive/"):
-                assert name.endswith("_naive") or name in ("count_correct", "sgd_schedule"), (path, name)
-            else:
-                assert name.endswith("_fast"), (path, name)
+        folder, names = path.split("/")[0], cuda.entry_points(cuda.read_source(path))
+        if folder == "both":
+            assert names == [path[len("both/") : -len(".cu")]], (path, names)
+            assert not names[0].endswith(("_naive", "_fast")), (path, names)
+        for name in names:
+            assert folder == "both" or name.endswith(f"_{folder}"), (path, name)
 
 
 def fast_forms() -> dict[str, set[str]]:
     """For each fast file, the naive files its header says it is the fast form of ("the fast form of
-    naive/batchnorm.cu, relu.cu and maxpool.cu ...")."""
+    naive/3_batchnorm.cu, 4_relu.cu and 5_maxpool.cu ..."), or none where it says "the fast form of no naive file"
+    (every fast file's header says one or the other)."""
     out = {}
     for path in SOURCES:
         if not path.startswith("fast/"):
@@ -121,6 +123,7 @@ def fast_forms() -> dict[str, set[str]]:
                 break
             header.append(line[2:].strip())
         m = re.search(r"the fast form of (naive/.*?)[.:;](?:\s|$)", " ".join(header))
+        assert m or "the fast form of no naive file" in " ".join(header), path
         out[path] = {f"naive/{name}.cu" for name in re.findall(r"(\w+)\.cu", m.group(1))} if m else set()
     return out
 
@@ -130,10 +133,10 @@ def test_fast_files_name_the_naive_files_they_replace():
     naive_files = {p for p in SOURCES if p.startswith("naive/")}
     for path, replaced in forms.items():
         assert replaced <= naive_files, (path, replaced - naive_files)
-    # splitk_reduce.cu is the second half of the split-K products (linear_splitk.cu, conv2's weight gradient)
-    assert {p for p, replaced in forms.items() if not replaced} == {"fast/splitk_reduce.cu"}
-    # every naive op has a fast form, but the augmentation's shift, which both versions run before the model
-    assert set().union(*forms.values()) == naive_files - {"naive/shift.cu"}
+    # 6_splitk_reduce.cu is the second half of the split-K products (4_linear_splitk.cu, conv2's weight gradient)
+    assert {p for p, replaced in forms.items() if not replaced} == {"fast/6_splitk_reduce.cu"}
+    # every naive op has a fast form (the kernels both versions launch are kernels/both/'s)
+    assert set().union(*forms.values()) == naive_files
 
 
 def case_kernels(case) -> list[str]:
@@ -142,26 +145,31 @@ def case_kernels(case) -> list[str]:
 
 
 def test_kernel_cases_group_by_op_family():
-    """mnist_cuda.kernel_cases' OPS: one family per naive file; every case listed; each family's naive cases
-    first; a naive case under its own file's family, a fast case only under families whose naive files
-    its kernels' files say they replace."""
+    """mnist_cuda.kernel_cases' OPS: one family per naive file (its op) and one per kernels/both/ file (its
+    kernel); every case listed; each family's cases without a fast kernel first; such a case under exactly
+    the families of its kernels' files, a fast case only under those of its naive and both files and of the
+    naive files its fast kernels' files say they replace."""
     from mnist_cuda import kernel_cases as kc
 
-    naive_files = {p for p in SOURCES if p.startswith("naive/")}
-    family = lambda naive_file: naive_file[len("naive/") : -len(".cu")]
-    assert list(kc.OPS) == list(kc.FAMILIES) and set(kc.FAMILIES) == {family(p) for p in naive_files}
+    def family(path: str) -> str:  # naive/3_batchnorm.cu -> batchnorm; both/count_correct.cu -> count_correct
+        m = re.fullmatch(r"naive/\d_(\w+)\.cu|both/(\w+)\.cu", path)
+        return m.group(1) or m.group(2)
+
+    family_files = [p for p in SOURCES if not p.startswith("fast/")]
+    assert list(kc.OPS) == list(kc.FAMILIES) and sorted(kc.FAMILIES) == sorted(family(p) for p in family_files)
     assert {c.name for cases in kc.OPS.values() for c in cases} == {c.name for c in kc.all_cases()}
     file_of = {k.split("<")[0]: path for path, s in SOURCES.items() for k in s.kernels}
     forms = fast_forms()
-    is_naive = lambda case: all(file_of[k].startswith("naive/") for k in case_kernels(case))
+    no_fast = lambda case: not any(file_of[k].startswith("fast/") for k in case_kernels(case))
     for case in kc.all_cases():
         files = {file_of[k] for k in case_kernels(case)}
-        allowed = {family(n) for f in files for n in ({f} if f.startswith("naive/") else forms[f])}
+        allowed = {family(n) for f in files for n in (forms[f] if f.startswith("fast/") else {f})}
         assert case.ops and set(case.ops) <= allowed, (case.name, case.ops, allowed)
-        if is_naive(case):
-            assert len(case.ops) == 1, case.name
+        assert len(set(case.ops)) == len(case.ops), case.name
+        if no_fast(case):
+            assert set(case.ops) == allowed, (case.name, case.ops, allowed)
     for name, cases in kc.OPS.items():
-        kinds = [is_naive(c) for c in cases]
+        kinds = [no_fast(c) for c in cases]
         assert kinds[0] and kinds == sorted(kinds, reverse=True), (name, [c.name for c in cases])
 
 
@@ -186,8 +194,8 @@ def test_every_required_macro_is_defined():
 
 
 def unlaunchable_kernel():
-    """A fresh Kernel of naive/sgd.cu whose compilation fails the test: the type check must come first."""
-    kernel = cuda.Kernel(SOURCES["naive/sgd.cu"], "sgd_naive")
+    """A fresh Kernel of naive/8_sgd.cu whose compilation fails the test: the type check must come first."""
+    kernel = cuda.Kernel(SOURCES["naive/8_sgd.cu"], "sgd_naive")
 
     def compiled():
         raise AssertionError("the argument check must run before the kernel is compiled or launched")
@@ -343,7 +351,7 @@ def test_fc1_input_grad_form_by_batch(monkeypatch):
 
 
 def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
-    """conv2_implicit_gemm.cu's stage_weight_quad<FLIPPED, Precision::Fp32, F> for quad q, in Python."""
+    """2_conv2_implicit_gemm.cu's stage_weight_quad<FLIPPED, Precision::Fp32, F> for quad q, in Python."""
     from mnist_cuda.kernel_cases.conv2d import split_tf32
 
     c_out, c_in = (w.shape[1], w.shape[0]) if flipped else w.shape[:2]
@@ -408,29 +416,27 @@ def test_conv2_staged_weights_must_fit_their_form():
 
 
 def test_a_net_compiles_only_the_sources_it_launches_from():
-    """A step of the fast net compiles kernels/fast/ and the three naive sources it shares (the accuracy count,
-    the optimizer's schedule, the augmentation's shift), not the naive net's; every naive function that the
-    fast net, the step runner or the optimizer calls launches from one of those."""
+    """A step of a net compiles its own folder's sources and kernels/both/ (the augmentation's shift, the
+    optimizer's schedule, the accuracy count), not the other net's; the fast net, the step runner and the
+    optimizer call no naive function, and every function of ops.both they call launches from kernels/both/."""
     import inspect
 
     from mnist_cuda import nets, optim, step
-    from mnist_cuda.ops import naive
+    from mnist_cuda.ops import both
 
-    fast = {s.path for s in nets.kernel_sources("fast")}
-    assert {p for p in SOURCES if p.startswith("fast/")} <= fast
-    assert fast - {p for p in SOURCES if p.startswith("fast/")} == {
-        "naive/cross_entropy.cu",
-        "naive/sgd.cu",
-        "naive/shift.cu",
-    }
-    assert {s.path for s in nets.kernel_sources("naive")} == {p for p in SOURCES if p.startswith("naive/")}
+    in_folder = lambda folder: {p for p in SOURCES if p.startswith(f"{folder}/")}
+    both_files = {"both/shift_images.cu", "both/sgd_schedule.cu", "both/count_correct.cu"}
+    assert {s.path for s in both.SOURCES} == in_folder("both") == both_files
+    assert {s.path for s in nets.kernel_sources("fast")} == in_folder("fast") | in_folder("both")
+    assert {s.path for s in nets.kernel_sources("naive")} == in_folder("naive") | in_folder("both")
     assert {s.path for s in nets.kernel_sources(None)} == set(SOURCES)
     callers = "".join(inspect.getsource(c) for c in (nets.base._Net, nets.FastNet, step.Step, optim.Optimizer))
-    called = set(re.findall(r"naive\.(\w+)\(", callers))
-    assert {"count_correct", "sgd_schedule", "shift_images"} <= called
+    assert re.findall(r"\bnaive\.(\w+)\(", callers) == []
+    called = set(re.findall(r"\bboth\.(\w+)\(", callers))
+    assert called == {"count_correct", "sgd_schedule", "shift_images"}
     for function in called:
-        for kernel in re.findall(r'_k\["(\w+)"\]', inspect.getsource(getattr(naive, function))):
-            assert naive._k[kernel].source.path in fast, (function, kernel)
+        kernels = re.findall(r'_k\["(\w+)"\]', inspect.getsource(getattr(both, function)))
+        assert kernels == [function] and both._k[function].source.path == f"both/{function}.cu", (function, kernels)
 
 
 class _SlowKernel:

@@ -1,4 +1,4 @@
-// gemm_tile.cuh: the tiled matrix-product core of fc1's kernels (fast/linear_splitk.cu), on the tensor
+// gemm_tile.cuh: the tiled matrix-product core of fc1's kernels (fast/4_linear_splitk.cu), on the tensor
 // cores in 3xTF32 (Precision::Fp32) or in bf16 (Precision::Bf16; tensor_core.cuh):
 //
 //   C[m][n] = sum_k A(m, k) * B(k, n)
@@ -7,7 +7,7 @@
 // thread in registers. The operands pass through shared memory TILE_K steps of k at a time, so each
 // element loaded from global memory is used 64 times. A and B are Dense matrices with any strides;
 // A_K_CONTIGUOUS / B_N_CONTIGUOUS say which index of the operand is adjacent in memory, so that each copy
-// takes adjacent addresses. (conv2's kernels stage whole images instead: fast/conv2_implicit_gemm.cu.)
+// takes adjacent addresses. (conv2's kernels stage whole images instead: fast/2_conv2_implicit_gemm.cu.)
 //
 // Each output is a sum over k in a fixed order: results are deterministic.
 #pragma once

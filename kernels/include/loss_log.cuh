@@ -1,4 +1,4 @@
-// loss_log.cuh: how a loss kernel records the step's loss (naive/cross_entropy.cu, fast/head.cu).
+// loss_log.cuh: how a loss kernel records the step's loss (naive/7_cross_entropy.cu, fast/5_head.cu).
 // NUM_CLASSES comes from mnist_cuda/ops as an NVRTC -D option.
 #pragma once
 #if !defined(NUM_CLASSES)

@@ -91,7 +91,7 @@ class TorchSide:
             self.offsets = torch.zeros((batch, 2), dtype=torch.int64, device=dev)
             self.grid = torch.arange(data.IMAGE_SIZE, device=dev)
             if not self._shifts_exactly(dev):
-                raise RuntimeError("torch's shift of the images differs from shift_images_naive's")
+                raise RuntimeError("torch's shift of the images differs from shift_images's")
 
     def _make_optimizer(self, optimizer, dev):
         """Plain SGD: fused, the rate a number. SGD's options: eagerly, torch's optimizer and its scheduler

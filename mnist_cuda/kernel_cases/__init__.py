@@ -18,14 +18,16 @@ takes in square brackets. Case.ops names the op families the case covers; OPS gr
 
     common         Case, Prepared, Dims, the op families, the tolerances, the shared helpers, check()
     conv2d         the convolutions' cases (naive, and conv2's fast products), weight_quads (conv2's staging)
-    naive          the other naive kernels' cases: batchnorm, relu, maxpool, linear, the loss, normalize, shift
+    naive          the other naive kernels' cases: batchnorm, relu, maxpool, linear, the loss, normalize
+    both           the cases of the kernels both nets launch: the augmentation's shift, the accuracy count
     fast_blocks    the fused conv blocks' cases (conv1's and block 2's kernels) and their argmax comparisons
     fast_fc        fc1's fast products and the head's
-    sgd            the optimizer's (both versions)
-    lists          naive_cases(), fast_cases(), all_cases() and OPS, the cases by op family
+    sgd            the optimizer's (both versions, at the rate sgd_schedule computes)
+    lists          naive_cases(), both_cases(), fast_cases(), all_cases() and OPS, the cases by op family
     __main__       the command that lists them
 """
 
+from .both import count_correct_case, shift_images_case
 from .common import (
     BF16_TOL,
     BLOCK1_OPS,
@@ -67,18 +69,16 @@ from .fast_blocks import (
     values_at_positions,
 )
 from .fast_fc import head_fast_case, linear_fast_case, linear_fast_cases
-from .lists import OPS, all_cases, fast_cases, naive_cases
+from .lists import OPS, all_cases, both_cases, fast_cases, naive_cases
 from .naive import (
     bn_apply_case,
     bn_backward_case,
     bn_stats_case,
-    count_correct_case,
     cross_entropy_case,
     linear_case,
     normalize_case,
     pool_case,
     relu_case,
-    shift_case,
 )
 from .sgd import sgd_case, sgd_fast_case, sgd_momentum_case
 
@@ -116,7 +116,7 @@ __all__ = [
     "cross_entropy_case",
     "count_correct_case",
     "normalize_case",
-    "shift_case",
+    "shift_images_case",
     "argmax_near_ties",
     "blocked_positions",
     "positions_near_ties",
@@ -135,6 +135,7 @@ __all__ = [
     "sgd_momentum_case",
     "fast_cases",
     "naive_cases",
+    "both_cases",
     "all_cases",
     "OPS",
 ]

@@ -14,11 +14,26 @@ from .. import reference as ref
 from ..ops import conv2_implicit_gemm as conv2
 
 EPS, MOMENTUM = ref.BN_EPS, ref.BN_MOMENTUM
-# The op families, one per file of kernels/naive/. A fast case belongs to every family whose naive
-# kernels its kernels replace (each kernels/fast/ file's header names them: "the fast form of naive/...").
-FAMILIES = ("normalize", "conv2d", "batchnorm", "relu", "maxpool", "linear", "cross_entropy", "sgd", "shift")
-BLOCK1_OPS = ("normalize", "conv2d", "batchnorm", "relu", "maxpool")  # conv1_bn_relu_pool.cu
-BLOCK2_OPS = ("batchnorm", "relu", "maxpool")  # bn_relu_pool.cu
+# The op families: one per file of kernels/naive/ (its op: naive/3_batchnorm.cu, batchnorm), in the step's
+# order, then one per file of kernels/both/, the kernels both nets launch (its kernel: both/count_correct.cu,
+# count_correct). A case belongs to the families of its kernels' naive and both files, and a fast case to
+# every family whose naive kernels its kernels replace (each kernels/fast/ file's header names them: "the
+# fast form of naive/...").
+FAMILIES = (
+    "normalize",
+    "conv2d",
+    "batchnorm",
+    "relu",
+    "maxpool",
+    "linear",
+    "cross_entropy",
+    "sgd",
+    "shift_images",
+    "sgd_schedule",
+    "count_correct",
+)
+BLOCK1_OPS = ("normalize", "conv2d", "batchnorm", "relu", "maxpool")  # 1_conv1_bn_relu_pool.cu
+BLOCK2_OPS = ("batchnorm", "relu", "maxpool")  # 3_bn_relu_pool.cu
 
 
 @dataclasses.dataclass

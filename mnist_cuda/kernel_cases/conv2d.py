@@ -61,7 +61,7 @@ def round_bf16_bits(v: np.ndarray) -> np.ndarray:
 
 def weight_quads(w: np.ndarray, product: str, precision: str = "fp32") -> np.ndarray:
     """What conv2_stage_weights_fast writes for one product, from w [K, C, 3, 3]
-    (fast/conv2_implicit_gemm.cu): the forward's (`product` "forward" or "forward_stacked") or the input
+    (fast/2_conv2_implicit_gemm.cu): the forward's (`product` "forward" or "forward_stacked") or the input
     gradient's (flipped; `product` "backward_input" or "backward_input_paired"). Float4s
     [tile][chunk][tap][quad][row] holding channels chunk*8 + quad*4 + 0..3 of an output channel of the tile.
     In fp32 the rows hold the big TF32 parts of the tile's channels, then their small parts: 64 channels (128

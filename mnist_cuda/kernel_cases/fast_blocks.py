@@ -69,7 +69,7 @@ def positions_near_ties(windows, peak):
 
 
 def values_at_positions(a_windows, z_windows, peak):
-    """A comparison for batchnorm_relu_maxpool_fast's x_at, a's value at the window's chosen position: where
+    """A comparison for batchnorm_relu_maxpool_fast's a_at, a's value at the window's chosen position: where
     the ReLU passed the window (peak above 1e-5), it must be exactly a's value at a position whose z is within
     1e-5 of the peak (argmax_near_ties' rule). Blocked windows are not compared: their position is never read."""
 
@@ -226,16 +226,16 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
             work = (2.0 * a.size * 9, _bytes(xd) + pooled.nbytes / 2)
             return Prepared(run, outs, expected, work, compare={"argmax": compare})
         a_windows = ref._pool_windows(x.astype(np.float64))
-        outs["x_at"] = _poison(pooled.shape)
-        expected["x_at"] = np.take_along_axis(a_windows, argmax.astype(np.int64)[..., None] % 4, -1)[..., 0]
-        run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am, outs["x_at"])
+        outs["a_at"] = _poison(pooled.shape)
+        expected["a_at"] = np.take_along_axis(a_windows, argmax.astype(np.int64)[..., None] % 4, -1)[..., 0]
+        run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am, outs["a_at"])
         work = (3.0 * x.size, _bytes(x) + pooled.nbytes + argmax.nbytes)
         return Prepared(
             run,
             outs,
             expected,
             work,
-            compare={"argmax": compare, "x_at": values_at_positions(a_windows, ref._pool_windows(z), peak)},
+            compare={"argmax": compare, "a_at": values_at_positions(a_windows, ref._pool_windows(z), peak)},
         )
 
     mode = "[train]" if train else "[eval]"
@@ -284,14 +284,14 @@ def block_backward_fast_case(layer, per_block=None):
         dx = _poison(x.shape)
         partial = _poison(bn_relu_pool.partial_size(K))
         pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
-        # x at the argmax, as the forward stores it (float32 values picked, so exact)
-        x_at = _dev(np.take_along_axis(ref._pool_windows(x), argmax.astype(np.int64)[..., None], -1)[..., 0])
+        # a_at, a (here the block's input x) at the argmax, as the forward stores it (float32 values picked, so exact)
+        a_at = _dev(np.take_along_axis(ref._pool_windows(x), argmax.astype(np.int64)[..., None], -1)[..., 0])
 
         def run():
-            bn_relu_pool.backward_reduce(x_at, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)
+            bn_relu_pool.backward_reduce(a_at, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)
             bn_relu_pool.backward_apply(xd, *common, gd, dg, db, *pooled_in, N, K, S, dx)
 
-        # reads: x and the pooled gradient, argmax twice and x_at once (float64 pooled: 8 bytes a value)
+        # reads: x and the pooled gradient, argmax twice and a_at once (float64 pooled: 8 bytes a value)
         return Prepared(
             run,
             {"dgamma": dg, "dbeta": db, "dx": dx, "counters": counters},

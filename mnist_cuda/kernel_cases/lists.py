@@ -1,9 +1,11 @@
-"""The lists of cases: the naive ones, the fast ones, all of them, and OPS, all of them by op family."""
+"""The lists of cases: the naive ones, those of the kernels both nets launch, the fast ones, all of them, and
+OPS, all of them by op family."""
 
 from __future__ import annotations
 
 from ..ops import conv1_bn_relu_pool as conv1
 from ..ops import conv2_implicit_gemm as conv2
+from .both import count_correct_case, shift_images_case
 from .common import FAMILIES, Case
 from .conv2d import (
     conv2_product_cases,
@@ -24,13 +26,11 @@ from .naive import (
     bn_apply_case,
     bn_backward_case,
     bn_stats_case,
-    count_correct_case,
     cross_entropy_case,
     linear_case,
     normalize_case,
     pool_case,
     relu_case,
-    shift_case,
 )
 from .sgd import sgd_case, sgd_fast_case, sgd_momentum_case
 
@@ -57,6 +57,7 @@ def fast_cases() -> list[Case]:
 
 
 def naive_cases() -> list[Case]:
+    """The naive kernels' cases (the updates' with the rate sgd_schedule, a kernel of kernels/both/, computes)."""
     cases = []
     for layer in (1, 2):
         cases += [
@@ -72,24 +73,29 @@ def naive_cases() -> list[Case]:
     cases += [conv_backward_input_case(), relu_case(), relu_case(backward=True)]
     for layer in ("fc1", "fc2"):
         cases += [linear_case(layer, part) for part in ("forward", "backward_input", "backward_params")]
-    cases += [normalize_case(), cross_entropy_case(), count_correct_case(), sgd_case()]
+    cases += [normalize_case(), cross_entropy_case(), sgd_case()]
     cases += [sgd_momentum_case("naive", started) for started in (False, True)]
-    cases += [shift_case()]
     return cases
 
 
+def both_cases() -> list[Case]:
+    """The cases of the kernels both nets launch (but sgd_schedule's, which are the updates' in sgd.py)."""
+    return [shift_images_case(), count_correct_case()]
+
+
 def all_cases() -> list[Case]:
-    return naive_cases() + fast_cases()
+    return naive_cases() + both_cases() + fast_cases()
 
 
 def _group(cases: list[Case]) -> dict[str, list[Case]]:
     return {family: [c for c in cases if family in c.ops] for family in FAMILIES}
 
 
-# The cases by op family (FAMILIES, the files of kernels/naive/): each family's naive cases first, then
-# every fast case whose kernels replace some of its work. A fused fast kernel replaces several ops and
-# so is listed under each: conv1's kernels under normalize, conv2d, batchnorm, relu and maxpool (they
-# read the bytes and normalise as they stage, and never store conv1's output); block 2's BatchNorm +
+# The cases by op family (FAMILIES, the files of kernels/naive/ and kernels/both/): each family's cases without
+# a fast kernel first, then every fast case whose kernels replace some of its work. A fused fast kernel replaces
+# several ops and so is listed under each: conv1's kernels under normalize, conv2d, batchnorm, relu and maxpool
+# (they read the bytes and normalise as they stage, and never store conv1's output); block 2's BatchNorm +
 # ReLU + maxpool under those three; fc1's forward under linear and relu (its ReLU runs in
-# splitk_reduce_fast); the head under linear (fc2), relu (fc1's ReLU backward) and cross_entropy.
+# splitk_reduce_fast); the head under linear (fc2), relu (fc1's ReLU backward) and cross_entropy. A case of
+# an update at the rate sgd_schedule computes is listed under sgd and sgd_schedule.
 OPS: dict[str, list[Case]] = _group(all_cases())

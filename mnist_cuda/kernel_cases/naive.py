@@ -1,5 +1,5 @@
 """The naive kernels' cases of the families but conv2d and sgd (conv2d.py and sgd.py hold those): batchnorm,
-relu, maxpool, linear, the loss and the evaluation's count, normalize, and the augmentation's shift."""
+relu, maxpool, linear, the loss and normalize."""
 
 from __future__ import annotations
 
@@ -172,21 +172,6 @@ def cross_entropy_case():
     return Case("cross_entropy_naive", make, ops=("cross_entropy",))
 
 
-def count_correct_case():
-    def make(rng, d):
-        import cupy
-
-        N = d.batch
-        logits, labels = _f32(rng, (N, 10)), rng.integers(0, 10, N).astype(np.int32)
-        correct = cupy.array([5], dtype=cupy.int32)  # accumulates
-        args = (_dev(logits), _dev(labels, np.int32))
-        run = lambda: naive.count_correct(*args, correct, N)
-        want = 5 + int((logits.argmax(1) == labels).sum())
-        return Prepared(run, {"correct": correct}, {"correct": [want]}, (10.0 * N, _bytes(logits)))
-
-    return Case("count_correct", make, ops=("cross_entropy",))
-
-
 def normalize_case():
     """normalize_naive (and normalize_pixel, common.cuh, which the fast conv1 kernels use): bit for bit
     what data.normalize computes on the host, for all 256 byte values and a batch of random images."""
@@ -201,18 +186,3 @@ def normalize_case():
         return Prepared(run, {"x": out}, {"x": host}, (2.0 * images.size, images.nbytes * 5), compare={"x": _exact})
 
     return Case("normalize_naive", make, ops=("normalize",))
-
-
-def shift_case():
-    """shift_images_naive: every image moved by its own offset, exactly as numpy moves it."""
-
-    def make(rng, d):
-        n, size = d.batch, data.IMAGE_SIZE
-        images = rng.integers(0, 256, (n, 1, size, size), dtype=np.uint8)
-        offsets = rng.integers(-3, 4, (n, 2)).astype(np.int8)
-        xd, od, out = _dev(images, np.uint8), _dev(offsets, np.int8), _poison((n, 1, size, size), np.uint8)
-        run = lambda: naive.shift_images(xd, od, out, n)
-        want = ref.shift_images(images, offsets)
-        return Prepared(run, {"x": out}, {"x": want}, (0.0, 2.0 * images.nbytes), compare={"x": _exact})
-
-    return Case("shift_images_naive", make, ops=("shift",))

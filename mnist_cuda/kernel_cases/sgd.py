@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import reference as ref
-from ..ops import naive
+from ..ops import both, naive
 from ..ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
 from .common import Case, Prepared, _bytes, _dev, _f32
 
@@ -65,7 +65,7 @@ def sgd_momentum_case(version: str, started: bool):
 
         def run():
             state[0] = t  # (a replay by the benchmark takes the same step)
-            naive.sgd_schedule(state, lr_d, first_d, schedule.kernel_args(lr))
+            both.sgd_schedule(state, lr_d, first_d, schedule.kernel_args(lr))
             update = naive.sgd_momentum if version == "naive" else sgd_momentum_zero_grad
             update(pd, gd, bd, lr_d, first_d, momentum, dampening, weight_decay, nesterov)
 
@@ -81,4 +81,4 @@ def sgd_momentum_case(version: str, started: bool):
         return Prepared(run, got, want, (6.0 * n, 5 * _bytes(p)))
 
     kernel = "sgd_momentum_naive" if version == "naive" else "sgd_momentum_zero_grad_fast"
-    return Case(f"sgd_schedule+{kernel}[{'later' if started else 'first'} step]", make, ops=("sgd",))
+    return Case(f"sgd_schedule+{kernel}[{'later' if started else 'first'} step]", make, ops=("sgd", "sgd_schedule"))

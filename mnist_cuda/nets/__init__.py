@@ -6,6 +6,7 @@
     NaiveNet     the step as the plain kernels of kernels/naive/: one op per launch.
     FastNet      the step as the fused kernels of kernels/fast/, with side streams for the work nothing
                  reads until the update (a graph captures them as branches).
+Both launch the kernels of kernels/both/ too: the augmentation's shift, the optimizer's schedule, the accuracy count.
 
 A net holds the activations of one batch size, allocated once: a step allocates nothing. Its methods
 launch on the current stream; mnist_cuda.step drives them (staging, loads, graphs, evaluation).
@@ -20,7 +21,7 @@ This module holds make_net, the net of a kernel version, and kernel_sources, the
 from __future__ import annotations
 
 from .. import cuda
-from ..ops import naive
+from ..ops import both
 from .base import CLASSES, EPS, KERNEL_VERSIONS, LOSS_CAPACITY, MOMENTUM, PRECISIONS, S1, S2, S3, SLOTS
 from .fast_net import FastNet
 from .naive_net import NaiveNet
@@ -48,15 +49,15 @@ __all__ = [
 
 def kernel_sources(kernels: str | None) -> list[cuda.Source]:
     """The kernel sources a step and the evaluation of a net of `kernels` launch from, the ones
-    mnist_cuda.cuda.preload compiles for it: its folder's (kernels/naive/ or kernels/fast/) and the naive
-    ones every net shares (the accuracy count, the optimizer's schedule, the augmentation's shift); every
-    declared source for None."""
+    mnist_cuda.cuda.preload compiles for it: its folder's (kernels/naive/ or kernels/fast/) and kernels/both/,
+    the ones every net launches (the augmentation's shift, the optimizer's schedule, the accuracy count);
+    every declared source for None."""
     if kernels is None:
         return cuda.sources()
     if kernels not in KERNEL_VERSIONS:
         raise ValueError(f"unknown kernel version {kernels!r}; choose from {KERNEL_VERSIONS}")
     own = [s for s in cuda.sources() if s.path.startswith(f"{kernels}/")]
-    return list(dict.fromkeys(own + list(naive.SHARED_SOURCES)))
+    return list(dict.fromkeys(own + list(both.SOURCES)))
 
 
 def make_net(params: Parameters, batch_size: int, kernels: str = "fast", precision: str = "fp32"):

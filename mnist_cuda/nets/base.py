@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import data, reference
-from ..ops import naive
+from ..ops import both
 from .parameters import Parameters
 
 S1 = data.IMAGE_SIZE  # conv1's images
@@ -25,7 +25,8 @@ SLOTS = 2  # device input buffers a step alternates between (FastNet keeps the i
 
 
 class _Net:
-    """What both versions share: sizes, the loss log, the accuracy counter."""
+    """What both versions share: sizes, the loss log, the accuracy counter, the update (each version names its
+    optimizer kernels, sgd and sgd_momentum)."""
 
     def __init__(self, params: Parameters, batch_size: int):
         if batch_size < 1:
@@ -46,9 +47,29 @@ class _Net:
     def prepare_batch(self, x, n: int, slot: int):
         """Work on a batch that depends on its images alone, launched right after its load."""
 
+    def update(self, opt):
+        """The optimizer's step (optim.Optimizer) by the net's kernels: plain SGD at a constant rate, or with its
+        options (its schedule's rate first)."""
+        p, o = self.params, opt.options
+        if o.plain:
+            self.sgd(p.params, p.grads, o.lr)
+            return
+        opt.schedule()
+        self.sgd_momentum(
+            p.params,
+            p.grads,
+            opt.buffers if opt.buffers is not None else p.grads,
+            opt.lr,
+            opt.first,
+            o.momentum,
+            o.dampening,
+            o.weight_decay,
+            o.nesterov,
+        )
+
     def count_correct(self, labels, correct, n: int):
         """correct += the samples of the last forward whose largest logit is the label."""
-        naive.count_correct(self.logits, labels, correct, n)
+        both.count_correct(self.logits, labels, correct, n)
 
     def losses(self, reset: bool = False) -> np.ndarray:
         """The losses logged since the last reset. Synchronises the whole device: the steps may run on

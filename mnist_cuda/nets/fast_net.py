@@ -23,6 +23,10 @@ class FastNet(_Net):
     sums over its blocks; `conv_side` takes conv2's weight gradient, which behind fc1's started late,
     then the sum of fc1's weight-gradient splits."""
 
+    # the optimizer's kernels (_Net.update), each fused with the zero-grad (ALIGN keeps the flat buffers' size a
+    # multiple of 4): plain SGD, and SGD with its options
+    sgd, sgd_momentum = staticmethod(sgd_zero_grad), staticmethod(sgd_momentum_zero_grad)
+
     version = "fast"
 
     def __init__(self, params: Parameters, batch_size: int, precision: str = "fp32"):
@@ -257,26 +261,6 @@ class FastNet(_Net):
         )
         self.conv_side.join()
         self.side.join()
-
-    def update(self, opt):
-        """The optimizer's step (optim.Optimizer), fused with the zero-grad (ALIGN keeps the flat buffers'
-        size a multiple of 4)."""
-        p, o = self.params, opt.options
-        if o.plain:
-            sgd_zero_grad(p.params, p.grads, o.lr)
-            return
-        opt.schedule()
-        sgd_momentum_zero_grad(
-            p.params,
-            p.grads,
-            opt.buffers if opt.buffers is not None else p.grads,
-            opt.lr,
-            opt.first,
-            o.momentum,
-            o.dampening,
-            o.weight_decay,
-            o.nesterov,
-        )
 
     def zero_grad(self):
         """Nothing to do: the update zeroes the gradients."""

@@ -58,6 +58,9 @@ class _NaiveBlock:
 class NaiveNet(_Net):
     """The step as one plain kernel per op (kernels/naive/)."""
 
+    # the optimizer's kernels (_Net.update): plain SGD, and SGD with its options; the zero-grad is a memset
+    sgd, sgd_momentum = staticmethod(naive.sgd), staticmethod(naive.sgd_momentum)
+
     version = "naive"
 
     def __init__(self, params: Parameters, batch_size: int):
@@ -92,25 +95,6 @@ class NaiveNet(_Net):
         naive.linear_backward_input(self.d_fc1_pre, p["fc1.weight"], self.d_features, n, F, H)
         d = self.block2.backward(self.d_features, n, need_input_grad=True)
         self.block1.backward(d, n, need_input_grad=False)
-
-    def update(self, opt):
-        """The optimizer's step (optim.Optimizer): plain SGD at a constant rate, or with its options."""
-        p, o = self.params, opt.options
-        if o.plain:
-            naive.sgd(p.params, p.grads, o.lr)
-            return
-        opt.schedule()
-        naive.sgd_momentum(
-            p.params,
-            p.grads,
-            opt.buffers if opt.buffers is not None else p.grads,
-            opt.lr,
-            opt.first,
-            o.momentum,
-            o.dampening,
-            o.weight_decay,
-            o.nesterov,
-        )
 
     def zero_grad(self):
         grads = self.params.grads

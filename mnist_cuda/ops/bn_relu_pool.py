@@ -1,4 +1,4 @@
-"""The launch contracts of kernels/fast/bn_relu_pool.cu: block 2's BatchNorm statistics, BatchNorm + ReLU +
+"""The launch contracts of kernels/fast/3_bn_relu_pool.cu: block 2's BatchNorm statistics, BatchNorm + ReLU +
 maxpool fused, and their backward from the pooled gradient."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from .common import F32, I32, MAX_PARTS, parts_of, source
 BN_CHANNELS = 8  # channels per block of the reductions: a warp each
 BN_THREADS = 32 * BN_CHANNELS
 
-_src = source("fast/bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS)
+_src = source("fast/3_bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS)
 _stats = _src.kernel("batchnorm_stats_fast")
 _eval_stats = _src.kernel("batchnorm_eval_stats_fast")
 _forward = _src.kernel("batchnorm_relu_maxpool_fast")

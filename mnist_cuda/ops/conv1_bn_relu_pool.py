@@ -1,4 +1,4 @@
-"""The launch contracts of kernels/fast/conv1_bn_relu_pool.cu: conv1 -> BatchNorm -> ReLU -> maxpool fused,
+"""The launch contracts of kernels/fast/1_conv1_bn_relu_pool.cu: conv1 -> BatchNorm -> ReLU -> maxpool fused,
 forward and backward, with BatchNorm's statistics from the batch's image moments."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ CONV1_GRAD_SUMS = 10  # the backward's sums per channel: sum dz, then E_t for th
 CONV1_GRAD_CHANNEL_BYTES = 196 * 5  # a channel's part of a ring stage: 196 float gradients, then 196 byte positions
 
 _src = source(
-    "fast/conv1_bn_relu_pool.cu",
+    "fast/1_conv1_bn_relu_pool.cu",
     CONV1_THREADS=CONV1_THREADS,
     CONV1_MOMENTS=CONV1_MOMENTS,
     CONV1_GRAD_ROWS=CONV1_GRAD_ROWS,

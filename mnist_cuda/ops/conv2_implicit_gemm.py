@@ -1,4 +1,4 @@
-"""The launch contracts of kernels/fast/conv2_implicit_gemm.cu: conv2's weight staging and its three
+"""The launch contracts of kernels/fast/2_conv2_implicit_gemm.cu: conv2's weight staging and its three
 products (forward, input gradient, weight gradient) on the tensor cores, for 14x14 images.
 
 precision: "fp32" keeps float32's accuracy (3xTF32: each operand split into two TF32 parts, three tensor-core
@@ -24,7 +24,7 @@ CONV2_SIZE = 14
 # in fp32 has 128: both parts of 64 channels, apart)
 CONV_THREADS, CONV_TILE_CHANNELS, CONV_TILE_CHANNELS_STACKED = 128, 64, 32
 CONV_CHUNK, CONV_ROWS = 8, 7
-# derived as conv2_tile_forms.cuh derives them (its static_asserts check the -D values against the geometry):
+# derived as 2_conv2_tile_forms.cuh derives them (its static_asserts check the -D values against the geometry):
 # CONV_ROWS + 2 padded rows of CONV2_SIZE + 2 pixels and 2 more; 9 taps x 2 quads x 64 rows of A
 CONV_STAGED_PIXELS = (CONV_ROWS + 2) * (CONV2_SIZE + 2) + 2
 CONV_CHUNK_QUADS = 9 * 2 * 64
@@ -44,7 +44,7 @@ PAIRED_INPUT_GRAD_MIN_BATCH = 2048
 WGRAD_THREADS, WGRAD_OUT, WGRAD_CHANNELS, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 64, 32, 4, 6
 
 _src = source(
-    "fast/conv2_implicit_gemm.cu",
+    "fast/2_conv2_implicit_gemm.cu",
     CONV2_SIZE=CONV2_SIZE,
     CONV_THREADS=CONV_THREADS,
     CONV_TILE_CHANNELS=CONV_TILE_CHANNELS,

@@ -1,4 +1,4 @@
-"""The launch contracts of kernels/fast/head.cu: fc2 -> log_softmax -> NLL and their backward in one
+"""The launch contracts of kernels/fast/5_head.cu: fc2 -> log_softmax -> NLL and their backward in one
 kernel, and the sums over its blocks in a second."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block
 _SUMS_PER_HIDDEN, _SUMS_FIXED = CLASSES + 1, CLASSES + 1
 HEAD_SUMS = f"({_SUMS_PER_HIDDEN} * (H) + {_SUMS_FIXED})"  # the kernel's macro HEAD_SUMS(H)
 
-_src = source("fast/head.cu", HEAD_SAMPLES=HEAD_SAMPLES, HEAD_THREADS=HEAD_THREADS, **{"HEAD_SUMS(H)": HEAD_SUMS})
+_src = source("fast/5_head.cu", HEAD_SAMPLES=HEAD_SAMPLES, HEAD_THREADS=HEAD_THREADS, **{"HEAD_SUMS(H)": HEAD_SUMS})
 _forward_backward = _src.kernel("head_forward_backward_fast")
 _sum_parts = _src.kernel("head_sum_parts_fast")
 

@@ -1,4 +1,4 @@
-"""The launch contracts of kernels/fast/linear_splitk.cu: fc1's three products on the tensor cores, the long
+"""The launch contracts of kernels/fast/4_linear_splitk.cu: fc1's three products on the tensor cores, the long
 reductions cut into splits that splitk_reduce sums. Each product has a "tiled" form (the mma.sync core,
 kernels/include/gemm_tile.cuh, any GPU); the input gradient also has a "wgmma" form
 (kernels/include/wgmma_tile.cuh), Hopper's warpgroup MMA, for kernels compiled for sm_90a. form=None takes
@@ -28,7 +28,7 @@ WG_THREADS, WG_CHUNK_K, WG_INPUT_GRAD_COLS, WG_MIN_BATCH = 128, 32, 112, 256
 FORMS = ("tiled", "wgmma")
 
 _src = source(
-    "fast/linear_splitk.cu",
+    "fast/4_linear_splitk.cu",
     TILE_M=TILE,
     TILE_N=TILE,
     TILE_K=TILE_K,

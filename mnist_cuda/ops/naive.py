@@ -1,29 +1,24 @@
 """The launch contracts of the naive kernels (kernels/naive/): one thread per output element, except the
-reductions over a channel or the batch, which take one block of REDUCE_THREADS threads each.
+reductions over a channel or the batch, which take one block of REDUCE_THREADS threads each. (The kernels
+both nets launch, the augmentation's shift, the optimizer's schedule and the accuracy count, are
+mnist_cuda/ops/both.py's.)
 
 Tensors are NCHW float32 cupy arrays; n is the number of samples to process (a workspace may hold more)."""
 
 from __future__ import annotations
 
-import numpy as np
-
-from .. import data
 from .common import F32, I32, source
 
-REDUCE_THREADS = 256  # a block per channel (BatchNorm) or per batch (the loss, the accuracy count)
+REDUCE_THREADS = 256  # a block per channel (BatchNorm) or per batch (the loss)
 
-_normalize = source("naive/normalize.cu")
-_conv2d = source("naive/conv2d.cu")
-_batchnorm = source("naive/batchnorm.cu")
-_relu = source("naive/relu.cu")
-_maxpool = source("naive/maxpool.cu")
-_linear = source("naive/linear.cu")
-_cross_entropy = source("naive/cross_entropy.cu")
-_sgd = source("naive/sgd.cu")
-_shift = source("naive/shift.cu", IMAGE_SIZE=data.IMAGE_SIZE)
-# the naive sources the fast net launches from as well: the accuracy count (cross_entropy.cu), the optimizer's
-# schedule (sgd.cu) and the augmentation's shift (shift.cu)
-SHARED_SOURCES = (_cross_entropy, _sgd, _shift)
+_normalize = source("naive/1_normalize.cu")
+_conv2d = source("naive/2_conv2d.cu")
+_batchnorm = source("naive/3_batchnorm.cu")
+_relu = source("naive/4_relu.cu")
+_maxpool = source("naive/5_maxpool.cu")
+_linear = source("naive/6_linear.cu")
+_cross_entropy = source("naive/7_cross_entropy.cu")
+_sgd = source("naive/8_sgd.cu")
 
 _k = {
     name: src.kernel(name)
@@ -37,9 +32,8 @@ _k = {
         (_relu, ["relu_forward_naive", "relu_backward_naive"]),
         (_maxpool, ["maxpool2x2_forward_naive", "maxpool2x2_backward_naive"]),
         (_linear, ["linear_forward_naive", "linear_backward_input_naive", "linear_backward_params_naive"]),
-        (_cross_entropy, ["cross_entropy_naive", "count_correct"]),
-        (_sgd, ["sgd_naive", "sgd_momentum_naive", "sgd_schedule"]),
-        (_shift, ["shift_images_naive"]),
+        (_cross_entropy, ["cross_entropy_naive"]),
+        (_sgd, ["sgd_naive", "sgd_momentum_naive"]),
     ]
     for name in names
 }
@@ -150,36 +144,9 @@ def cross_entropy(logits, labels, dlogits, loss, loss_log, loss_count, n: int):
     )
 
 
-def count_correct(logits, labels, correct, n: int):
-    """correct += the number of samples whose largest logit (the first on ties) is the label."""
-    _k["count_correct"].launch(1, REDUCE_THREADS, logits, labels, correct, I32(n))
-
-
 def sgd(params, grads, lr: float):
     """params -= lr * grads over the flat buffers."""
     _k["sgd_naive"].launch_1d(params.size, params, grads, F32(lr), I32(params.size))
-
-
-def sgd_schedule(state, lr_out, first_out, schedule_args: tuple):
-    """One thread: this step's rate into lr_out and whether the momentum buffers start now into first_out,
-    from the step counter in state (advanced). schedule_args: optim.Schedule.kernel_args(lr)."""
-    kind, lr, step_size, gamma, total, pct_start, div_factor, final_div_factor, anneal_cos = schedule_args
-    _k["sgd_schedule"].launch(
-        1,
-        1,
-        state,
-        lr_out,
-        first_out,
-        I32(kind),
-        np.float64(lr),
-        I32(step_size),
-        np.float64(gamma),
-        I32(total),
-        np.float64(pct_start),
-        np.float64(div_factor),
-        np.float64(final_div_factor),
-        I32(anneal_cos),
-    )
 
 
 def sgd_momentum(
@@ -200,8 +167,3 @@ def sgd_momentum(
         I32(bool(nesterov)),
         I32(params.size),
     )
-
-
-def shift_images(x, offsets, out, n: int):
-    """out[i] = image x[i] (bytes) moved by offsets[i] = (dx, dy) whole pixels (int8), background moved in."""
-    _k["shift_images_naive"].launch_1d(n * data.IMAGE_SIZE * data.IMAGE_SIZE, x, offsets, out, I32(n))

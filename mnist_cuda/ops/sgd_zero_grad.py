@@ -1,10 +1,10 @@
-"""The launch contracts of kernels/fast/sgd_zero_grad.cu: the update and the zero-grad in one pass."""
+"""The launch contracts of kernels/fast/7_sgd_zero_grad.cu: the update and the zero-grad in one pass."""
 
 from __future__ import annotations
 
 from .common import F32, I32, source
 
-_source = source("fast/sgd_zero_grad.cu")
+_source = source("fast/7_sgd_zero_grad.cu")
 _update = _source.kernel("sgd_zero_grad_fast")
 _momentum_update = _source.kernel("sgd_momentum_zero_grad_fast")
 

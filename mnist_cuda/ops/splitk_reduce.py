@@ -1,10 +1,10 @@
-"""The launch contract of kernels/fast/splitk_reduce.cu: the second half of every split-K product."""
+"""The launch contract of kernels/fast/6_splitk_reduce.cu: the second half of every split-K product."""
 
 from __future__ import annotations
 
 from .common import I32, source
 
-_reduce = source("fast/splitk_reduce.cu").kernel("splitk_reduce_fast")
+_reduce = source("fast/6_splitk_reduce.cu").kernel("splitk_reduce_fast")
 
 
 def splitk_reduce(partial, splits: int, out, bias=None, relu: bool = False, count=None):

@@ -6,8 +6,8 @@
 //   dbeta[c] = sum dz, dgamma[c] = sum dz xhat, xhat = (x - mean[c]) invstd[c] (sums over N x S x S = count);
 //   dx = gamma[c] invstd[c] / count (count dz - dbeta[c] - xhat dgamma[c])
 //
-// These are the product's naive kernels, maxpool2x2_backward_naive of kernels/naive/maxpool.cu, relu_backward_naive
-// of kernels/naive/relu.cu and batchnorm_backward_naive of kernels/naive/batchnorm.cu, copied verbatim so that the
+// These are the product's naive kernels, maxpool2x2_backward_naive of kernels/naive/5_maxpool.cu, relu_backward_naive
+// of kernels/naive/4_relu.cu and batchnorm_backward_naive of kernels/naive/3_batchnorm.cu, copied verbatim so that the
 // ladder's files stand alone (tests/test_ladder.py keeps them the same), with the two helpers BatchNorm's calls from
 // kernels/include/common.cuh. They are the yardstick every later rung is checked and timed against. What they leave
 // on the table: two full-size intermediate gradients written and read back (three quarters of them zeros), the

@@ -237,7 +237,7 @@ OP = Op(
         ),
         ProductRung(
             "09_product",
-            "fast/bn_relu_pool.cu",
+            "fast/3_bn_relu_pool.cu",
             "batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast",
             prepare_product,
             product_accepts,
@@ -259,8 +259,8 @@ OP = Op(
     reference=_reference,
     work=_work,
     naive=(
-        ("naive/maxpool.cu", "maxpool2x2_backward_naive"),
-        ("naive/relu.cu", "relu_backward_naive"),
-        ("naive/batchnorm.cu", "batchnorm_backward_naive"),
+        ("naive/5_maxpool.cu", "maxpool2x2_backward_naive"),
+        ("naive/4_relu.cu", "relu_backward_naive"),
+        ("naive/3_batchnorm.cu", "batchnorm_backward_naive"),
     ),
 )

@@ -4,7 +4,7 @@
 //   invstd[c] = 1 / sqrt(var + eps); running_mean = (1 - momentum) running_mean + momentum mean,
 //   running_var = (1 - momentum) running_var + momentum var count / (count - 1) (in place)
 //
-// This is the product's naive kernel, batchnorm_stats_naive of kernels/naive/batchnorm.cu, copied verbatim so that
+// This is the product's naive kernel, batchnorm_stats_naive of kernels/naive/3_batchnorm.cu, copied verbatim so that
 // the ladder's files stand alone (tests/test_ladder.py keeps the two the same), with the two helpers it calls from
 // kernels/include/common.cuh. It is the yardstick every later rung is checked and timed against. What it leaves on
 // the table: C blocks in all (64 at the network's geometry, fewer than the GPU has SMs), each of them alone with a

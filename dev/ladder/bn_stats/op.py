@@ -198,7 +198,7 @@ OP = Op(
         Rung("04_warp_per_channel.cu", "bn_stats_rung04_warp_per_channel", launch_warp_per_channel, WARP_PER_CHANNEL),
         ProductRung(
             "09_product",
-            "fast/bn_relu_pool.cu",
+            "fast/3_bn_relu_pool.cu",
             "batchnorm_stats_fast",
             prepare_product,
             lambda s: s.hw <= PRODUCT_MAX_HW,
@@ -219,5 +219,5 @@ OP = Op(
     outputs=lambda s: {name: (s.c,) for name in ("mean", "invstd", "running_mean", "running_var")},
     reference=_reference,
     work=_work,
-    naive=("naive/batchnorm.cu", "batchnorm_stats_naive"),
+    naive=("naive/3_batchnorm.cu", "batchnorm_stats_naive"),
 )

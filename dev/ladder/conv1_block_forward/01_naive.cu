@@ -4,9 +4,9 @@
 //   -> mean, invstd = 1/sqrt(var + eps) of a per channel over the batch -> z = (a - mean) invstd gamma + beta
 //   -> r = relu(z) -> pooled [N,K,14,14], argmax = 2x2 max-pool of r (the first maximum wins)
 //
-// These are the product's naive kernels, normalize_naive (kernels/naive/normalize.cu), conv2d_forward_naive
-// (conv2d.cu), batchnorm_stats_naive and batchnorm_apply_naive (batchnorm.cu), relu_forward_naive (relu.cu) and
-// maxpool2x2_forward_naive (maxpool.cu), copied verbatim in the order the naive step launches them, with the
+// These are the product's naive kernels, normalize_naive (kernels/naive/1_normalize.cu), conv2d_forward_naive
+// (2_conv2d.cu), batchnorm_stats_naive and batchnorm_apply_naive (3_batchnorm.cu), relu_forward_naive (4_relu.cu) and
+// maxpool2x2_forward_naive (5_maxpool.cu), copied verbatim in the order the naive step launches them, with the
 // helpers of kernels/include/common.cuh they call, so that the file stands alone (tests/test_ladder.py keeps the
 // kernels the same as the product's). It is the yardstick every later rung is checked and timed against. What it
 // leaves on the table: conv1's output a, BatchNorm's z and ReLU's r are 100 KB per image each, written once and

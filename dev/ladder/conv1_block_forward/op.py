@@ -293,7 +293,7 @@ OP = Op(
         ),
         ProductRung(
             "09_product",
-            "fast/conv1_bn_relu_pool.cu",
+            "fast/1_conv1_bn_relu_pool.cu",
             "conv1_bn_relu_pool_fast<32> (two blocks per SM or more), else conv1_bn_relu_pool_fast<8>",
             prepare_product,
             is_block1,
@@ -313,10 +313,10 @@ OP = Op(
     reference=_reference,
     work=_work,
     naive=(
-        ("naive/normalize.cu", "normalize_naive"),
-        ("naive/conv2d.cu", "conv2d_forward_naive"),
-        ("naive/batchnorm.cu", "batchnorm_stats_naive + batchnorm_apply_naive"),
-        ("naive/relu.cu", "relu_forward_naive"),
-        ("naive/maxpool.cu", "maxpool2x2_forward_naive"),
+        ("naive/1_normalize.cu", "normalize_naive"),
+        ("naive/2_conv2d.cu", "conv2d_forward_naive"),
+        ("naive/3_batchnorm.cu", "batchnorm_stats_naive + batchnorm_apply_naive"),
+        ("naive/4_relu.cu", "relu_forward_naive"),
+        ("naive/5_maxpool.cu", "maxpool2x2_forward_naive"),
     ),
 )

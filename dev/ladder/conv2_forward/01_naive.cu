@@ -1,7 +1,7 @@
 // Rung 01, naive: one thread per output, the loops of the definition, every operand read from global memory.
 //   x [N,C,H,W], w [K,C,3,3] -> y [N,K,H,W]   (3x3 convolution, stride 1, zero padding 1, no bias, NCHW)
 //
-// This is the product's naive kernel, conv2d_forward_naive of kernels/naive/conv2d.cu, copied verbatim so that the
+// This is the product's naive kernel, conv2d_forward_naive of kernels/naive/2_conv2d.cu, copied verbatim so that the
 // ladder's files stand alone (tests/test_ladder.py keeps the two the same). It is the yardstick every later rung
 // is checked and timed against. What it leaves on the table: each input value is read from memory (or cache) by
 // up to 9 x K threads, and each weight by N x H x W threads; every multiply-add costs two loads.

@@ -83,7 +83,7 @@ OP = Op(
         Rung("06_fragment_quads.cu", "conv2_forward_rung06_fragment_quads", launch_mma, MMA, unit="3xtf32"),
         ProductRung(
             "09_product",
-            "fast/conv2_implicit_gemm.cu",
+            "fast/2_conv2_implicit_gemm.cu",
             "conv2_forward_stacked_fast (batch <= 96), conv2_forward_fast<Precision::Fp32>",
             prepare_product,
             is_conv2,
@@ -96,5 +96,5 @@ OP = Op(
     outputs=lambda s: {"y": (s.n, s.k, s.h, s.w)},
     reference=lambda x, w: {"y": ref.conv2d_forward(x, w)},
     work=_work,
-    naive=("naive/conv2d.cu", "conv2d_forward_naive"),
+    naive=("naive/2_conv2d.cu", "conv2d_forward_naive"),
 )

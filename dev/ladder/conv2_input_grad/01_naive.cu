@@ -1,7 +1,7 @@
 // Rung 01, naive: one thread per element of dx, the loops of the definition, every operand read from global memory.
 //   dy [N,K,H,W], w [K,C,3,3] -> dx [N,C,H,W]   dx[n,c,y,x] = sum_{k,r,s} dy[n,k,y+1-r,x+1-s] * w[k,c,r,s]
 //
-// This is the product's naive kernel, conv2d_backward_input_naive of kernels/naive/conv2d.cu, copied verbatim so
+// This is the product's naive kernel, conv2d_backward_input_naive of kernels/naive/2_conv2d.cu, copied verbatim so
 // that the ladder's files stand alone (tests/test_ladder.py keeps the two the same). It is the yardstick every
 // later rung is checked and timed against. It is the forward's naive kernel with the kernel flipped and w's two
 // channel indices swapped: a convolution of dy with w[k,c,2-r,2-s] taken as a [C,K,3,3] kernel. What it leaves on

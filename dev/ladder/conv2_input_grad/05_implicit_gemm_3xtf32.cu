@@ -9,7 +9,7 @@
 // the product, is left out: three mma per k-step, the small terms first (the least significant). The split is
 // done once per staged value, not per product, so the inner loop is rung 04's with twice the fragment loads and
 // three times the products; the error is float32's (unit "3xtf32", FP32_TOL). What it leaves for the product
-// (kernels/fast/conv2_implicit_gemm.cu): the weights flipped and split once per step (stage_weights) rather than
+// (kernels/fast/2_conv2_implicit_gemm.cu): the weights flipped and split once per step (stage_weights) rather than
 // by every block; the big and small parts of 32 channels stacked as the 64 rows of one product, so two products
 // per k-step instead of three; the next chunk staged while the tensor cores multiply this one; coalesced stores
 // through shared memory; and on Hopper, warpgroup MMA (wgmma) with both operands read from shared memory.

@@ -115,7 +115,7 @@ OP = Op(
         ),
         ProductRung(
             "09_product",
-            "fast/conv2_implicit_gemm.cu",
+            "fast/2_conv2_implicit_gemm.cu",
             "conv2_backward_input_fast<Precision::Fp32> (batch < 2048), conv2_backward_input_paired_fast",
             prepare_product,
             is_conv2,
@@ -128,5 +128,5 @@ OP = Op(
     outputs=lambda s: {"dx": (s.n, s.c, s.h, s.w)},
     reference=_reference,
     work=_work,
-    naive=("naive/conv2d.cu", "conv2d_backward_input_naive"),
+    naive=("naive/2_conv2d.cu", "conv2d_backward_input_naive"),
 )

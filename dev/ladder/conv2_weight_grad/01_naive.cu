@@ -1,7 +1,7 @@
 // Rung 01, naive: one thread per weight, a loop over every image and pixel, every operand read from global memory.
 //   dw[k,c,r,s] = sum_n sum_{y,x} dy[n,k,y,x] * x[n,c,y+r-1,x+s-1]   (x [N,C,H,W], dy [N,K,H,W], zero padding 1)
 //
-// This is the product's naive kernel, conv2d_backward_weight_naive of kernels/naive/conv2d.cu, copied verbatim so
+// This is the product's naive kernel, conv2d_backward_weight_naive of kernels/naive/2_conv2d.cu, copied verbatim so
 // that the ladder's files stand alone (tests/test_ladder.py keeps the two the same). It is the yardstick every later
 // rung is checked and timed against. What it leaves on the table: the op is a reduction over N x H x W (the k of a
 // matrix product) into only K x C x 9 outputs, and here each output's whole sum runs in one thread, a serial chain

@@ -141,8 +141,8 @@ OP = Op(
         ),
         ProductRung(
             "09_product",
-            "fast/conv2_implicit_gemm.cu",
-            "conv2_backward_weight_fast<Precision::Fp32>, its parts summed by splitk_reduce (fast/splitk_reduce.cu)",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_backward_weight_fast<Precision::Fp32>, its parts summed by splitk_reduce (fast/6_splitk_reduce.cu)",
             prepare_product,
             is_conv2,
         ),
@@ -154,5 +154,5 @@ OP = Op(
     outputs=lambda s: {"dw": (s.k, s.c, 3, 3)},
     reference=lambda x, dy: {"dw": ref.conv2d_backward(x, np.zeros((dy.shape[1], x.shape[1], 3, 3)), dy)[1]},
     work=_work,
-    naive=("naive/conv2d.cu", "conv2d_backward_weight_naive"),
+    naive=("naive/2_conv2d.cu", "conv2d_backward_weight_naive"),
 )

@@ -2,8 +2,8 @@
 // the ReLU, a second launch with a thread per element.
 //   x [N,I], W [O,I], b [O] -> y [N,O] = relu(x W^T + b)   (torch.nn.Linear and its ReLU; fc1: I = 3136, O = 128)
 //
-// These are the product's naive kernels, linear_forward_naive of kernels/naive/linear.cu and relu_forward_naive of
-// kernels/naive/relu.cu, copied verbatim so that the ladder's files stand alone (tests/test_ladder.py keeps them the
+// These are the product's naive kernels, linear_forward_naive of kernels/naive/6_linear.cu and relu_forward_naive of
+// kernels/naive/4_relu.cu, copied verbatim so that the ladder's files stand alone (tests/test_ladder.py keeps them the
 // same), with the ReLU helper of kernels/include/common.cuh that the second one calls. They are the yardstick every
 // later rung is checked and timed against. What they leave on the table: each thread reads a row of x and a row of
 // W, I values each, straight from memory: a value of x is loaded by the O threads of its row, a weight by the N

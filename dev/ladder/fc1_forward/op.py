@@ -158,8 +158,8 @@ OP = Op(
         ),
         ProductRung(
             "09_product",
-            "fast/linear_splitk.cu",
-            "linear_forward_fast<Precision::Fp32>, then the split sum with bias and ReLU (splitk_reduce.cu)",
+            "fast/4_linear_splitk.cu",
+            "linear_forward_fast<Precision::Fp32>, then the split sum with bias and ReLU (6_splitk_reduce.cu)",
             prepare_product,
             lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
         ),
@@ -171,5 +171,5 @@ OP = Op(
     outputs=lambda s: {"y": (s.n, s.o), "scratch": (splits(s)[0] * s.n * s.o,)},
     reference=lambda x, w, b: {"y": ref.relu_forward(ref.linear_forward(x, w, b))},
     work=_work,
-    naive=(("naive/linear.cu", "linear_forward_naive"), ("naive/relu.cu", "relu_forward_naive")),
+    naive=(("naive/6_linear.cu", "linear_forward_naive"), ("naive/4_relu.cu", "relu_forward_naive")),
 )

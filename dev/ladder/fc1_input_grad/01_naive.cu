@@ -2,7 +2,7 @@
 // from global memory.
 //   dy [N,O], W [O,I] -> dx [N,I] = dy W   (torch.nn.Linear's input gradient; fc1: I = 3136, O = 128)
 //
-// This is the product's naive kernel, linear_backward_input_naive of kernels/naive/linear.cu, copied verbatim so
+// This is the product's naive kernel, linear_backward_input_naive of kernels/naive/6_linear.cu, copied verbatim so
 // that the ladder's files stand alone (tests/test_ladder.py keeps the two the same). It is the yardstick every later
 // rung is checked and timed against. What it leaves on the table: each thread reads a row of dy and a column of W,
 // O values each, every multiply-add two loads from memory; a value of dy is loaded by the I threads of its row, a

@@ -113,7 +113,7 @@ OP = Op(
         ),
         ProductRung(
             "09_product",
-            "fast/linear_splitk.cu",
+            "fast/4_linear_splitk.cu",
             "linear_backward_input_fast<Precision::Fp32> (linear_backward_input_narrow_fast<Precision::Fp32> where "
             "64 x 64 tiles are fewer than the SMs)",
             prepare_product,
@@ -127,5 +127,5 @@ OP = Op(
     outputs=lambda s: {"dx": (s.n, s.i)},
     reference=reference,
     work=_work,
-    naive=("naive/linear.cu", "linear_backward_input_naive"),
+    naive=("naive/6_linear.cu", "linear_backward_input_naive"),
 )

@@ -2,7 +2,7 @@
 // memory; O more threads sum the bias gradient.
 //   x [N,I], dy [N,O] -> dW [O,I] = dy^T x   (torch.nn.Linear's weight gradient; fc1: I = 3136, O = 128)
 //
-// This is the product's naive kernel, linear_backward_params_naive of kernels/naive/linear.cu, copied verbatim so
+// This is the product's naive kernel, linear_backward_params_naive of kernels/naive/6_linear.cu, copied verbatim so
 // that the ladder's files stand alone (tests/test_ladder.py keeps the two the same). It is the yardstick every later
 // rung is checked and timed against. It also writes the bias gradient db[o] = sum_n dy[n,o], which the op leaves
 // out (the step takes it from the head): here it goes to the op's scratch. What it leaves on the table: each

@@ -176,9 +176,9 @@ OP = Op(
         ),
         ProductRung(
             "09_product",
-            "fast/linear_splitk.cu",
+            "fast/4_linear_splitk.cu",
             "linear_backward_weight_fast<Precision::Fp32>, then the sum of its splits where there are several "
-            "(splitk_reduce.cu)",
+            "(6_splitk_reduce.cu)",
             prepare_product,
             lambda s: ceil_div(s.o, linear_splitk.TILE) <= GRID_LIMIT,
         ),
@@ -190,5 +190,5 @@ OP = Op(
     outputs=lambda s: {"dw": (s.o, s.i), "scratch": (splits(s)[0] * s.o * s.i,)},
     reference=reference,
     work=_work,
-    naive=("naive/linear.cu", "linear_backward_params_naive"),
+    naive=("naive/6_linear.cu", "linear_backward_params_naive"),
 )

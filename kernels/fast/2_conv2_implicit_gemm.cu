@@ -1,22 +1,22 @@
-// conv2_implicit_gemm.cu: conv2 (3x3, stride 1, zero padding 1, no bias, 14x14 images) as matrix products
-// on the tensor cores: the fast form of naive/conv2d.cu for conv2. The spatial size is a compile-time
+// 2_conv2_implicit_gemm.cu: conv2 (3x3, stride 1, zero padding 1, no bias, 14x14 images) as matrix products
+// on the tensor cores: the fast form of naive/2_conv2d.cu for conv2. The spatial size is a compile-time
 // constant, so the index arithmetic is multiplies and shifts, not divisions.
 //
 // This file holds the entry points; the headers beside it hold the work:
-//   conv2_tile_forms.cuh     how the forward and the input gradient lay out their products: the launch
-//                            geometry, the forms of operand A (TileForm), the products of a k-step
-//   conv2_stage_weights.cuh  conv2_stage_weights_fast's work: the weights as those products read them
-//   conv2_image_tile.cuh     conv3x3_image_tile, the forward and the input gradient (conv2_forward_fast,
-//                            conv2_backward_input_fast and their 3xTF32 forms): conv2d_forward_naive and
-//                            conv2d_backward_input_naive
-//   conv2_weight_grad.cuh    conv3x3_weight_grad_rows, the weight gradient in split parts
-//                            (conv2_backward_weight_fast): conv2d_backward_weight_naive
+//   2_conv2_tile_forms.cuh     how the forward and the input gradient lay out their products: the launch
+//                              geometry, the forms of operand A (TileForm), the products of a k-step
+//   2_conv2_stage_weights.cuh  conv2_stage_weights_fast's work: the weights as those products read them
+//   2_conv2_image_tile.cuh     conv3x3_image_tile, the forward and the input gradient (conv2_forward_fast,
+//                              conv2_backward_input_fast and their 3xTF32 forms): conv2d_forward_naive and
+//                              conv2d_backward_input_naive
+//   2_conv2_weight_grad.cuh    conv3x3_weight_grad_rows, the weight gradient in split parts
+//                              (conv2_backward_weight_fast): conv2d_backward_weight_naive
 #include "common.cuh"
 #include "tensor_core.cuh"
-#include "conv2_tile_forms.cuh"
-#include "conv2_stage_weights.cuh"
-#include "conv2_image_tile.cuh"
-#include "conv2_weight_grad.cuh"
+#include "2_conv2_tile_forms.cuh"
+#include "2_conv2_stage_weights.cuh"
+#include "2_conv2_image_tile.cuh"
+#include "2_conv2_weight_grad.cuh"
 
 // Entry points: the precision (tensor_core.cuh) is a template parameter. Precision::Fp32 keeps float32's
 // accuracy with the three products of 3xTF32; Precision::Tf32 rounds both operands to the nearest TF32 and

@@ -1,5 +1,5 @@
-// head.cu: fc2 -> log_softmax -> NLL and its backward in one launch: the fast form of naive/linear.cu
-// (fc2), cross_entropy.cu and relu.cu's backward (fc1's). From h = relu(fc1(...)) [N,H]: logits =
+// 5_head.cu: fc2 -> log_softmax -> NLL and its backward in one launch: the fast form of naive/6_linear.cu
+// (fc2), 7_cross_entropy.cu and 4_relu.cu's backward (fc1's). From h = relu(fc1(...)) [N,H]: logits =
 // h W^T + b (fc2), log_softmax + NLL, and the backward of all of it: dlogits, dW, db (fc2's gradients), the gradient at
 // fc1's pre-activation d_pre = (dlogits W) * (h > 0), and fc1's bias gradient sum_n d_pre.
 // A block takes HEAD_SAMPLES samples, in three steps, each spread so that no thread repeats another's

@@ -1,5 +1,5 @@
-// conv2_weight_grad.cuh: conv2's weight gradient, conv3x3_weight_grad_rows, on the tensor cores in split parts:
-// the fast form of conv2d_backward_weight_naive (naive/conv2d.cu). splitk_reduce.cu adds the parts.
+// 2_conv2_weight_grad.cuh: conv2's weight gradient, conv3x3_weight_grad_rows, on the tensor cores in split parts:
+// the fast form of conv2d_backward_weight_naive (naive/2_conv2d.cu). 6_splitk_reduce.cu adds the parts.
 //
 //   dw[o, c, tap] = sum_img sum_p dy[img, o, p] * x[img, c, p + shift(tap)]
 // is a matrix product with rows o, columns (c, tap) and k running over the pixels of the images. For
@@ -30,8 +30,8 @@
 // sm_90a, mma.sync elsewhere) while it stages the next, and writes its partial result (store_weight_grad).
 #pragma once
 #include "common.cuh"
-// conv2_tile_forms.cuh: CONV2_SIZE, and CONV_PADDED, the 16-wide grid of an image with its zero border
-#include "conv2_tile_forms.cuh"
+// 2_conv2_tile_forms.cuh: CONV2_SIZE, and CONV_PADDED, the 16-wide grid of an image with its zero border
+#include "2_conv2_tile_forms.cuh"
 #include "tensor_core.cuh"
 
 #if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || \

@@ -1,9 +1,9 @@
-// conv1_common.cuh: what conv1's three kernels (fast/conv1_bn_relu_pool.cu) share: conv1's geometry and
+// 1_conv1_common.cuh: what conv1's three kernels (fast/1_conv1_bn_relu_pool.cu) share: conv1's geometry and
 // compile-time constants, the loop that stages each image of the batch in shared memory (normalised from
-// its bytes as it lands: naive/normalize.cu's normalize_naive, done on the way), the 4x4 input patch under
-// a pooled window, conv1's four outputs under it (naive/conv2d.cu's conv2d_forward_naive for conv1, one
+// its bytes as it lands: naive/1_normalize.cu's normalize_naive, done on the way), the 4x4 input patch under
+// a pooled window, conv1's four outputs under it (naive/2_conv2d.cu's conv2d_forward_naive for conv1, one
 // window at a time), the block's sums in a fixed order and where each image moment is kept. The forward's
-// own pieces are in conv1_forward.cuh, the backward's in conv1_backward.cuh.
+// own pieces are in 1_conv1_forward.cuh, the backward's in 1_conv1_backward.cuh.
 #pragma once
 #include "common.cuh"
 
@@ -15,7 +15,7 @@
 // From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_THREADS threads per block of the
 // forward and the moments, 7 warps (thread t < 196 owns pooled window t; threads 196..223 own none but join
 // the reductions), and CONV1_MOMENTS image moments (S_t, then G_tu for t <= u, row by row, in double). The
-// backward's constants are conv1_backward.cuh's.
+// backward's constants are 1_conv1_backward.cuh's.
 #if !defined(CONV1_THREADS) || !defined(CONV1_MOMENTS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif

@@ -1,5 +1,5 @@
-// sgd_zero_grad.cu: the update and the zero-grad in one pass, four floats at a time: the fast form of
-// naive/sgd.cu and the zero-grad memset (the flat buffers are padded to a multiple of 4 and 16-byte
+// 7_sgd_zero_grad.cu: the update and the zero-grad in one pass, four floats at a time: the fast form of
+// naive/8_sgd.cu and the zero-grad memset (the flat buffers are padded to a multiple of 4 and 16-byte
 // aligned): p -= lr * g; g = 0.
 #include "common.cuh"
 #include "sgd_options.cuh"
@@ -18,7 +18,7 @@ extern "C" __global__ void sgd_zero_grad_fast(float4* params, float4* grads, flo
 }
 
 // torch.optim.SGD with its options, four floats at a time, then the zero-grad: the fast form of
-// sgd_momentum_naive (naive/sgd.cu), with the rate and the buffers' first step from sgd_schedule.
+// sgd_momentum_naive (naive/8_sgd.cu), with the rate and the buffers' first step from sgd_schedule.
 extern "C" __global__ void sgd_momentum_zero_grad_fast(float4* params, float4* grads, float4* buffers,
                                                        const float* lr_in, const int* first_in, float momentum,
                                                        float one_minus_dampening, float weight_decay, int nesterov,

@@ -1,5 +1,5 @@
-// cross_entropy.cu: log_softmax + NLL (mean over the batch) and its gradient, and the accuracy count
-// that evaluation uses with either kernel version.
+// 7_cross_entropy.cu: log_softmax + NLL (mean over the batch) and its gradient. (The accuracy count that
+// evaluation uses with either kernel version is both/count_correct.cu.)
 //   logits [N,10], labels int32 [N]
 #include "common.cuh"
 #include "loss_log.cuh"
@@ -24,18 +24,4 @@ extern "C" __global__ void cross_entropy_naive(const float* logits, const int* l
     }
     const float mean = block_sum(sum) / N;
     if (threadIdx.x == 0) record_loss(mean, loss, loss_log, loss_count, loss_capacity);
-}
-
-// One block: adds to *correct the number of samples whose largest logit (first on ties) is the label.
-extern "C" __global__ void count_correct(const float* logits, const int* labels, int* correct, int N) {
-    float hits = 0.0f;
-    for (int n = threadIdx.x; n < N; n += blockDim.x) {
-        const float* z = logits + n * NUM_CLASSES;
-        int best = 0;
-        for (int j = 1; j < NUM_CLASSES; j++)
-            if (z[j] > z[best]) best = j;
-        hits += best == labels[n] ? 1.0f : 0.0f;
-    }
-    const float total = block_sum(hits);  // exact: integers far below 2^24
-    if (threadIdx.x == 0) *correct += (int)total;
 }

@@ -1,4 +1,4 @@
-// maxpool.cu: 2x2 max pooling, stride 2 (floor: an odd last row/column is dropped, as in PyTorch).
+// 5_maxpool.cu: 2x2 max pooling, stride 2 (floor: an odd last row/column is dropped, as in PyTorch).
 //   x [N,C,H,W] -> y [N,C,H/2,W/2] and argmax (0..3 = window position (0,0),(0,1),(1,0),(1,1))
 //
 // naive: one thread per output (forward) and one per input element (backward, a gather: no atomics).

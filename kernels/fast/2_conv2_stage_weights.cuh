@@ -1,11 +1,11 @@
-// conv2_stage_weights.cuh: stage_weights, the work of conv2_stage_weights_fast: conv2's weights as its image
-// tiles read them (conv2_image_tile.cuh), split into their parts and laid out in a TileForm
-// (conv2_tile_forms.cuh), written once per step for the forward and the input gradient. It takes the weight
-// reads out of conv2d_forward_naive and conv2d_backward_input_naive (naive/conv2d.cu), which read w per
+// 2_conv2_stage_weights.cuh: stage_weights, the work of conv2_stage_weights_fast: conv2's weights as its image
+// tiles read them (2_conv2_image_tile.cuh), split into their parts and laid out in a TileForm
+// (2_conv2_tile_forms.cuh), written once per step for the forward and the input gradient. It takes the weight
+// reads out of conv2d_forward_naive and conv2d_backward_input_naive (naive/2_conv2d.cu), which read w per
 // multiply-add.
 #pragma once
 #include "common.cuh"
-#include "conv2_tile_forms.cuh"
+#include "2_conv2_tile_forms.cuh"
 
 // Weight quad q (16 bytes) of a product with Cin input and Cout output channels:
 // [tile][chunk][group][quad][row], row one of the group's rows (group_rows), holding channels

@@ -1,4 +1,4 @@
-// conv2d.cu: 3x3 convolution, stride 1, zero padding 1, no bias, NCHW.
+// 2_conv2d.cu: 3x3 convolution, stride 1, zero padding 1, no bias, NCHW.
 //   x [N,C,H,W], w [K,C,3,3] -> y [N,K,H,W]
 //
 // naive: one thread per output element, loops straight from the definition.

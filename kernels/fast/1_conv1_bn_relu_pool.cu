@@ -1,5 +1,5 @@
-// conv1_bn_relu_pool.cu: the first block, conv1 (one input channel, 28x28) -> BatchNorm2d -> ReLU ->
-// maxpool, fused: the fast form of naive/normalize.cu, conv2d.cu, batchnorm.cu, relu.cu and maxpool.cu
+// 1_conv1_bn_relu_pool.cu: the first block, conv1 (one input channel, 28x28) -> BatchNorm2d -> ReLU ->
+// maxpool, fused: the fast form of naive/1_normalize.cu, 2_conv2d.cu, 3_batchnorm.cu, 4_relu.cu and 5_maxpool.cu
 // for conv1, forward and backward.
 //
 // conv1's output a[n,c,h,w] costs 9 multiply-adds from a 3 KB image, yet would be 100 KB per image
@@ -35,14 +35,14 @@
 // The reductions (statistics, backward) give each block a part of the batch (imgs_per_block images),
 // sum inside the block in a fixed order, and let the last block (of each channel group) combine the parts.
 //
-// This file holds the three entry points; their pieces are in headers beside it: conv1_common.cuh (the
-// geometry, the staging of the images and the patches, which all three share), conv1_forward.cuh (the
-// moments' and the forward's) and conv1_backward.cuh (the backward's).
+// This file holds the three entry points; their pieces are in headers beside it: 1_conv1_common.cuh (the
+// geometry, the staging of the images and the patches, which all three share), 1_conv1_forward.cuh (the
+// moments' and the forward's) and 1_conv1_backward.cuh (the backward's).
 #include "common.cuh"
 #include "tensor_core.cuh"
-#include "conv1_common.cuh"
-#include "conv1_forward.cuh"
-#include "conv1_backward.cuh"
+#include "1_conv1_common.cuh"
+#include "1_conv1_forward.cuh"
+#include "1_conv1_backward.cuh"
 
 // The batch's image moments, S_t and G_tu in double (see the top of this file). Each block sums its
 // part of the batch; the last block merges the parts in order.
@@ -73,7 +73,7 @@ extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
 // CHANNELS channels per block: more of them spread each block's staging of its image and its setup over
 // more work, fewer make more blocks (mnist_cuda/ops/conv1_bn_relu_pool.py chooses).
 // The work is (window, group of GROUP_CHANNELS channels) items, dealt to the block's threads in turn
-// (pool_item, conv1_forward.cuh).
+// (pool_item, 1_conv1_forward.cuh).
 // The kernel is bound by issuing its own instructions, so it is compiled for four blocks per SM (at most
 // 72 registers): with three, its warps leave the schedulers idle more often (docs/performance.md).
 // grid (N, ceil(C/CHANNELS)), CONV1_THREADS threads.
@@ -128,7 +128,7 @@ __global__ void __launch_bounds__(CONV1_THREADS, 4)
 // whatever CHANNELS is. The pooled gradient and positions arrive by cp.async into a ring of CONV1_GRAD_STAGES images
 // (one barrier per image, shared with the image's staging): the images ahead are in flight without holding
 // registers, and the kernel's bytes need that many in flight to keep memory busy. Thread (row, cl) takes
-// channel cl in the 14 windows of pooled row `row` (add_row_grads, conv1_backward.cuh, says how their
+// channel cl in the 14 windows of pooled row `row` (add_row_grads, 1_conv1_backward.cuh, says how their
 // shared-memory loads avoid bank conflicts).
 // grid (parts, ceil(C/CHANNELS)), grad_threads<CHANNELS> threads, dynamic shared memory
 // CONV1_GRAD_STAGES x grad_stage_bytes<CHANNELS>; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per group;

@@ -1,4 +1,4 @@
-// batchnorm.cu: BatchNorm2d as PyTorch defines it, over x [N,C,H,W], per channel c.
+// 3_batchnorm.cu: BatchNorm2d as PyTorch defines it, over x [N,C,H,W], per channel c.
 //   training: mean and biased variance of the batch; running stats updated with the unbiased
 //             variance and momentum; eval: the running statistics.
 //

@@ -1,5 +1,7 @@
-// splitk_reduce.cu: the second half of a split-K matrix product (fc1's, and conv2's weight gradient). The k range of a
-// product was cut into `splits` pieces, each block writing its own partial result; here they are summed in split order
+// 6_splitk_reduce.cu: the second half of a split-K matrix product (fc1's, and conv2's weight gradient): the
+// fast form of no naive file, since the naive products (linear_forward_naive, linear_backward_params_naive,
+// conv2d_backward_weight_naive) sum over the whole k range in one pass. The k range of a product was cut into
+// `splits` pieces, each block writing its own partial result; here they are summed in split order
 // (deterministic), with an optional bias (indexed by column) and ReLU.
 #include "common.cuh"
 

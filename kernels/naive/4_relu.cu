@@ -1,4 +1,4 @@
-// relu.cu: ReLU, one thread per element.
+// 4_relu.cu: ReLU, one thread per element.
 #include "common.cuh"
 
 

@@ -1,10 +1,10 @@
-// linear_splitk.cu: fc1's three products on the tensor cores (3xTF32, or bf16 with --precision bf16): the
-// fast form of naive/linear.cu and relu.cu for fc1. The tiled mma.sync core (gemm_tile.cuh) runs on any
+// 4_linear_splitk.cu: fc1's three products on the tensor cores (3xTF32, or bf16 with --precision bf16): the
+// fast form of naive/6_linear.cu and 4_relu.cu for fc1. The tiled mma.sync core (gemm_tile.cuh) runs on any
 // GPU since Ampere; on Hopper (sm_90a) the input gradient also has a warpgroup-MMA form (wgmma_tile.cuh),
 // which mnist_cuda/ops/linear_splitk.py chooses in bf16 at large batches (docs/performance.md). N is the
 // batch. The precision is a template parameter of each entry point. Products whose reduction is long and
 // whose output is small (the forward's k = 3136; the weight gradient's k = the batch) are cut along k into
-// splits, each block writing a partial result that splitk_reduce.cu sums in order.
+// splits, each block writing a partial result that 6_splitk_reduce.cu sums in order.
 #include "common.cuh"
 #include "gemm_tile.cuh"
 #include "wgmma_tile.cuh"

@@ -1,11 +1,11 @@
-// conv1_forward.cuh: the pieces of conv1's forward (conv1_image_moments_fast and conv1_bn_relu_pool_fast,
-// fast/conv1_bn_relu_pool.cu): a window's share of the batch's image moments, a channel's BatchNorm
+// 1_conv1_forward.cuh: the pieces of conv1's forward (conv1_image_moments_fast and conv1_bn_relu_pool_fast,
+// fast/1_conv1_bn_relu_pool.cu): a window's share of the batch's image moments, a channel's BatchNorm
 // statistics from those moments, and a pooled window's outputs for a group of channels. Together they replace,
-// for conv1, naive/conv2d.cu's conv2d_forward_naive, naive/batchnorm.cu's batchnorm_stats_naive,
-// batchnorm_apply_naive and batchnorm_eval_naive, naive/relu.cu's relu_forward_naive and naive/maxpool.cu's
-// maxpool2x2_forward_naive (and normalize_naive by staging: conv1_common.cuh).
+// for conv1, naive/2_conv2d.cu's conv2d_forward_naive, naive/3_batchnorm.cu's batchnorm_stats_naive,
+// batchnorm_apply_naive and batchnorm_eval_naive, naive/4_relu.cu's relu_forward_naive and naive/5_maxpool.cu's
+// maxpool2x2_forward_naive (and normalize_naive by staging: 1_conv1_common.cuh).
 #pragma once
-#include "conv1_common.cuh"
+#include "1_conv1_common.cuh"
 
 // The window's four outputs' share of every moment, S_a and G_ab (a <= b), added to the thread's double
 // sums acc. Each share is summed over the four outputs in float first: that takes a quarter of the

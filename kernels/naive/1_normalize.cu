@@ -1,4 +1,4 @@
-// normalize.cu: the batch's images, MNIST's bytes, to the float32 the network sees (normalize_pixel in
+// 1_normalize.cu: the batch's images, MNIST's bytes, to the float32 the network sees (normalize_pixel in
 // common.cuh): one thread per pixel. (The fast conv1 kernels normalise as they stage an image.)
 #include "common.cuh"
 

@@ -1,5 +1,5 @@
-// bn_relu_pool.cu: the second block's BatchNorm fused with ReLU and max pooling (x = conv2's output
-// [N,C,S,S], S even): the fast form of naive/batchnorm.cu, relu.cu and maxpool.cu for block 2, forward
+// 3_bn_relu_pool.cu: the second block's BatchNorm fused with ReLU and max pooling (a = conv2's output
+// [N,C,S,S], S even): the fast form of naive/3_batchnorm.cu, 4_relu.cu and 5_maxpool.cu for block 2, forward
 // and backward. Reductions are split into parts of imgs_per_block images (at most MAX_PARTS), one warp per
 // channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
 // for each group of channels, the last of its blocks combines the parts in a fixed order
@@ -21,7 +21,7 @@ static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
 
 // Images n0 .. n0 + K - 1 of channel c merged into (mean, m2, count), by the warp that owns c.
 template <int K>
-__device__ __forceinline__ void stats_images(const float* x, int n0, int C, int c, int HW, float* mean, float* m2,
+__device__ __forceinline__ void stats_images(const float* a, int n0, int C, int c, int HW, float* mean, float* m2,
                                              float* count) {
     const int lane = threadIdx.x % 32;
     float v[K][BN_STATS_VALUES];
@@ -30,7 +30,7 @@ __device__ __forceinline__ void stats_images(const float* x, int n0, int C, int 
 #pragma unroll
         for (int i = 0; i < BN_STATS_VALUES; i++) {
             const int p = lane + 32 * i;
-            v[j][i] = p < HW ? x[((n0 + j) * C + c) * HW + p] : 0.0f;
+            v[j][i] = p < HW ? a[((n0 + j) * C + c) * HW + p] : 0.0f;
         }
 #pragma unroll
     for (int j = 0; j < K; j++) {
@@ -48,7 +48,7 @@ __device__ __forceinline__ void stats_images(const float* x, int n0, int C, int 
 }
 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
-    batchnorm_stats_fast(const float* x, int N, int C, int HW, int imgs_per_block, float* partial,
+    batchnorm_stats_fast(const float* a, int N, int C, int HW, int imgs_per_block, float* partial,
                          unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
                          float* running_mean, float* running_var) {
     const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32;
@@ -57,8 +57,8 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
         float mean = 0.0f, m2 = 0.0f, count = 0.0f;
         int n = first;
         for (; n + BN_STATS_IMAGES <= last; n += BN_STATS_IMAGES)
-            stats_images<BN_STATS_IMAGES>(x, n, C, c, HW, &mean, &m2, &count);
-        for (; n < last; n++) stats_images<1>(x, n, C, c, HW, &mean, &m2, &count);
+            stats_images<BN_STATS_IMAGES>(a, n, C, c, HW, &mean, &m2, &count);
+        for (; n < last; n++) stats_images<1>(a, n, C, c, HW, &mean, &m2, &count);
         if (lane == 0) {
             float* pair = part_pair(partial, c, gridDim.x, blockIdx.x);
             pair[0] = mean;
@@ -81,18 +81,18 @@ extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, 
     invstd[c] = rsqrtf(running_var[c] + eps);
 }
 
-// pooled = maxpool2x2(relu(batchnorm(x))) with the window position, NO_POSITION where the ReLU blocked
-// the window (pool_position), and x_at, x at that position: the backward reads the position alone, and
-// its reduction reads x_at instead of gathering x at the positions (a quarter of x's values, nearly all of
+// pooled = maxpool2x2(relu(batchnorm(a))) with the window position, NO_POSITION where the ReLU blocked
+// the window (pool_position), and a_at, a at that position: the backward reads the position alone, and
+// its reduction reads a_at instead of gathering a at the positions (a quarter of a's values, nearly all of
 // its sectors). One thread per pooled pixel, reading its window as two float2 rows.
-extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const float* mean, const float* invstd,
+extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* a, const float* mean, const float* invstd,
                                                        const float* gamma, const float* beta, int N, int C, int S,
-                                                       float* pooled, unsigned char* argmax, float* x_at) {
+                                                       float* pooled, unsigned char* argmax, float* a_at) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
-    const float* row = x + (nc * S + 2 * ph) * S + 2 * pw;
+    const float* row = a + (nc * S + 2 * ph) * S + 2 * pw;
     const float2 top = *reinterpret_cast<const float2*>(row), bottom = *reinterpret_cast<const float2*>(row + S);
     const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
     int at;
@@ -100,24 +100,24 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* x, const flo
                               batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
     pooled[idx] = v;
     argmax[idx] = pool_position(v, at);
-    x_at[idx] = at == 0 ? top.x : at == 1 ? top.y : at == 2 ? bottom.x : bottom.y;
+    a_at[idx] = at == 0 ? top.x : at == 1 ? top.y : at == 2 ? bottom.x : bottom.y;
 }
 
 // dbeta = sum dz, dgamma = sum dz*xhat, where dz (the gradient at BN's output) is nonzero only at each
-// window's argmax where the ReLU passed (argmax != NO_POSITION): the sums run over pooled pixels, with x
-// at the argmax from the forward (x_at). A warp owns a channel; each lane loads its pooled pixels'
-// (gradient, argmax, x_at) for BN_REDUCE_IMAGES images at once: one memory latency for them all.
+// window's argmax where the ReLU passed (argmax != NO_POSITION): the sums run over pooled pixels, with a
+// at the argmax from the forward (a_at). A warp owns a channel; each lane loads its pooled pixels'
+// (gradient, argmax, a_at) for BN_REDUCE_IMAGES images at once: one memory latency for them all.
 // grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; So*So <= 32 * BN_POOLED_VALUES.
 #define BN_POOLED_VALUES 2  // per lane and image: 64 >= 49, conv2's 7x7 pooled pixels
 #define BN_REDUCE_IMAGES 2  // images whose loads a warp has in flight together
 
 // Images n0 .. n0 + K - 1 of channel c added to (sdz, sdzx) in image order, by the warp that owns c.
 template <int K>
-__device__ __forceinline__ void reduce_images(const float* x_at, const float* d_pooled, const unsigned char* argmax,
+__device__ __forceinline__ void reduce_images(const float* a_at, const float* d_pooled, const unsigned char* argmax,
                                               int n0, int C, int c, int pooled_hw, float mean, float invstd, float* sdz,
                                               float* sdzx) {
     const int lane = threadIdx.x % 32;
-    float dz[K][BN_POOLED_VALUES], xa[K][BN_POOLED_VALUES];
+    float dz[K][BN_POOLED_VALUES], aa[K][BN_POOLED_VALUES];
     bool passed[K][BN_POOLED_VALUES];
 #pragma unroll
     for (int j = 0; j < K; j++)
@@ -126,7 +126,7 @@ __device__ __forceinline__ void reduce_images(const float* x_at, const float* d_
             const int t = lane + 32 * i, idx = ((n0 + j) * C + c) * pooled_hw + t;
             const bool in = t < pooled_hw;
             dz[j][i] = in ? d_pooled[idx] : 0.0f;
-            xa[j][i] = in ? x_at[idx] : 0.0f;
+            aa[j][i] = in ? a_at[idx] : 0.0f;
             passed[j][i] = in && argmax[idx] != NO_POSITION;
         }
 #pragma unroll
@@ -135,12 +135,12 @@ __device__ __forceinline__ void reduce_images(const float* x_at, const float* d_
         for (int i = 0; i < BN_POOLED_VALUES; i++)
             if (passed[j][i]) {
                 *sdz += dz[j][i];
-                *sdzx += dz[j][i] * (xa[j][i] - mean) * invstd;
+                *sdzx += dz[j][i] * (aa[j][i] - mean) * invstd;
             }
 }
 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
-    batchnorm_backward_reduce_fast(const float* x_at, const float* save_mean, const float* save_invstd,
+    batchnorm_backward_reduce_fast(const float* a_at, const float* save_mean, const float* save_invstd,
                                    const float* d_pooled, const unsigned char* argmax, int N, int C, int S,
                                    int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                                    float* dbeta) {
@@ -151,8 +151,8 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
         const float mean = save_mean[c], invstd = save_invstd[c];
         int n = first;
         for (; n + BN_REDUCE_IMAGES <= last; n += BN_REDUCE_IMAGES)
-            reduce_images<BN_REDUCE_IMAGES>(x_at, d_pooled, argmax, n, C, c, pooled_hw, mean, invstd, &sdz, &sdzx);
-        for (; n < last; n++) reduce_images<1>(x_at, d_pooled, argmax, n, C, c, pooled_hw, mean, invstd, &sdz, &sdzx);
+            reduce_images<BN_REDUCE_IMAGES>(a_at, d_pooled, argmax, n, C, c, pooled_hw, mean, invstd, &sdz, &sdzx);
+        for (; n < last; n++) reduce_images<1>(a_at, d_pooled, argmax, n, C, c, pooled_hw, mean, invstd, &sdz, &sdzx);
     }
     sdz = warp_sum(sdz);
     sdzx = warp_sum(sdzx);
@@ -166,13 +166,13 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
                     dgamma);
 }
 
-// dx = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
+// d_a = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
 // from the pooled gradient at the window's argmax (none where it is NO_POSITION): one thread per 2x2
 // window, writing its four elements.
-extern "C" __global__ void batchnorm_backward_apply_fast(const float* x, const float* save_mean,
+extern "C" __global__ void batchnorm_backward_apply_fast(const float* a, const float* save_mean,
                                                          const float* save_invstd, const float* gamma,
                                                          const float* dgamma, const float* dbeta, const float* d_pooled,
-                                                         const unsigned char* argmax, int N, int C, int S, float* dx) {
+                                                         const unsigned char* argmax, int N, int C, int S, float* d_a) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
@@ -185,9 +185,9 @@ extern "C" __global__ void batchnorm_backward_apply_fast(const float* x, const f
     float out[4];
 #pragma unroll
     for (int p = 0; p < 4; p++) {
-        const float xhat = (x[base + (p / 2) * S + p % 2] - mean) * invstd;
+        const float xhat = (a[base + (p / 2) * S + p % 2] - mean) * invstd;
         out[p] = k * (count * (p == at ? dz : 0.0f) - db - xhat * dg);
     }
-    *reinterpret_cast<float2*>(dx + base) = make_float2(out[0], out[1]);
-    *reinterpret_cast<float2*>(dx + base + S) = make_float2(out[2], out[3]);
+    *reinterpret_cast<float2*>(d_a + base) = make_float2(out[0], out[1]);
+    *reinterpret_cast<float2*>(d_a + base + S) = make_float2(out[2], out[3]);
 }

@@ -1,11 +1,11 @@
-// conv1_backward.cuh: the pieces of conv1's backward (conv1_backward_fast, fast/conv1_bn_relu_pool.cu): its
+// 1_conv1_backward.cuh: the pieces of conv1's backward (conv1_backward_fast, fast/1_conv1_bn_relu_pool.cu): its
 // block geometry, the ring of pooled gradients and positions that cp.async fills, the sums a thread adds at
 // its windows' argmax, their reduction over the block and the batch, and a channel's weight and BatchNorm
-// gradients from its sums and the image moments. Together they replace, for conv1, naive/maxpool.cu's
-// maxpool2x2_backward_naive, naive/relu.cu's relu_backward_naive, naive/batchnorm.cu's
-// batchnorm_backward_naive and naive/conv2d.cu's conv2d_backward_weight_naive (conv1 needs no input gradient).
+// gradients from its sums and the image moments. Together they replace, for conv1, naive/5_maxpool.cu's
+// maxpool2x2_backward_naive, naive/4_relu.cu's relu_backward_naive, naive/3_batchnorm.cu's
+// batchnorm_backward_naive and naive/2_conv2d.cu's conv2d_backward_weight_naive (conv1 needs no input gradient).
 #pragma once
-#include "conv1_common.cuh"
+#include "1_conv1_common.cuh"
 #include "tensor_core.cuh"
 
 // From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options), the backward's geometry for CHANNELS channels

@@ -1,13 +1,13 @@
-// conv2_image_tile.cuh: conv2's forward and input gradient, conv3x3_image_tile: one block per tile of an image,
-// a matrix product on the tensor cores with the image staged in shared memory (conv2_tile_forms.cuh says how).
-// The fast form of conv2d_forward_naive and conv2d_backward_input_naive (naive/conv2d.cu).
+// 2_conv2_image_tile.cuh: conv2's forward and input gradient, conv3x3_image_tile: one block per tile of an image,
+// a matrix product on the tensor cores with the image staged in shared memory (2_conv2_tile_forms.cuh says how).
+// The fast form of conv2d_forward_naive and conv2d_backward_input_naive (naive/2_conv2d.cu).
 //
 // A block stages its input a chunk of channels at a time (ImageTileStaging), multiplies each chunk
 // (issue_chunk_products: wgmma on sm_90a, mma.sync elsewhere) while it stages the next, and writes its
 // output channels out through shared memory (merge_paired_set in the paired form, store_image_tile).
 #pragma once
 #include "common.cuh"
-#include "conv2_tile_forms.cuh"
+#include "2_conv2_tile_forms.cuh"
 
 // The image tile's geometry. (An enum, not constexpr variables: NVRTC emits each namespace-scope variable
 // that device code names into the module as a global, which nothing reads.)

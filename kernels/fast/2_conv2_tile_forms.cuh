@@ -1,7 +1,7 @@
-// conv2_tile_forms.cuh: how conv2's forward and input gradient lay out their matrix products, shared by the
-// image tiles that multiply (conv2_image_tile.cuh) and the weight staging that writes operand A
-// (conv2_stage_weights.cuh): the launch geometry, the forms of A (TileForm) and the products of a k-step.
-// Part of the fast form of conv2d_forward_naive and conv2d_backward_input_naive (naive/conv2d.cu).
+// 2_conv2_tile_forms.cuh: how conv2's forward and input gradient lay out their matrix products, shared by the
+// image tiles that multiply (2_conv2_image_tile.cuh) and the weight staging that writes operand A
+// (2_conv2_stage_weights.cuh): the launch geometry, the forms of A (TileForm) and the products of a k-step.
+// Part of the fast form of conv2d_forward_naive and conv2d_backward_input_naive (naive/2_conv2d.cu).
 //
 // Both are the same operation, a 3x3 convolution of a stack of 14x14 images:
 //   out[img, n, p] = sum_{c, tap} in[img, c, p + shift(tap)] * wt(n, c, tap)

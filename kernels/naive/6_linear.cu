@@ -1,4 +1,4 @@
-// linear.cu: fully connected layer y = x W^T + b, as torch.nn.Linear.
+// 6_linear.cu: fully connected layer y = x W^T + b, as torch.nn.Linear.
 //   x [N,I], W [O,I], b [O] -> y [N,O]
 //
 // naive: one thread per output element of each product.
