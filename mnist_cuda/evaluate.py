@@ -1,7 +1,10 @@
-"""Evaluate a checkpoint on the test set with our kernels on the GPU:  python -m mnist_cuda.evaluate CHECKPOINT
+"""Evaluate a checkpoint, or an ensemble of several, on the test set with our kernels on the GPU:
+python -m mnist_cuda.evaluate CHECKPOINT [CHECKPOINT ...]
 
 Prints the test accuracy, the loss, the accuracy of each class and the confusion matrix (`--json`: the same
-as one JSON object); `--png` draws the confusion matrix and the worst misclassified test images.
+as one JSON object); `--png` draws the confusion matrix and the worst misclassified test images. Given several
+checkpoints (one architecture, one test set), it evaluates each, then their ensemble: the mean of the models'
+probabilities, whose largest is its class; the report is the ensemble's, after a line per model.
 
 The network runs in evaluation mode (BatchNorm's running statistics) with the kernel version, precision
 and batch size the checkpoint was trained with, unless flags say otherwise, so the accuracy is the one the
@@ -12,9 +15,11 @@ per-class figures, the confusion matrix and the loss come from the same logits, 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 
@@ -47,6 +52,13 @@ def log_softmax(logits: np.ndarray) -> np.ndarray:
     z = logits.astype(np.float64)
     z -= z.max(axis=1, keepdims=True)
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def ensemble_log_probs(logits: list[np.ndarray]) -> np.ndarray:
+    """float64 log of the mean of the models' probabilities (each the softmax of its logits): the ensemble's
+    scores, a valid input to report() (whose log-softmax leaves log-probabilities as they are)."""
+    probs = np.mean([np.exp(log_softmax(z)) for z in logits], axis=0)
+    return np.log(probs)
 
 
 def report(logits: np.ndarray, labels: np.ndarray, class_names) -> dict:
@@ -154,7 +166,13 @@ def build_parser() -> cli.Parser:
         description=__doc__.split("\n\n")[0],
         formatter_class=argparse.HelpFormatter,
     )
-    p.add_argument("checkpoint", type=cli.input_file, metavar="CHECKPOINT", help="a checkpoint written by --save")
+    p.add_argument(
+        "checkpoints",
+        nargs="+",
+        type=cli.input_file,
+        metavar="CHECKPOINT",
+        help="a checkpoint written by --save; several (of one architecture): each, then their ensemble",
+    )
     p.add_argument("--dataset", choices=sorted(data.DATASETS), default=None, help=f"whose test set {from_ckpt}")
     p.add_argument(
         "--data-dir",
@@ -232,67 +250,167 @@ def load_checkpoint_or_fail(parser, path):
         parser.fail("CHECKPOINT", str(e))
 
 
+@dataclasses.dataclass
+class Model:
+    path: Path
+    state: dict
+    meta: dict
+    channels: tuple
+    hidden: int
+    run: dict  # resolve()'s dataset, batch size, kernels and precision
+
+
+def load_models_or_fail(args, parser) -> list[Model]:
+    """Every checkpoint given, read and resolved against the flags; several must be distinct files of one
+    architecture evaluated on one test set (an ensemble), all before any data or GPU work."""
+    models = []
+    for path in args.checkpoints:
+        if any(cli.same_file(path, m.path) for m in models):
+            parser.fail("CHECKPOINT", f"{path} is given twice: an ensemble takes each model once")
+        state, meta, channels, hidden, _ = load_checkpoint_or_fail(parser, path)
+        models.append(Model(path, state, meta, tuple(channels), hidden, resolve(args, parser, meta)))
+        first = models[0]
+        if (models[-1].channels, models[-1].hidden) != (first.channels, first.hidden):
+            parser.fail(
+                "CHECKPOINT",
+                f"{path} is {_architecture(models[-1])} and {first.path} {_architecture(first)}: "
+                "an ensemble takes models of one architecture",
+            )
+        if models[-1].run["dataset"] != first.run["dataset"]:
+            parser.fail(
+                "CHECKPOINT",
+                f"{path} is evaluated on {models[-1].run['dataset']} and {first.path} on "
+                f"{first.run['dataset']}: an ensemble takes one test set (give --dataset)",
+            )
+    for m in models:
+        fits_or_fail(parser, m.run, m.channels, m.hidden)
+    return models
+
+
+def _architecture(m: Model) -> str:
+    return f"a {m.channels[0]},{m.channels[1]} / {m.hidden} model"
+
+
 def main(argv=None) -> int:
     return cli.run(build_parser(), evaluate, argv)
 
 
 def evaluate(args, parser) -> int:
-    state, meta, channels, hidden, _ = load_checkpoint_or_fail(parser, args.checkpoint)
-    run = resolve(args, parser, meta)
-    fits_or_fail(parser, run, channels, hidden)
+    models = load_models_or_fail(args, parser)
+    dataset = models[0].run["dataset"]
     cli.refuse_clashes(
         parser,
-        inputs=[("CHECKPOINT", args.checkpoint)] + cli.data_inputs(run["dataset"], args.data_dir, test_only=True),
+        inputs=[("CHECKPOINT", [m.path for m in models])] + cli.data_inputs(dataset, args.data_dir, test_only=True),
         outputs=[("--png", args.png)],
     )
     if args.png is not None:
         cli.require_matplotlib(parser, "--png")
-    cli.check_data_dir_or_exit(parser.prog, run["dataset"], args.data_dir, test_only=True)
+    cli.check_data_dir_or_exit(parser.prog, dataset, args.data_dir, test_only=True)
     cli.gpu_or_exit(parser.prog)  # before a download
-    fits_gpu_or_exit(parser, run, channels, hidden)
-    arrays = cli.load_data_or_exit(parser.prog, run["dataset"], args.data_dir, args.quiet or args.json, test_only=True)
+    for m in models:  # one at a time on the GPU: the largest must fit
+        fits_gpu_or_exit(parser, m.run, m.channels, m.hidden)
+    arrays = cli.load_data_or_exit(parser.prog, dataset, args.data_dir, args.quiet or args.json, test_only=True)
     test_x, test_y = arrays[2], arrays[3].astype(np.int32)
-    host = data.host_data(run["dataset"], arrays, empty=cuda.pinned_empty)
-    model = Inference(state, channels, hidden, run["batch_size"], run["kernels"], run["precision"])
-    accuracy = model.accuracy(host.test_x, host.test_y)
-    r = report(model.logits(host.test_x, host.test_y), test_y, data.CLASS_NAMES[run["dataset"]])
-    if r["correct"] != round(accuracy * len(test_y)):  # the same logits must give the same count
-        print(
-            f"{parser.prog}: internal error: the GPU counted {accuracy:.4%} correct, the logits {r['accuracy']:.4%}",
-            file=sys.stderr,
-        )
-        return 1
-    r = {
-        "checkpoint": str(args.checkpoint),
-        "step": meta.get("step"),
-        **run,
-        "trained_on": meta.get("dataset"),
-        "test_accuracy_at_save": meta.get("test_accuracy"),
-        **r,
-    }
-    header = (
-        f"{args.checkpoint}: step {meta.get('step', '?')} of a {channels[0]},{channels[1]} / {hidden} model "
-        f"trained on {meta.get('dataset', '?')}; evaluated on the {run['dataset']} test set with the "
-        f"{run['kernels']} kernels{'' if run['precision'] == 'fp32' else ' (' + run['precision'] + ')'} "
-        f"at batch {run['batch_size']}"
-    )
-    if args.json:
-        print(json.dumps(r, indent=1))
+    host = data.host_data(dataset, arrays, empty=cuda.pinned_empty)
+    class_names = data.CLASS_NAMES[dataset]
+    results = []
+    for m in models:
+        logits = model_logits(m, host, parser.prog)
+        if logits is None:
+            return 1
+        results.append((m, logits, describe(m, report(logits, test_y, class_names))))
+    if len(models) == 1:
+        m, _, r = results[0]
+        print_report(args, r, header(m))
     else:
-        print(format_report(r, header))
-        wrong = r["misclassified"]
-        if wrong:
-            print(
-                "\nthe most confident mistakes (test index: true -> predicted, probability): "
-                + ", ".join(
-                    f"#{m['index']}: {m['label']} -> {m['predicted']} ({m['probability']:.2f})" for m in wrong[:5]
-                )
-            )
+        r = ensemble(results, test_y, class_names)
+        print_ensemble(args, r)
     if args.png is not None:
-        plot_report(r, test_x, args.png, f"{args.checkpoint.name} on the {run['dataset']} test set")
+        name = models[0].path.name if len(models) == 1 else f"an ensemble of {len(models)} models"
+        plot_report(r, test_x, args.png, f"{name} on the {dataset} test set")
         if not args.json:
             print(f"plot: {args.png}")
     return 0
+
+
+def model_logits(m: Model, host, prog: str) -> np.ndarray | None:
+    """The model's test logits on the GPU, its accuracy counted there too: the two must agree (None if not)."""
+    model = Inference(m.state, m.channels, m.hidden, m.run["batch_size"], m.run["kernels"], m.run["precision"])
+    accuracy = model.accuracy(host.test_x, host.test_y)
+    logits = model.logits(host.test_x, host.test_y)
+    correct = int((logits.argmax(axis=1) == host.test_y[: len(logits)]).sum())
+    if correct != round(accuracy * len(logits)):  # the same logits must give the same count
+        print(
+            f"{prog}: internal error: {m.path}: the GPU counted {accuracy:.4%} correct, the logits "
+            f"{correct / len(logits):.4%}",
+            file=sys.stderr,
+        )
+        return None
+    return logits
+
+
+def describe(m: Model, r: dict) -> dict:
+    return {
+        "checkpoint": str(m.path),
+        "step": m.meta.get("step"),
+        **m.run,
+        "trained_on": m.meta.get("dataset"),
+        "test_accuracy_at_save": m.meta.get("test_accuracy"),
+        **r,
+    }
+
+
+def header(m: Model) -> str:
+    run = m.run
+    return (
+        f"{m.path}: step {m.meta.get('step', '?')} of a {m.channels[0]},{m.channels[1]} / {m.hidden} model "
+        f"trained on {m.meta.get('dataset', '?')}; evaluated on the {run['dataset']} test set with the "
+        f"{run['kernels']} kernels{'' if run['precision'] == 'fp32' else ' (' + run['precision'] + ')'} "
+        f"at batch {run['batch_size']}"
+    )
+
+
+def print_report(args, r: dict, title: str) -> None:
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return
+    print(format_report(r, title))
+    wrong = r["misclassified"]
+    if wrong:
+        print(
+            "\nthe most confident mistakes (test index: true -> predicted, probability): "
+            + ", ".join(f"#{m['index']}: {m['label']} -> {m['predicted']} ({m['probability']:.2f})" for m in wrong[:5])
+        )
+
+
+def ensemble(results, labels, class_names) -> dict:
+    """The ensemble's report (the mean of the models' probabilities), with each model's figures under
+    "models"."""
+    r = report(ensemble_log_probs([logits for _, logits, _ in results]), labels, class_names)
+    keep = ("checkpoint", "step", "dataset", "batch_size", "kernels", "precision", "trained_on", "samples")
+    models = [
+        {**{k: d[k] for k in keep}, "correct": d["correct"], "accuracy": d["accuracy"], "loss": d["loss"]}
+        for _, _, d in results
+    ]
+    return {"ensemble_of": len(results), "dataset": results[0][2]["dataset"], "models": models, **r}
+
+
+def print_ensemble(args, r: dict) -> None:
+    if args.json:
+        print(json.dumps(r, indent=1))
+        return
+    width = max(len(m["checkpoint"]) for m in r["models"])
+    for m in r["models"]:
+        print(
+            f"{m['checkpoint']:<{width}}  test accuracy {100 * m['accuracy']:.2f}% ({m['correct']} of "
+            f"{m['samples']}), loss {m['loss']:.4f}"
+        )
+    accuracies = [m["accuracy"] for m in r["models"]]
+    title = (
+        f"\nthe ensemble of {r['ensemble_of']} models (the mean of their probabilities) on the {r['dataset']} test "
+        f"set; the models alone: mean {100 * np.mean(accuracies):.2f}%, best {100 * max(accuracies):.2f}%"
+    )
+    print_report(args, r, title)
 
 
 if __name__ == "__main__":

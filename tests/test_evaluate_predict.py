@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -139,6 +140,81 @@ def test_report_counts_and_orders_mistakes():
     assert r["loss"] == pytest.approx(-np.mean(log_p[np.arange(5), labels]))
 
 
+# ---- ensembles ---------------------------------------------------------------------------------------
+
+
+def test_ensemble_is_the_mean_of_the_probabilities_not_a_vote():
+    """Two models vote for class 0 by a hair, one is sure of class 1: the mean probability picks 1."""
+    unsure = np.log(np.array([[0.51, 0.49, 0.0001]]))
+    sure = np.log(np.array([[0.01, 0.98, 0.01]]))
+    scores = evaluate.ensemble_log_probs([unsure, unsure, sure])
+    probs = np.mean([np.exp(evaluate.log_softmax(z)) for z in (unsure, unsure, sure)], axis=0)
+    np.testing.assert_allclose(np.exp(scores), probs, rtol=1e-12)
+    assert scores.argmax(axis=1).tolist() == [1]
+    z = np.random.default_rng(0).standard_normal((7, 10)).astype(np.float32)
+    np.testing.assert_allclose(evaluate.ensemble_log_probs([z, z]), evaluate.log_softmax(z), atol=1e-12)
+
+
+def test_ensemble_evaluation_on_the_float64_reference():
+    """The ensemble's report from three models' float64 reference logits (evaluation mode): each model's figures
+    as report() gives them alone, and the ensemble's accuracy, loss and confusion those of the mean of their
+    softmaxes, computed here independently."""
+    rng = np.random.default_rng(1)
+    images = rng.integers(0, 256, (40, 1, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, 40)
+    x = (images / 255.0 - 0.1307) / 0.3081
+    names = tuple(str(c) for c in range(10))
+    results = []
+    for seed in range(3):
+        logits, _ = reference.ReferenceModel(reference.init_state_dict(seed, (4, 8), 16)).forward(x, train=False)
+        m = evaluate.Model(
+            Path(f"m{seed}.npz"),
+            {},
+            {"step": 9},
+            (4, 8),
+            16,
+            dict(dataset="mnist", batch_size=8, kernels="fast", precision="fp32"),
+        )
+        results.append((m, logits, evaluate.describe(m, evaluate.report(logits, labels, names))))
+    r = evaluate.ensemble(results, labels, names)
+    assert r["ensemble_of"] == 3 and [m["checkpoint"] for m in r["models"]] == ["m0.npz", "m1.npz", "m2.npz"]
+    for m, (_, logits, _) in zip(r["models"], results):
+        assert m["correct"] == int((logits.argmax(axis=1) == labels).sum())
+    p = (
+        sum(
+            np.exp(z - z.max(1, keepdims=True)) / np.exp(z - z.max(1, keepdims=True)).sum(1, keepdims=True)
+            for _, z, _ in results
+        )
+        / 3
+    )
+    assert r["correct"] == int((p.argmax(axis=1) == labels).sum())
+    assert r["loss"] == pytest.approx(-np.mean(np.log(p[np.arange(40), labels])), rel=1e-12)
+    assert np.array(r["confusion"]).trace() == r["correct"]
+
+
+def _saved(tmp_path, name, channels=(4, 8), hidden=16, dataset="mnist"):
+    return checkpoint.save_checkpoint(
+        tmp_path / f"{name}.npz",
+        reference.init_state_dict(0, channels, hidden),
+        {"dataset": dataset, "batch_size": 32, "kernels": "fast", "tf32": False},
+    )
+
+
+def test_an_ensemble_of_mismatched_checkpoints_is_refused_before_any_work(tmp_path):
+    a, b = _saved(tmp_path, "a"), _saved(tmp_path, "b")
+    other = _saved(tmp_path, "other", channels=(4, 6))
+    fashion = _saved(tmp_path, "fashion", dataset="fashion-mnist")
+    ev = lambda *args: run_module("mnist_cuda.evaluate", *map(str, args))
+    one_line_usage_error(ev(a, b, other), "CHECKPOINT", str(other), "4,6 / 16", "one architecture")
+    one_line_usage_error(ev(a, a), "CHECKPOINT", "given twice")
+    link = tmp_path / "again.npz"
+    link.symlink_to(a)
+    one_line_usage_error(ev(a, link), "CHECKPOINT", "given twice")
+    one_line_usage_error(ev(a, fashion), "CHECKPOINT", "fashion-mnist", "one test set")
+    one_line_usage_error(ev(a, b, tmp_path / "none.npz"), "CHECKPOINT", "does not exist")
+    one_line_usage_error(ev(a, b, "--png", b), "--png", "CHECKPOINT")
+
+
 # ---- on the GPU ----------------------------------------------------------------------------------
 
 
@@ -219,3 +295,26 @@ def test_predict_on_test_images_saved_as_png(trained, tmp_path):
         assert sum(p["probabilities"].values()) == pytest.approx(1.0, abs=1e-6)
     text = run_module("mnist_cuda.predict", str(ck), paths[0])
     assert text.returncode == 0 and text.stdout.split()[1] == str(evaluated[picks[0]])
+
+
+@pytest.mark.gpu
+def test_evaluate_an_ensemble(trained, tmp_path):
+    """Each model's accuracy is the one it has alone; an ensemble of a model with itself is that model."""
+    import shutil
+
+    folder, ck, _ = trained
+    twin = tmp_path / "twin.npz"
+    shutil.copyfile(ck, twin)
+    alone = json.loads(run_module("mnist_cuda.evaluate", str(ck), "--data-dir", str(folder), "--json").stdout)
+    r = run_module("mnist_cuda.evaluate", str(ck), str(twin), "--data-dir", str(folder), "--json")
+    assert r.returncode == 0, r.stderr
+    both = json.loads(r.stdout)
+    assert both["ensemble_of"] == 2 and [m["accuracy"] for m in both["models"]] == [alone["accuracy"]] * 2
+    assert both["correct"] == alone["correct"] and both["confusion"] == alone["confusion"]
+    assert both["loss"] == pytest.approx(alone["loss"], rel=1e-12)
+    text = run_module(
+        "mnist_cuda.evaluate", str(ck), str(twin), "--data-dir", str(folder), "--png", str(tmp_path / "e.png")
+    )
+    assert text.returncode == 0, text.stderr
+    assert "the ensemble of 2 models" in text.stdout and f"{100 * alone['accuracy']:.2f}%" in text.stdout
+    assert (tmp_path / "e.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -144,6 +144,7 @@ COMMANDS = [
         "bench_kernels",
         "bf16_distance",
         "ladder",
+        "many_models_probe",
         "profile_step",
         "step_launch_costs",
         "step_timeline",
@@ -204,6 +205,7 @@ def files(tmp_path_factory):
         (data / f"{spec.name}.gz").write_bytes(b"\x1f\x8b not the real file")
     return {
         "checkpoint": ck,
+        "checkpoints": ck,
         "init": ck,
         "metrics": metrics,
         "show": result,
