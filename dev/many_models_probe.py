@@ -20,7 +20,7 @@ import sys
 import time
 
 import numpy as np
-from time_step import WINDOW
+from time_step import window_means
 
 from mnist_cuda.cli import (
     Parser,
@@ -96,15 +96,7 @@ def one_batch(ds, batch: int, steps: int) -> float:
     for i in range(40):
         step.run(ds.train_x, ds.train_y, idx[i], idx[i + 1])
     step.synchronize()
-    marks = [cp.cuda.Event()]
-    marks[0].record(step.stream)
-    for j in range(steps):
-        step.run(ds.train_x, ds.train_y, idx[40 + j], idx[41 + j])
-        if (j + 1) % WINDOW == 0:
-            marks.append(cp.cuda.Event())
-            marks[-1].record(step.stream)
-    step.synchronize()
-    return float(np.median([cp.cuda.get_elapsed_time(a, b) * 1000 / WINDOW for a, b in zip(marks, marks[1:])]))
+    return float(np.median(window_means(cp, step, ds, idx, 40, steps)))
 
 
 def main(argv=None) -> int:

@@ -59,6 +59,21 @@ def build_parser() -> Parser:
     return p
 
 
+def window_means(cp, step, ds, idxs, first: int, steps: int) -> list[float]:
+    """us per step of each WINDOW steps (batches idxs[first:], cycled), run with no synchronisation inside and a
+    CUDA event after each window."""
+    marks = [cp.cuda.Event()]
+    marks[0].record(step.stream)
+    for k in range(steps):
+        j = first + k
+        step.run(ds.train_x, ds.train_y, idxs[j % len(idxs)], idxs[(j + 1) % len(idxs)])
+        if (k + 1) % WINDOW == 0:
+            marks.append(cp.cuda.Event())
+            marks[-1].record(step.stream)
+    step.synchronize()
+    return [cp.cuda.get_elapsed_time(a, b) * 1000 / WINDOW for a, b in zip(marks, marks[1:])]
+
+
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
@@ -86,16 +101,7 @@ def main(argv=None) -> int:
             step.run(ds.train_x, ds.train_y, idxs[i % len(idxs)], idxs[(i + 1) % len(idxs)])
             i += 1
         step.synchronize()
-        marks = [cp.cuda.Event()]
-        marks[0].record(step.stream)
-        for k in range(args.steps):
-            j = i + k
-            step.run(ds.train_x, ds.train_y, idxs[j % len(idxs)], idxs[(j + 1) % len(idxs)])
-            if (k + 1) % WINDOW == 0:
-                marks.append(cp.cuda.Event())
-                marks[-1].record(step.stream)
-        step.synchronize()
-        per_step = [cp.cuda.get_elapsed_time(a, b) * 1000 / WINDOW for a, b in zip(marks, marks[1:])]
+        per_step = window_means(cp, step, ds, idxs, i, args.steps)
         out[batch] = float(np.median(per_step))
         print(f"batch {batch}: median {out[batch]:.1f} us per step ({len(per_step)} windows of {WINDOW})")
     if args.json:
