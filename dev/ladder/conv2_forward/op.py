@@ -3,8 +3,11 @@
 3x3 convolution, stride 1, zero padding 1, no bias, NCHW: x [N,C,H,W], w [K,C,3,3] -> y [N,K,H,W].
 """
 
+import dataclasses
+
 from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, conv_inputs, image_tile_grid, is_conv2
 
+from mnist_cuda import cuda
 from mnist_cuda import reference as ref
 from mnist_cuda.kernel_cases import TF32_TOL
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
@@ -51,6 +54,38 @@ def launch_mma(kernel, s: Conv, x, w, y):
     kernel.launch(grid, t["TILE_K"] // t["WARP_K"] * 32, x, w, y, *s.ints())
 
 
+WGMMA = {"TILE_H": 7, "TILE_W": 16, "TILE_K": 64, "CHUNK_C": 8}
+
+
+def wgmma_here() -> bool:
+    """Whether kernels are compiled for sm_90a here (a Hopper GPU), where wgmma exists; False without a GPU, or where
+    tests stand in for one (mnist_cuda.cuda.require_gpu replaced by an object without a device)."""
+    try:
+        return cuda.arch_specific()
+    except (cuda.GPUUnavailable, AttributeError):
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
+class HopperRung(Rung):
+    """A rung whose kernel exists only on sm_90a (wgmma): it takes every shape on a Hopper GPU, none elsewhere."""
+
+    def accepts(self, shape) -> bool:
+        return wgmma_here()
+
+
+def launch_wgmma(kernel, s: Conv, x, w, y):
+    """Rung 07: a block of one warpgroup (128 threads) per TILE_H x TILE_W output pixels of an image (TILE_W = 16:
+    B's 16 columns are a row of the tile) and TILE_K = 64 output channels (A's 64 rows); CHUNK_C = 8 input channels
+    staged at a time, a k-step per tap (shared memory sized in the kernel, from these). sm_90a only: off Hopper the
+    kernel traps, so a real launch there is refused here."""
+    if isinstance(kernel, cuda.Kernel) and not wgmma_here():
+        raise RuntimeError("rung 07 (wgmma) runs only on a Hopper GPU, with kernels compiled for sm_90a")
+    t = WGMMA
+    grid = image_tile_grid(s, t["TILE_H"], t["TILE_W"], t["TILE_K"])
+    kernel.launch(grid, 128, x, w, y, *s.ints())
+
+
 def prepare_product(s: Conv, x, w, y):
     """The top rung: conv2_implicit_gemm's forward in the form the step takes at this batch (fp32: 3xTF32), from
     the weights staged once beforehand as the step stages them (on its side stream, not part of the forward)."""
@@ -81,6 +116,7 @@ OP = Op(
         Rung("04_mma_tf32.cu", "conv2_forward_rung04_mma_tf32", launch_mma, MMA, unit="tf32", tolerance=TF32_TOL),
         Rung("05_3xtf32.cu", "conv2_forward_rung05_3xtf32", launch_mma, MMA, unit="3xtf32"),
         Rung("06_fragment_quads.cu", "conv2_forward_rung06_fragment_quads", launch_mma, MMA, unit="3xtf32"),
+        HopperRung("07_wgmma.cu", "conv2_forward_rung07_wgmma", launch_wgmma, WGMMA, unit="3xtf32"),
         ProductRung(
             "09_product",
             "fast/2_conv2_implicit_gemm.cu",
