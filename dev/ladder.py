@@ -82,14 +82,17 @@ class Prepared:
 
 def prepare(op: str, rung, shape, rng) -> Prepared:
     """Fresh random inputs on the device for one rung at one shape, and its outputs filled with NaN (an element
-    the rung does not write fails the check)."""
+    the rung does not write fails the check), but those the op starts from given values (Op.initial)."""
     import cupy
 
     spec = OPS[op]
     inputs = spec.inputs(rng, shape)
     arrays = [cupy.asarray(a) for a in inputs.values()]
     outputs = {name: cupy.full(dims, np.nan, cupy.float32) for name, dims in spec.outputs(shape).items()}
+    for name, start in (spec.initial(inputs) if spec.initial else {}).items():
+        outputs[name][...] = cupy.asarray(start)
     arrays += outputs.values()
+    arrays += [cupy.zeros(dims, cupy.float32) for dims in (spec.scratch(shape) if spec.scratch else {}).values()]
     if isinstance(rung, ProductRung):
         run = rung.prepare(shape, *arrays)
     else:

@@ -78,6 +78,13 @@ class Op:
     work: Callable  # work(shape) -> (FLOPs, fewest bytes moved)
     naive: tuple  # rung 01's kernel(s) in the product: (its file under kernels/, its kernel as Rung.kernel names it),
     # or a tuple of such pairs where they come from several files, in rung 01's order
+    # initial(inputs) -> {output name: host array}: the outputs a kernel updates in place (the running statistics)
+    # start from these instead of NaN
+    initial: Callable | None = None
+    # scratch(shape) -> {name: shape}: float32 buffers, zeroed, that a rung needs besides its outputs (partial sums,
+    # a naive chain's intermediates), passed after the outputs and never checked; made with the inputs, so no
+    # launch allocates (the timing captures launches in a CUDA graph)
+    scratch: Callable | None = None
 
 
 def floor_us(op: Op, rung, shape) -> float:

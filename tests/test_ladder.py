@@ -128,28 +128,35 @@ def test_rung_01_is_the_products_naive_kernel(op):
 # ---- the launches ---------------------------------------------------------------------------------------------
 
 
-def _launched(op, rung, shape) -> tuple[tuple, int]:
-    """(grid, block) of the rung's launch at a shape, recorded instead of launched (a string stands for each
-    array)."""
-    spec, seen = ladder.OPS[op], {}
-    kernel = types.SimpleNamespace(
-        launch=lambda grid, block, *args, **kw: seen.update(grid=grid, block=block, args=args),
-        launch_1d=lambda n, *args, block=256: seen.update(grid=(cuda.ceil_div(n, block),), block=block, args=args),
-    )
+def _launched(op, rung, shape) -> list[tuple[tuple, int]]:
+    """(grid, block) of each launch of the rung at a shape, recorded instead of launched (a string stands for each
+    array; a rung of several kernels gets a stand-in for each, in order)."""
+    spec, seen = ladder.OPS[op], []
+
+    def stand_in():
+        return types.SimpleNamespace(
+            launch=lambda grid, block, *args, **kw: seen.append((grid, block, args)),
+            launch_1d=lambda n, *args, block=256: seen.append(((cuda.ceil_div(n, block),), block, args)),
+        )
+
+    kernel = stand_in() if len(rung.kernels) == 1 else tuple(stand_in() for _ in rung.kernels)
     names = [*spec.inputs(np.random.default_rng(0), spec.check_shapes[0]), *spec.outputs(shape)]
+    names += list(spec.scratch(shape)) if spec.scratch else []
     rung.launch(kernel, shape, *names)
-    sizes = [a for a in seen["args"] if not isinstance(a, str)]
-    assert all(isinstance(a, np.generic) and a.dtype in ("int32", "float32") for a in sizes), seen["args"]
-    return seen["grid"], seen["block"]
+    assert seen, rung.name
+    for _, _, args in seen:
+        sizes = [a for a in args if not isinstance(a, str)]
+        assert all(isinstance(a, np.generic) and a.dtype in ("int32", "float32") for a in sizes), args
+    return [(tuple(grid) if isinstance(grid, tuple) else (grid,), block) for grid, block, _ in seen]
 
 
 @pytest.mark.parametrize("op,rung", RUNGS, ids=RUNG_IDS)
 def test_launches_stay_within_cudas_limits(op, rung):
     spec = ladder.OPS[op]
     for shape in spec.check_shapes + tuple(spec.network_shape(b) for b in (1, 64, 4096, 60000)):
-        grid, block = _launched(op, rung, shape)
-        assert 32 <= block <= 1024 and block % 32 == 0, (shape, block)
-        assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), (shape, grid)
+        for grid, block in _launched(op, rung, shape):
+            assert 32 <= block <= 1024 and block % 32 == 0, (shape, block)
+            assert grid[0] < 2**31 and all(g <= 65535 for g in grid[1:]), (shape, grid)
 
 
 def test_too_many_images_for_the_grid_is_refused():

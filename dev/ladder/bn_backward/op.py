@@ -50,12 +50,6 @@ class Block:
         return self.n, self.c, self.s // 2, self.s // 2
 
 
-def _kernels(kernel, count: int) -> tuple:
-    """A several-kernel rung's kernels, in order: dev/ladder.py passes their tuple; tests/test_ladder.py's launch
-    check passes one stand-in, which then takes every launch."""
-    return kernel if isinstance(kernel, tuple) else (kernel,) * count
-
-
 def _scratch_fits(s: Block):
     if s.c > MAX_CHANNELS:
         raise ValueError(f"{s.c} channels: the rungs' scratch has room for {MAX_CHANNELS}")
@@ -69,7 +63,7 @@ def launch_naive(
     at the ReLU's output and at BatchNorm's output go through dx: the ReLU's and BatchNorm's backward read each
     element before the same thread writes it (BatchNorm's after the barrier that ends its sums), so in place is
     safe, and the traffic is the naive net's."""
-    pool, relu, bn = _kernels(kernels, 3)
+    pool, relu, bn = kernels
     n, c, size = s.ints()
     elements = s.n * s.c * s.s * s.s
     pool.launch_1d(elements, d_pooled, argmax, dx, n, c, size, size)
@@ -94,7 +88,7 @@ def launch_split(
     kernels, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
 ):
     """Rung 03: reduce, a block of THREADS threads per (part, channel), reading x at the positions; apply."""
-    reduce, apply = _kernels(kernels, 2)
+    reduce, apply = kernels
     _scratch_fits(s)
     parts, per_part = parts_of(s.n)
     reduce.launch(
@@ -115,7 +109,7 @@ def launch_x_at(
     kernels, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
 ):
     """Rung 04: rung 03's, the reduction reading x_at instead of x."""
-    reduce, apply = _kernels(kernels, 2)
+    reduce, apply = kernels
     _scratch_fits(s)
     parts, per_part = parts_of(s.n)
     reduce.launch(
@@ -131,7 +125,7 @@ def launch_warp_per_channel(
     kernels, s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
 ):
     """Rung 05: reduce on grid (parts, ceil(C / CHANNELS)), a warp per channel; apply."""
-    reduce, apply = _kernels(kernels, 2)
+    reduce, apply = kernels
     _scratch_fits(s)
     parts, per_part = parts_of(s.n)
     channels = WARP_PER_CHANNEL["CHANNELS"]

@@ -7,7 +7,7 @@ over conv2's output a2 [N,64,14,14] (BN1's statistics come from the batch's imag
 
 The op's outputs are mean, invstd, running_mean and running_var; the old running statistics are inputs. Rungs 02 on
 read them and write the new ones apart. Rung 01 and the product update the running statistics in place, as the
-step does: their launch first copies the old ones into the outputs (_start_running_stats).
+step does: the running statistics' outputs start from the old ones (OP.initial).
 """
 
 import dataclasses
@@ -41,25 +41,6 @@ class Channels:
         return I32(self.n), I32(self.c), I32(self.hw)
 
 
-def _start_running_stats(old_mean, old_var, running_mean, running_var):
-    """For the in-place kernels (rung 01, the product): the running statistics start from the drawn ones. Not
-    while a graph is captured (the timing, whose launches need no particular values); and tests/test_ladder.py's
-    launch check passes names for the arrays."""
-    if not hasattr(running_mean, "data"):
-        return
-    import cupy
-
-    if not cupy.cuda.get_current_stream().is_capturing():
-        running_mean[...] = old_mean
-        running_var[...] = old_var
-
-
-def _kernels(kernel, count: int) -> tuple:
-    """A several-kernel rung's kernels, in order: dev/ladder.py passes their tuple; tests/test_ladder.py's launch
-    check passes one stand-in, which then takes every launch."""
-    return kernel if isinstance(kernel, tuple) else (kernel,) * count
-
-
 def _scratch_fits(s: Channels):
     if s.c > MAX_CHANNELS:
         raise ValueError(f"{s.c} channels: the rungs' scratch has room for {MAX_CHANNELS}")
@@ -67,7 +48,6 @@ def _scratch_fits(s: Channels):
 
 def launch_naive(kernel, s: Channels, x, old_mean, old_var, mean, invstd, running_mean, running_var):
     """Rung 01: a block of 256 threads per channel (mnist_cuda.ops.naive.batchnorm_stats' contract)."""
-    _start_running_stats(old_mean, old_var, running_mean, running_var)
     kernel.launch((s.c,), NAIVE_THREADS, x, mean, invstd, running_mean, running_var, *s.ints(), EPS, MOMENTUM)
 
 
@@ -77,7 +57,7 @@ SPLIT_BATCH = {"THREADS": 256, "MAX_PARTS": MAX_PARTS, "MAX_CHANNELS": MAX_CHANN
 def launch_split_batch(kernels, s: Channels, x, old_mean, old_var, mean, invstd, running_mean, running_var):
     """Rung 02: parts, grid (parts, C) of THREADS threads (parts: mnist_cuda.ops.common.parts_of, at most
     MAX_PARTS); then merge, grid C of one warp."""
-    parts_kernel, merge = _kernels(kernels, 2)
+    parts_kernel, merge = kernels
     _scratch_fits(s)
     parts, per_part = parts_of(s.n)
     parts_kernel.launch((parts, s.c), SPLIT_BATCH["THREADS"], x, *s.ints(), I32(per_part))
@@ -150,12 +130,11 @@ def launch_warp_per_channel(kernel, s: Channels, x, old_mean, old_var, mean, inv
 
 def prepare_product(s: Channels, x, old_mean, old_var, mean, invstd, running_mean, running_var):
     """The top rung: bn_relu_pool.stats as FastNet.forward launches it, with its scratch (partial) and its zeroed
-    counters (a row of c, as FastNet's counters2[0]), and the running statistics started from the drawn ones."""
+    counters (a row of c, as FastNet's counters2[0]); the running statistics start from the drawn ones (OP.initial)."""
     import cupy
 
     partial = cupy.empty(bn_relu_pool.partial_size(s.c), cupy.float32)
     counter = cupy.zeros(s.c, cupy.uint32)  # one per group of BN_CHANNELS channels at least; left zero
-    _start_running_stats(old_mean, old_var, running_mean, running_var)
     cupy.cuda.get_current_stream().synchronize()
     return lambda: bn_relu_pool.stats(
         x, s.n, s.c, s.hw, partial, counter, float(EPS), float(MOMENTUM), mean, invstd, running_mean, running_var
@@ -220,4 +199,6 @@ OP = Op(
     reference=_reference,
     work=_work,
     naive=("naive/3_batchnorm.cu", "batchnorm_stats_naive"),
+    # rung 01 and the product update the running statistics in place, as the step does
+    initial=lambda inputs: {"running_mean": inputs["old_running_mean"], "running_var": inputs["old_running_var"]},
 )

@@ -29,11 +29,6 @@ MOMENTS = 54  # the image moments: S_t for the 9 taps, then G_tu for t <= u
 STATS_THREADS = 64  # rung 05's stats: one block
 
 
-def _kernels(kernel, count: int) -> tuple:
-    """A rung's kernels in launch order (tests/test_ladder.py records a launch with one stand-in for all of them)."""
-    return kernel if isinstance(kernel, tuple) else (kernel,) * count
-
-
 def _parts(n: int) -> tuple[int, int]:
     """(parts, images per part) of a pass over n images in at most PARTS parts."""
     per_part = ceil_div(n, PARTS)
@@ -45,7 +40,7 @@ def launch_naive(
 ):
     """Rung 01: the product's naive kernels as mnist_cuda/nets.py's naive net chains them for block 1 (the launch
     contracts of mnist_cuda.ops.naive): a thread per element in blocks of 256, the statistics a block per channel."""
-    normalize, conv, stats, apply, relu, pool = _kernels(kernel, 6)
+    normalize, conv, stats, apply, relu, pool = kernel
     n, k, hw = s.n, s.k, s.h * s.w
     normalize.launch_1d(n * hw, x, xn, I32(n * hw))
     conv.launch_1d(n * k * hw, xn, w, a, *s.ints())
@@ -74,7 +69,7 @@ def launch_conv_stats(
     kernel, s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, xn, a, z, r, partial
 ):
     """Rung 02: conv_stats and stats, then rung 01's last three kernels, a thread per element in blocks of 256."""
-    conv_stats, stats, apply, relu, pool = _kernels(kernel, 5)
+    conv_stats, stats, apply, relu, pool = kernel
     _conv_stats(conv_stats, stats, s, x, w, mean, invstd, running_mean, running_var, a, partial)
     count = s.n * s.k * s.h * s.w
     apply.launch_1d(count, a, mean, invstd, gamma, beta, z, I32(s.n), I32(s.k))
@@ -89,7 +84,7 @@ def launch_bn_relu_pool(
     kernel, s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, xn, a, z, r, partial
 ):
     """Rung 03: rung 02's conv_stats and stats, then bn_relu_pool, a thread per pooled output in blocks of 256."""
-    conv_stats, stats, bn_relu_pool = _kernels(kernel, 3)
+    conv_stats, stats, bn_relu_pool = kernel
     _conv_stats(conv_stats, stats, s, x, w, mean, invstd, running_mean, running_var, a, partial)
     bn_relu_pool.launch_1d(s.n * s.k * s.h * s.w // 4, a, mean, invstd, gamma, beta, I32(s.n), I32(s.k), pooled, argmax)
 
@@ -121,7 +116,7 @@ def launch_recompute(
 ):
     """Rung 04: sums a block per part of the batch (_parts) and group of CHANNELS channels (partial [K, parts, 2] in
     double), stats a block per channel, then the forward."""
-    sums, stats, forward = _kernels(kernel, 3)
+    sums, stats, forward = kernel
     t, (parts, per_part) = RECOMPUTE, _parts(s.n)
     sums.launch((parts, ceil_div(s.k, t["CHANNELS"])), t["THREADS"], x, w, I32(s.n), I32(s.k), I32(per_part), partial)
     stats.launch(
@@ -148,7 +143,7 @@ def launch_image_moments(
 ):
     """Rung 05: moments a block per part of the batch (partial [parts, MOMENTS] in double), stats one block, then
     rung 04's forward."""
-    moments, stats, forward = _kernels(kernel, 3)
+    moments, stats, forward = kernel
     t, (parts, per_part) = IMAGE_MOMENTS, _parts(s.n)
     moments.launch(parts, t["WINDOW_THREADS"], x, I32(s.n), I32(per_part), partial)
     stats.launch(
@@ -220,14 +215,16 @@ def _inputs(rng, s: Conv) -> dict:
 
 
 def _outputs(s: Conv) -> dict:
-    """pooled, mean and invstd (checked); then what the rungs need besides, unchecked: the running statistics, the
-    argmax bytes [N,K,14,14] (in a float32 buffer of a quarter as many elements: dev/ladder.py allocates float32),
-    rung 01's normalised images xn and full tensors a, z, r, and the per-part sums in double (as float32 pairs)."""
+    """pooled, mean and invstd: what the reference checks."""
+    return {"pooled": (s.n, s.k, s.h // 2, s.w // 2), "mean": (s.k,), "invstd": (s.k,)}
+
+
+def _scratch(s: Conv) -> dict:
+    """What the rungs need besides, unchecked: the running statistics, the argmax bytes [N,K,14,14] (in a float32
+    buffer of a quarter as many elements), rung 01's normalised images xn and full tensors a, z, r, and the
+    per-part sums in double (as float32 pairs)."""
     full, windows = (s.n, s.k, s.h, s.w), (s.h // 2) * (s.w // 2)
     return {
-        "pooled": (s.n, s.k, s.h // 2, s.w // 2),
-        "mean": (s.k,),
-        "invstd": (s.k,),
         "running_mean": (s.k,),
         "running_var": (s.k,),
         "argmax": (s.n, s.k, ceil_div(windows, 4)),
@@ -310,6 +307,7 @@ OP = Op(
     network_shape=lambda batch: Conv(batch, 1, 32, 28, 28),
     inputs=_inputs,
     outputs=_outputs,
+    scratch=_scratch,
     reference=_reference,
     work=_work,
     naive=(

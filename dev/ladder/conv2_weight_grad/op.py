@@ -4,9 +4,8 @@
 dw[k,c,r,s] = sum_n sum_{y,x} dy[n,k,y,x] * x[n,c,y+r-1,x+s-1] (zero padding 1): x [N,C,H,W], dy [N,K,H,W] ->
 dw [K,C,3,3]. A reduction over N x H x W into K x C x 9 weights.
 
-Rungs 03 and 04 split the sum across blocks and need scratch for the parts' partial results, which an Op's outputs
-do not provide: _partials keeps one buffer per device and size of dw here, sized for the most parts a launch takes,
-made at its first launch (the checks, before any timing capture), and reused after.
+Rungs 03 and 04 split the sum across blocks and keep the parts' partial results in the op's scratch (partial),
+sized for the most parts a launch makes.
 """
 
 import numpy as np
@@ -28,7 +27,7 @@ def inputs(rng, s: Conv) -> dict:
     return {"x": x, "dy": dy}
 
 
-def launch_naive(kernel, s: Conv, x, dy, dw):
+def launch_naive(kernel, s: Conv, x, dy, dw, partial):
     """Rung 01: a thread per element of dw, blocks of 256 (mnist_cuda.ops.naive.conv2d_backward_weight's contract)."""
     kernel.launch_1d(s.k * s.c * 9, x, dy, dw, *s.ints())
 
@@ -36,7 +35,7 @@ def launch_naive(kernel, s: Conv, x, dy, dw):
 BLOCK_REDUCE = {"THREADS": 256}
 
 
-def launch_block_reduce(kernel, s: Conv, x, dy, dw):
+def launch_block_reduce(kernel, s: Conv, x, dy, dw, partial):
     """Rung 02: a block of THREADS threads per (output channel, input channel) pair, the pair k * C + c in x."""
     kernel.launch((s.k * s.c,), BLOCK_REDUCE["THREADS"], x, dy, dw, *s.ints())
 
@@ -56,29 +55,11 @@ def split(s: Conv, tile_k: int, tile_c: int) -> tuple[tuple[int, int, int], int]
     return (ceil_div(s.n, per_part), *tiles), per_part
 
 
-_scratch: dict = {}
-
-
-def _partials(dw, parts: int):
-    """The parts' partial results [parts, K, C, 3, 3]: a view of a buffer kept per device and size of dw, sized for
-    WAVE_BLOCKS parts (a launch takes no more). tests/test_ladder.py records the launches with names for the
-    arrays: then a name for this one too."""
-    if isinstance(dw, str):
-        return "partial"
-    import cupy
-
-    key = (dw.device.id, dw.size)
-    if key not in _scratch:
-        _scratch[key] = cupy.empty(WAVE_BLOCKS * dw.size, cupy.float32)
-    return _scratch[key][: parts * dw.size]
-
-
-def _launch_split(kernels, tile: dict, threads: int, s: Conv, x, dy, dw):
-    """The partial results of each run of images, then their sum in part order (a thread per element of dw).
-    kernels: the pair of kernels, or one stand-in for both (tests/test_ladder.py records launches so)."""
-    partial_kernel, sum_kernel = kernels if isinstance(kernels, tuple) else (kernels, kernels)
+def _launch_split(kernels, tile: dict, threads: int, s: Conv, x, dy, dw, partial):
+    """The partial results of each run of images into partial (room for WAVE_BLOCKS runs: a launch makes no more),
+    then their sum in part order (a thread per element of dw)."""
+    partial_kernel, sum_kernel = kernels
     grid, per_part = split(s, tile["TILE_K"], tile["TILE_C"])
-    partial = _partials(dw, grid[0])
     partial_kernel.launch(grid, threads, x, dy, partial, *s.ints(), I32(per_part))
     count = s.k * s.c * 9
     sum_kernel.launch_1d(count, partial, I32(grid[0]), I32(count), dw)
@@ -87,23 +68,23 @@ def _launch_split(kernels, tile: dict, threads: int, s: Conv, x, dy, dw):
 SPLIT_K = {"TILE_K": 64, "TILE_C": 8, "KPT": 4, "TILE_P": 32}
 
 
-def launch_split_k(kernels, s: Conv, x, dy, dw):
+def launch_split_k(kernels, s: Conv, x, dy, dw, partial):
     """Rung 03: grid (parts, ceil(K / TILE_K), ceil(C / TILE_C)), (TILE_K / KPT) x TILE_C threads (its shared
     memory sized in the kernel); then the sum of the parts."""
     t = SPLIT_K
-    _launch_split(kernels, t, t["TILE_K"] // t["KPT"] * t["TILE_C"], s, x, dy, dw)
+    _launch_split(kernels, t, t["TILE_K"] // t["KPT"] * t["TILE_C"], s, x, dy, dw, partial)
 
 
 MMA_3XTF32 = {"TILE_K": 64, "TILE_C": 8, "TILE_P": 32}
 
 
-def launch_mma_3xtf32(kernels, s: Conv, x, dy, dw):
+def launch_mma_3xtf32(kernels, s: Conv, x, dy, dw, partial):
     """Rung 04: rung 03's grid, a warp per 16 output channels of the tile; then the sum of the parts."""
     t = MMA_3XTF32
-    _launch_split(kernels, t, t["TILE_K"] // 16 * 32, s, x, dy, dw)
+    _launch_split(kernels, t, t["TILE_K"] // 16 * 32, s, x, dy, dw, partial)
 
 
-def prepare_product(s: Conv, x, dy, dw):
+def prepare_product(s: Conv, x, dy, dw, _split_partial):
     """The top rung: conv2_implicit_gemm's weight gradient in fp32 (3xTF32) into a partial result per part, then
     splitk_reduce's sum of the parts, as FastNet._conv2_weight_grad runs them (its scratch made here, untimed)."""
     import cupy
@@ -152,6 +133,7 @@ OP = Op(
     network_shape=lambda batch: Conv(batch, 32, 64, 14, 14),
     inputs=inputs,
     outputs=lambda s: {"dw": (s.k, s.c, 3, 3)},
+    scratch=lambda s: {"partial": (WAVE_BLOCKS * s.k * s.c * 9,)},  # the split rungs' parts
     reference=lambda x, dy: {"dw": ref.conv2d_backward(x, np.zeros((dy.shape[1], x.shape[1], 3, 3)), dy)[1]},
     work=_work,
     naive=("naive/2_conv2d.cu", "conv2d_backward_weight_naive"),

@@ -3,9 +3,8 @@
 torch.nn.Linear followed by its ReLU, as the step computes it: x [N,I], W [O,I], b [O] -> y [N,O] =
 relu(x W^T + b). In the network I = 3136 (conv2's pooled features, 64 x 7 x 7) and O = 128.
 
-The op's outputs are y, which every rung writes, and `scratch`, which the reference does not check: rung 01 keeps
-the linear layer's output there before its ReLU (the naive net's two launches), and rung 04 its split partial
-sums. The launches run inside a CUDA graph capture when timed, so they cannot allocate: the scratch is an output.
+The op's output is y, which every rung writes; its scratch buffer, `scratch`, is not checked: rung 01 keeps the
+linear layer's output there before its ReLU (the naive net's two launches), and rung 04 its split partial sums.
 """
 
 import dataclasses
@@ -53,16 +52,10 @@ def _grid_rows(rows: int, tile: int) -> int:
     return ceil_div(rows, tile)
 
 
-def _kernels(kernels, count: int) -> tuple:
-    """A rung's kernels as a tuple (dev/ladder.py passes the tuple; tests/test_ladder.py's launch recorder passes one
-    stand-in for all of them)."""
-    return kernels if isinstance(kernels, tuple) else (kernels,) * count
-
-
 def launch_naive(kernels, s: Linear, x, w, b, y, scratch):
     """Rung 01: linear_forward_naive then relu_forward_naive, a thread per element of y each, blocks of 256
     (mnist_cuda.ops.naive's contracts, as the naive net launches them); the pre-activation goes through scratch."""
-    linear, relu = _kernels(kernels, 2)
+    linear, relu = kernels
     linear.launch_1d(s.n * s.o, x, w, b, scratch, *s.ints())
     relu.launch_1d(s.n * s.o, scratch, y, np.int32(s.n * s.o))
 
@@ -112,7 +105,7 @@ def splits(s: Linear) -> tuple[int, int]:
 def launch_split_k(kernels, s: Linear, x, w, b, y, scratch):
     """Rung 04: rung 03's grid times the splits in z, each split's partial sums into scratch [splits, N, O]; then a
     thread per element of y (blocks of 256) adds the splits in order, the bias and the ReLU."""
-    partial, reduce = _kernels(kernels, 2)
+    partial, reduce = kernels
     count, per_split = splits(s)
     partial.launch(_blocked_grid(s, count), _blocked_threads(), x, w, scratch, *s.ints(), np.int32(per_split))
     reduce.launch_1d(s.n * s.o, scratch, b, y, np.int32(count), *s.ints())
@@ -168,7 +161,8 @@ OP = Op(
     check_shapes=CHECK_SHAPES,
     network_shape=network_shape,
     inputs=inputs,
-    outputs=lambda s: {"y": (s.n, s.o), "scratch": (splits(s)[0] * s.n * s.o,)},
+    outputs=lambda s: {"y": (s.n, s.o)},
+    scratch=lambda s: {"scratch": (splits(s)[0] * s.n * s.o,)},
     reference=lambda x, w, b: {"y": ref.relu_forward(ref.linear_forward(x, w, b))},
     work=_work,
     naive=(("naive/6_linear.cu", "linear_forward_naive"), ("naive/4_relu.cu", "relu_forward_naive")),

@@ -5,9 +5,8 @@ torch.nn.Linear's weight gradient: x [N,I], dy [N,O] -> dW [O,I] = dy^T x, a red
 network I = 3136 (conv2's pooled features, 64 x 7 x 7), O = 128, and dy is the gradient at fc1's pre-activation.
 The bias gradient is not part of the op: the step takes it from the head's sums, not from this product.
 
-The op's outputs are dW, which every rung writes, and `scratch`, which the reference does not check: rung 01 (the
-naive kernel, which also sums the bias gradient) writes the bias gradient there, and rung 04 its split partial sums.
-The launches run inside a CUDA graph capture when timed, so they cannot allocate: the scratch is an output.
+The op's output is dW, which every rung writes; its scratch buffer, `scratch`, is not checked: rung 01 (the naive
+kernel, which also sums the bias gradient) writes the bias gradient there, and rung 04 its split partial sums.
 """
 
 import dataclasses
@@ -48,12 +47,6 @@ CHECK_SHAPES = (
 
 def network_shape(batch: int) -> Linear:
     return Linear(batch, 3136, 128)
-
-
-def _kernels(kernels, count: int) -> tuple:
-    """A rung's kernels as a tuple (dev/ladder.py passes the tuple; tests/test_ladder.py's launch recorder passes one
-    stand-in for all of them)."""
-    return kernels if isinstance(kernels, tuple) else (kernels,) * count
 
 
 def _grid_rows(rows: int, tile: int) -> int:
@@ -115,7 +108,7 @@ def launch_split_k(kernels, s: Linear, x, dy, dw, scratch):
     """Rung 04: rung 03's grid times the splits in z, each split's partial sums into scratch [splits, O, I]; then a
     thread per weight (blocks of 256) adds the splits in order. With one split, the first kernel writes dW itself
     and the second is not launched (as the product does)."""
-    partial, reduce = _kernels(kernels, 2)
+    partial, reduce = kernels
     count, per_split = splits(s)
     out = dw if count == 1 else scratch
     partial.launch(_blocked_grid(s, count), _blocked_threads(), x, dy, out, *s.ints(), np.int32(per_split))
@@ -187,7 +180,8 @@ OP = Op(
     check_shapes=CHECK_SHAPES,
     network_shape=network_shape,
     inputs=inputs,
-    outputs=lambda s: {"dw": (s.o, s.i), "scratch": (splits(s)[0] * s.o * s.i,)},
+    outputs=lambda s: {"dw": (s.o, s.i)},
+    scratch=lambda s: {"scratch": (splits(s)[0] * s.o * s.i,)},
     reference=reference,
     work=_work,
     naive=("naive/6_linear.cu", "linear_backward_params_naive"),
