@@ -20,12 +20,13 @@ from pathlib import Path
 from .cli_types import FLOAT32_MAX as FLOAT32_MAX
 from .cli_types import SEED_MAX as SEED_MAX
 from .cli_types import batch_sizes as batch_sizes
+from .cli_types import choice_of, int_in_range, non_negative, number_between, on_off, positive_number, value_list
 from .cli_types import existing_dir as existing_dir
 from .cli_types import input_file as input_file
 from .cli_types import int_at_least as int_at_least
-from .cli_types import int_in_range, non_negative, number_between, positive_number
 from .cli_types import learning_rate as learning_rate
 from .cli_types import non_negative_at_most as non_negative_at_most
+from .cli_types import one_value as one_value
 from .cli_types import output_path as output_path
 from .cli_types import seed as seed
 from .cli_types import shorten as shorten
@@ -94,32 +95,49 @@ def add_precision_arguments(p: Parser, default: str):
     )
 
 
-def add_optimizer_arguments(parser):
-    """SGD's flags (mnist_cuda.optim's options), for the trainer and the comparison."""
+def add_optimizer_arguments(parser, lists: bool = False):
+    """SGD's flags (mnist_cuda.optim's options), for the trainer and the comparison. lists: each flag takes a
+    list of values A,B,... (a tuple; the trainer's models are the cross product of its lists), and --nesterov
+    takes on,off."""
     from .optim import ANNEALS, SCHEDULES
 
-    g = parser.add_argument_group("optimizer (torch.optim.SGD's options; the defaults are plain SGD)")
+    each = value_list if lists else (lambda parse: parse)
+    title = "optimizer (torch.optim.SGD's options; the defaults are plain SGD"
+    g = parser.add_argument_group(title + ("; each takes a list A,B,...: a model per value)" if lists else ")"))
     g.add_argument(
-        "--momentum", type=number_between(0, 1, high_included=False), default=None, help="momentum factor (default: 0)"
+        "--momentum",
+        type=each(number_between(0, 1, high_included=False)),
+        default=None,
+        help="momentum factor (default: 0)",
     )
     g.add_argument(
         "--dampening",
-        type=non_negative,
+        type=each(non_negative),
         default=None,
         help="dampening of the momentum (needs --momentum > 0; default: 0)",
     )
+    nesterov = "Nesterov momentum (needs --momentum > 0 and no dampening; default: off)"
+    if lists:
+        g.add_argument(
+            "--nesterov",
+            nargs="?",
+            type=value_list(on_off),
+            const=(True,),
+            default=None,
+            metavar="on,off",
+            help=nesterov,
+        )
+        g.add_argument(
+            "--no-nesterov", dest="nesterov", action="store_const", const=(False,), help="the same as --nesterov off"
+        )
+    else:
+        g.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None, help=nesterov)
     g.add_argument(
-        "--nesterov",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="Nesterov momentum (needs --momentum > 0 and no dampening; default: off)",
-    )
-    g.add_argument(
-        "--weight-decay", type=non_negative, default=None, help="L2 penalty added to the gradient (default: 0)"
+        "--weight-decay", type=each(non_negative), default=None, help="L2 penalty added to the gradient (default: 0)"
     )
     g.add_argument(
         "--schedule",
-        choices=SCHEDULES,
+        **_choices(SCHEDULES, lists),
         default=None,
         help="learning-rate schedule over the run's steps, computed on the GPU: constant, step "
         "(x --gamma every --step-size steps), cosine (to 0 at the last step), onecycle (warm up "
@@ -127,25 +145,35 @@ def add_optimizer_arguments(parser):
     )
     g.add_argument(
         "--step-size",
-        type=int_in_range(1, 2**31 - 1),
+        type=each(int_in_range(1, 2**31 - 1)),
         default=None,
         help="the step schedule's period in steps (needs --schedule step)",
     )
     g.add_argument(
         "--gamma",
-        type=positive_number,
+        type=each(positive_number),
         default=None,
         help="the step schedule's factor (needs --schedule step; default: 0.1)",
     )
     g.add_argument(
         "--pct-start",
-        type=number_between(0, 1, False, False),
+        type=each(number_between(0, 1, False, False)),
         default=None,
         help="the share of the steps that warm up (needs --schedule onecycle; default: 0.3)",
     )
     g.add_argument(
-        "--anneal", choices=ANNEALS, default=None, help="the annealing curve (needs --schedule onecycle; default: cos)"
+        "--anneal",
+        **_choices(ANNEALS, lists),
+        default=None,
+        help="the annealing curve (needs --schedule onecycle; default: cos)",
     )
+
+
+def _choices(choices, lists: bool) -> dict:
+    """A flag's argparse keywords for one of `choices`, or (lists) a list of them."""
+    if not lists:
+        return {"choices": choices}
+    return {"type": value_list(choice_of(choices)), "metavar": "{" + ",".join(choices) + "}"}
 
 
 def precision_of(record: dict, default: str = "fp32") -> str:

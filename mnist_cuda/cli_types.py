@@ -202,3 +202,69 @@ def existing_dir(text: str) -> Path:
     if not os.access(text, os.R_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"the folder {text} cannot be read (permission denied)")
     return Path(text)
+
+
+MAX_LIST = 4096  # values in one flag's list (each is a model of the run, times the other lists)
+
+
+def value_list(parse, ranges: bool = False):
+    """An argparse type: one or more values of `parse` separated by commas, as a tuple in the order given;
+    with ranges, whole numbers may come as A-B (both included), so --seed 0-15 is sixteen seeds. The models
+    of a trainer's run are the cross product of its lists (mnist_cuda.model_grid)."""
+
+    def parse_list(text):
+        values = []
+        for part in text.split(","):
+            if ranges and "-" in part.strip().lstrip("-"):
+                values += _whole_range(part.strip(), parse, MAX_LIST - len(values))
+            else:
+                values.append(parse(part.strip()))
+            if len(values) > MAX_LIST:
+                raise argparse.ArgumentTypeError(f"at most {MAX_LIST} values, got more in {shorten(text)!r}")
+        return tuple(values)
+
+    return parse_list
+
+
+def _whole_range(text: str, parse, room: int) -> list:
+    first, _, last = text.partition("-")
+    try:
+        a, b = int(first), int(last)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected A-B, two whole numbers, got {shorten(text)!r}") from None
+    if b < a:
+        raise argparse.ArgumentTypeError(f"the range {text} is empty: write the smaller number first")
+    if b - a + 1 > room:
+        raise argparse.ArgumentTypeError(f"the range {shorten(text)} has {b - a + 1:,} values, at most {MAX_LIST}")
+    return [parse(str(v)) for v in range(a, b + 1)]
+
+
+def one_value(parse, why: str = "the models of a run share it"):
+    """An argparse type: `parse`'s one value, where a list (a comma) is a mistake; why says why it is one."""
+
+    def parse_one(text):
+        if "," in text:
+            raise argparse.ArgumentTypeError(f"takes one value ({why}), got the list {shorten(text)!r}")
+        return parse(text)
+
+    return parse_one
+
+
+def on_off(text: str) -> bool:
+    """on/off (also true/false, yes/no, 1/0) as a bool."""
+    words = {"on": True, "true": True, "yes": True, "1": True, "off": False, "false": False, "no": False, "0": False}
+    try:
+        return words[text.strip().lower()]
+    except KeyError:
+        raise argparse.ArgumentTypeError(f"expected on or off, got {shorten(text)!r}") from None
+
+
+def choice_of(choices):
+    """An argparse type: one of `choices` (for a list of them, where argparse's own check sees the tuple)."""
+
+    def parse(text):
+        if text not in choices:
+            raise argparse.ArgumentTypeError(f"expected one of {', '.join(choices)}, got {shorten(text)!r}")
+        return text
+
+    return parse

@@ -3,7 +3,8 @@
     python -m mnist_cuda.curves run.jsonl --out run.png      (or the trainer's own --plot PNG)
 
 The metrics are the JSON lines `python -m mnist_cuda.train --metrics` writes: {"step", "epoch", "loss"} per
-step and {"step", "epoch", "test_accuracy"} per epoch. A run continued with --init appends to the same file,
+step and {"step", "epoch", "test_accuracy"} per epoch, each with "model" and "group" in a run of several
+models (drawn a curve per model, a colour per group). A run continued with --init appends to the same file,
 so one file draws the whole run.
 """
 
@@ -38,9 +39,11 @@ class Curves:
     evals: list
 
 
-def read_metrics(path: Path) -> Curves:
-    """The curves of a metrics file; ValueError naming the line for anything else."""
-    steps, losses, evals = array("q"), array("d"), []
+def read_metrics(path: Path) -> dict:
+    """The curves of a metrics file, {model: (group, Curves)}: one entry, model None, for a single run's; one
+    per model for a run of several models, whose records name their model and group. ValueError naming the
+    line for anything else."""
+    runs: dict = {}  # model -> (group, steps, losses, evals)
     with open(path) as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -54,16 +57,23 @@ def read_metrics(path: Path) -> Curves:
                 # a loss is finite and >= 0 (the trainer stops before it writes another), an accuracy a fraction
                 assert math.isfinite(record.get("loss", 0.0)) and record.get("loss", 0.0) >= 0
                 assert 0 <= record.get("test_accuracy", 0.0) <= 1
+                model, group = record.get("model"), record.get("group", "all")
+                assert model is None or (type(model) is str and type(group) is str)
+                assert (model is None) == (None in runs) or not runs
             except (json.JSONDecodeError, AssertionError):
                 raise ValueError(f"{path} line {n} is not a metrics record of mnist_cuda.train --metrics") from None
+            _, steps, losses, evals = runs.setdefault(model, (group, array("q"), array("d"), []))
             if "loss" in record:
                 steps.append(record["step"])
                 losses.append(record["loss"])
             else:
                 evals.append((record["step"], record["epoch"], record["test_accuracy"]))
-    if not steps:
+    if not runs or not any(len(steps) for _, steps, _, _ in runs.values()):
         raise ValueError(f"{path} holds no step losses (is it a --metrics file of mnist_cuda.train?)")
-    return Curves(np.frombuffer(steps, np.int64), np.frombuffer(losses, np.float64), evals)
+    return {
+        model: (group, Curves(np.frombuffer(steps, np.int64), np.frombuffer(losses, np.float64), evals))
+        for model, (group, steps, losses, evals) in runs.items()
+    }
 
 
 def plot_bytes(points: int) -> int:
@@ -108,6 +118,13 @@ def _draw(curves: Curves, path: Path, title: str | None) -> None:
         ax_acc.set_xticks(epochs)
         low = min(100 * accuracy.min(), 99.0)
         ax_acc.set_ylim(low - 0.1 * (100.2 - low), 100.0)
+    _finish(fig, ax_acc, path, title)
+
+
+def _finish(fig, ax_acc, path, title) -> None:
+    """The accuracy panel's labels, the title, and the figure written to path (PNG) and closed."""
+    import matplotlib.pyplot as plt
+
     ax_acc.set_xlabel("epoch")
     ax_acc.set_ylabel("test accuracy (%)")
     ax_acc.grid(alpha=0.3)
@@ -116,6 +133,46 @@ def _draw(curves: Curves, path: Path, title: str | None) -> None:
     fig.tight_layout()
     cli.save_figure(fig, path)
     plt.close(fig)
+
+
+def plot_models(runs: list, path: Path, title: str | None = None) -> None:
+    """The curves of several models, runs = [(name, group, Curves)]: each model's loss (its running mean) and
+    test accuracy per epoch, a colour per group (the models of a group differ only in their seed)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        _draw_models(runs, path, title)
+
+
+def _draw_models(runs, path, title):
+    import matplotlib
+    import matplotlib.ticker
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(dict.fromkeys(group for _, group, _ in runs))
+    colours = plt.get_cmap("tab10" if len(names) <= 10 else "viridis")
+    colour = {g: colours(i if len(names) <= 10 else i / max(1, len(names) - 1)) for i, g in enumerate(names)}
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
+    labelled = set()
+    for _, group, c in runs:
+        losses = np.asarray(c.losses, dtype=np.float64)
+        label = None if group in labelled else ("all models" if group == "all" else group)
+        labelled.add(group)
+        smooth = min(SMOOTH_STEPS, len(losses))
+        mean = np.convolve(losses, np.ones(smooth) / smooth, mode="valid")
+        ax_loss.plot(c.steps[smooth - 1 :], mean, lw=0.7, alpha=0.6, color=colour[group], label=label)
+        if c.evals:
+            _, epochs, accuracy = (np.array(v) for v in zip(*c.evals))
+            ax_acc.plot(epochs, 100 * accuracy, "o-", ms=2, lw=0.7, alpha=0.6, color=colour[group])
+    ax_loss.set_yscale("log")
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel(f"training loss (mean of the last {SMOOTH_STEPS} steps)")
+    if len(names) <= 12:
+        ax_loss.legend(loc="upper right", fontsize=8)
+    ax_loss.grid(alpha=0.3, which="both")
+    ax_acc.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    _finish(fig, ax_acc, path, title)
 
 
 def build_parser() -> cli.Parser:
@@ -150,13 +207,16 @@ def draw(args, p) -> int:
         f"drawing {args.metrics} ({args.metrics.stat().st_size / 1e9:.1f} GB of records)",
     )
     try:
-        curves = read_metrics(args.metrics)
+        runs = read_metrics(args.metrics)
     except UnicodeDecodeError:
         p.error(f"{args.metrics} is not a text file (a --metrics file of mnist_cuda.train is JSON lines)")
     except ValueError as e:
         p.error(str(e))
     cli.require_matplotlib(p, "--out")
-    plot_training(curves, out, args.title or args.metrics.name)
+    if list(runs) == [None]:
+        plot_training(runs[None][1], out, args.title or args.metrics.name)
+    else:
+        plot_models([(m, g, c) for m, (g, c) in runs.items()], out, args.title or args.metrics.name)
     print(f"plot: {out}")
     return 0
 

@@ -331,3 +331,13 @@ def device_problem(
         f"batch {batch:,} with {blame.model(channels, hidden)} ({kernels} kernels) needs "
         f"about {_gb(need)} of GPU memory; the GPU has {_gb(free_bytes)} free"
     )
+
+
+def models_problem(count: int, each: int, free_bytes: int, flag: str, batch: int):
+    """count models of `each` bytes of GPU memory that do not fit its free memory: the most that fit."""
+    if count * each <= free_bytes:
+        return None
+    return flag, (
+        f"{count:,} models at batch {batch:,} need about {_gb(count * each)} of GPU memory ({_gb(each)} each); the GPU "
+        f"has {_gb(free_bytes)} free, which holds at most {free_bytes // each:,} of them"
+    )

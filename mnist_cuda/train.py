@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import checkpoint, cli, cuda, curves, data, optim
+from . import checkpoint, cli, cuda, curves, data, model_grid, optim
 from .train_arguments import build_parser
 from .train_setup import Setup, check
 from .training import Position, TrainingDiverged, plan, run_chunk
@@ -51,6 +51,14 @@ def checkpoint_meta(s: Setup, at: Position, **extra) -> dict:
 
 
 def train(args, parser) -> int:
+    models = model_grid.expand(args, parser)
+    if len(models) > 1:
+        from .train_many import train_many
+
+        return train_many(models, args, parser)
+    args = models[0].args
+    if args.ensemble:
+        parser.fail("--ensemble", "needs several models (a list such as --seed 0-4, or several --init checkpoints)")
     s = check(args, parser)
     prog = parser.prog
     if args.steps == 0:

@@ -59,7 +59,7 @@ def build_parser() -> cli.Parser:
     )
     p.add_argument(
         "--epochs",
-        type=cli.int_in_range(1, sizes.MAX_STEPS, STEP_COUNTER),
+        type=cli.one_value(cli.int_in_range(1, sizes.MAX_STEPS, STEP_COUNTER)),
         default=None,
         help=f"epochs to train in this run, counted from where --init stopped (default: {d['epochs']})",
     )
@@ -73,7 +73,7 @@ def build_parser() -> cli.Parser:
     )
     p.add_argument(
         "--target-accuracy",
-        type=cli.number_between(0, 100, low_included=False),
+        type=cli.one_value(cli.number_between(0, 100, low_included=False)),
         default=None,
         metavar="PERCENT",
         help="stop after the first epoch whose test accuracy reaches PERCENT and report the training "
@@ -81,18 +81,22 @@ def build_parser() -> cli.Parser:
     )
     p.add_argument(
         "--batch-size",
-        type=cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set"),
+        type=cli.one_value(cli.int_in_range(1, sizes.MAX_BATCH, "the largest training set")),
         default=None,
         help=f"samples per training step; evaluation uses the same (default: {d['batch_size']}{from_init})",
     )
     p.add_argument(
-        "--lr", type=cli.learning_rate, default=None, help=f"SGD learning rate (default: {d['lr']}{from_init})"
+        "--lr",
+        type=cli.value_list(cli.learning_rate),
+        default=None,
+        help=f"SGD learning rate (default: {d['lr']}{from_init}); a list A,B,... trains a model per rate",
     )
     p.add_argument(
         "--seed",
-        type=cli.seed,
+        type=cli.value_list(cli.seed, ranges=True),
         default=None,
-        help=f"seeds the initialisation and the shuffling; 0 to {cli.SEED_MAX} (default: {d['seed']}{from_init})",
+        help=f"seeds the initialisation, the shuffling and the augmentation; 0 to {cli.SEED_MAX} (default: "
+        f"{d['seed']}{from_init}); a list trains a model per seed: 0,3,7 or 0-15",
     )
     p.add_argument(
         "--channels",
@@ -103,8 +107,12 @@ def build_parser() -> cli.Parser:
     )
     p.add_argument(
         "--hidden",
-        type=cli.int_in_range(
-            1, sizes.MAX_HIDDEN, "fc1's weight gradient in tiles of 64 outputs fills at most 65535 rows of CUDA's grid"
+        type=cli.one_value(
+            cli.int_in_range(
+                1,
+                sizes.MAX_HIDDEN,
+                "fc1's weight gradient in tiles of 64 outputs fills at most 65535 rows of CUDA's grid",
+            )
         ),
         default=None,
         help=f"fc1 width (default: {d['hidden']}, or the --init checkpoint's)",
@@ -114,14 +122,17 @@ def build_parser() -> cli.Parser:
         type=cli.output_path,
         default=None,
         metavar="PATH",
-        help="write a checkpoint (.npz) here after every epoch, replacing the last one atomically",
+        help="write a checkpoint (.npz) here after every epoch, replacing the last one atomically; with several "
+        "models, one per model named after its flags (run.npz: run-seed3-lr0.02.npz)",
     )
     p.add_argument(
         "--init",
         type=cli.input_file,
+        nargs="+",
         default=None,
         metavar="PATH",
-        help="start from this checkpoint (written by --save) and continue where it stopped",
+        help="start from this checkpoint (written by --save) and continue where it stopped; several "
+        "checkpoints continue a run of several models, a model each",
     )
     p.add_argument(
         "--shuffle",
@@ -132,7 +143,7 @@ def build_parser() -> cli.Parser:
     )
     p.add_argument(
         "--steps",
-        type=cli.int_in_range(0, sizes.MAX_STEPS, STEP_COUNTER),
+        type=cli.one_value(cli.int_in_range(0, sizes.MAX_STEPS, STEP_COUNTER)),
         default=None,
         metavar="N",
         help="train N steps instead of --epochs (0: only write the initial checkpoint to --save)",
@@ -143,19 +154,22 @@ def build_parser() -> cli.Parser:
         default=None,
         metavar="PATH",
         help="JSON lines: every step's loss, every epoch's test accuracy (appended to with --init, "
-        "so one file holds a continued run)",
+        "so one file holds a continued run); with several models, each record names its model",
     )
     p.add_argument(
         "--plot",
         type=cli.output_path,
         default=None,
         metavar="PNG",
-        help="draw this run's loss per step and test accuracy per epoch here (needs matplotlib)",
+        help="draw this run's loss per step and test accuracy per epoch here, every model's with several, a "
+        "colour per group of hyperparameters (needs matplotlib)",
     )
     p.add_argument(
         "--augment",
-        type=cli.int_in_range(
-            0, data.IMAGE_SIZE - 1, "more moves every image out of its 28x28 field; a few (1-3) is the usual"
+        type=cli.value_list(
+            cli.int_in_range(
+                0, data.IMAGE_SIZE - 1, "more moves every image out of its 28x28 field; a few (1-3) is the usual"
+            )
         ),
         default=None,
         metavar="PIXELS",
@@ -176,5 +190,11 @@ def build_parser() -> cli.Parser:
         help="launch the kernels one by one instead of replaying a CUDA graph of the step",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    cli.add_optimizer_arguments(p)
+    p.add_argument(
+        "--ensemble",
+        action="store_true",
+        help="with several models: at the end, the test accuracy of their ensemble (the mean of the models' "
+        "probabilities)",
+    )
+    cli.add_optimizer_arguments(p, lists=True)
     return p

@@ -152,7 +152,30 @@ def run_chunk(step, ds, chunk: Chunk, on_progress=None, phase_events=None) -> np
     return losses
 
 
-def _check_finite(losses, first_step):
+def run_rounds(steps, ds, chunks, names, on_progress=None) -> list[np.ndarray]:
+    """Train several models' chunks of one epoch (one chunk and step runner per model, as long as each other) in
+    rounds: each round runs every model's next step, each on its runner's stream, so that the models' steps run
+    side by side on the GPU. Returns each model's losses. on_progress(done, losses) every LOG_EVERY rounds."""
+    for step in steps:
+        step.losses(reset=True)
+    batches = [list(data.with_next(chunk.batches)) for chunk in chunks]
+    rounds = len(batches[0])
+    for i in range(rounds):
+        for step, pairs in zip(steps, batches):
+            idx, next_idx = pairs[i]
+            step.run(ds.train_x, ds.train_y, idx, next_idx)
+        if (i + 1) % LOG_EVERY == 0 or i + 1 == rounds:
+            losses = [step.losses() for step in steps]
+            for name, ls in zip(names, losses):
+                _check_finite(ls, chunks[0].first_step, f" of model {name}")
+            if on_progress:
+                on_progress(i + 1, losses)
+    for step in steps:
+        step.synchronize()
+    return losses
+
+
+def _check_finite(losses, first_step, whose: str = ""):
     bad = np.flatnonzero(~np.isfinite(losses))
     if bad.size:
-        raise TrainingDiverged(f"the loss became {losses[bad[0]]} at step {first_step + int(bad[0]) + 1}")
+        raise TrainingDiverged(f"the loss{whose} became {losses[bad[0]]} at step {first_step + int(bad[0]) + 1}")

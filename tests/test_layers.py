@@ -7,8 +7,9 @@ import ast
 from conftest import REPO
 
 PACKAGE = REPO / "mnist_cuda"
-# what the core must not import: the command lines (train's in three modules: the run, its flags, their
-# checks), what they share (cli, and cli_types: the argument types), the comparison with PyTorch, and
+# what the core must not import: the command lines (train's in five modules: the run, its flags, their
+# checks, the models its lists make and the run of several), what they share (cli, and cli_types: the argument
+# types), the comparison with PyTorch, and
 # kernel_cases (every kernel's check against the reference, for the tests and the benchmarks, with a command
 # line of its own)
 NOT_CORE = {
@@ -17,6 +18,8 @@ NOT_CORE = {
     "train",
     "train_arguments",
     "train_setup",
+    "model_grid",
+    "train_many",
     "evaluate",
     "predict",
     "curves",

@@ -1,0 +1,275 @@
+"""A trainer run of several models (mnist_cuda.model_grid makes them from the flags' lists or the --init
+checkpoints): each model trains exactly as a single run with its flags would, its own initial weights, data
+order and augmentation from its seed, so its losses and weights are that run's bits.
+
+The models share the data on the host and take turns: each round launches every model's step (its CUDA graph
+on its own stream, so the GPU runs the models' steps side by side while the host stages the next model's
+batch). docs/performance.md measures this against the other designs.
+
+One progress bar per epoch counts the rounds; the metrics are one JSON-lines file whose records name their
+model; the checkpoints are one per model, named after the flags in which the models differ; the summary
+prints each model's test accuracy and, per group of hyperparameters, the mean, standard deviation, min and max
+over its seeds, and with --ensemble the accuracy of the mean of the models' probabilities.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from . import checkpoint, cli, cuda, curves, data, optim, sizes
+from .model_grid import Model, duplicate, flag, groups, model_path, name_models
+from .train_setup import Setup, check
+from .training import TrainingDiverged, plan, run_rounds
+
+# the settings the models of one run share: a model that differs in one is a usage error
+SHARED = ("dataset", "batch_size", "kernels", "precision", "shuffle", "channels", "hidden", "steps")
+
+
+def check_models(models: list[Model], args, parser) -> list[Setup]:
+    """Each model's flags checked as a single run's, then the run's: shared settings shared, no two models the
+    same, no output replacing an input or another model's."""
+    if args.target_accuracy is not None:
+        parser.fail("--target-accuracy", "times one run to its target; give one model (no lists, one --init)")
+    setups = [check(m.args, parser) for m in models]
+    for key in SHARED:
+        values = [getattr(s, key) for s in setups]
+        if len(set(values)) > 1:
+            at = next(i for i, v in enumerate(values) if v != values[0])
+            parser.fail(
+                "--init",
+                f"{models[at].args.init} has {key} {values[at]} where {models[0].args.init} has {values[0]}; the "
+                f"models of one run share their {key.replace('_', ' ')}",
+            )
+    if len({s.start.step for s in setups}) > 1:
+        parser.fail("--init", "the checkpoints stopped at different steps; the models of one run train in step")
+    name_models(models, setups)
+    same = duplicate(models)
+    if same:
+        parser.fail(
+            flag("seed") if models[0].args.init is None else "--init",
+            f"two models have the same settings ({same[0].name}): they would train the same bits",
+        )
+    cli.refuse_clashes(
+        parser,
+        inputs=[("--init", [m.args.init for m in models if m.args.init])]
+        + cli.data_inputs(setups[0].dataset, args.data_dir),
+        outputs=[("--save", [model_path(args.save, m) for m in models]), ("--metrics", args.metrics)]
+        + [("--plot", args.plot)],
+        allowed=[("--save", "--init")],
+    )
+    if args.plot is not None:
+        points = len(models) * setups[0].steps
+        cli.fits_host_or_fail(parser, "--plot", curves.plot_bytes(points), f"drawing {points:,} model-steps")
+    return setups
+
+
+def list_flag(models: list[Model]) -> str:
+    """The flag a problem with the number of models blames: the first list's, else --init."""
+    for key in ("seed", "lr", "momentum", "dampening", "nesterov", "weight_decay", "schedule", "augment"):
+        if len({repr(m.values.get(key)) for m in models}) > 1:
+            return flag(key)
+    return "--init"
+
+
+def fits_gpu_or_exit(parser, models: list[Model], s: Setup) -> None:
+    """The models' buffers fit the GPU's free memory, or a usage error naming the most models that fit."""
+    cp = cuda.require_gpu()
+    free, _ = cp.cuda.Device().mem_info
+    momentum, augment = any(m.values["momentum"] for m in models), any(m.values["augment"] for m in models)
+    cli.fits_gpu_or_exit(parser, s.channels, s.hidden, s.batch_size, s.kernels, s.precision, momentum, augment)
+    each = sizes.device_bytes(s.channels, s.hidden, s.batch_size, s.kernels, cuda.sm_count(), s.precision)
+    cli.fail_on(parser, sizes.models_problem(len(models), each, free, list_flag(models), s.batch_size))
+
+
+def train_many(models: list[Model], args, parser) -> int:
+    setups = check_models(models, args, parser)
+    from .train import checkpoint_meta
+
+    saves = [model_path(args.save, m) for m in models]
+    if args.steps == 0:
+        for s, path in zip(setups, saves):
+            checkpoint.save_checkpoint(path, {**s.state, **_momentum(s.buffers)}, checkpoint_meta(s, s.start))
+        print(f"wrote the initial checkpoints of {len(models)} models: {saves[0]} ... {saves[-1]}")
+        return 0
+    s0 = setups[0]
+    cli.check_data_dir_or_exit(parser.prog, s0.dataset, args.data_dir)
+    cli.gpu_or_exit(parser.prog)
+    fits_gpu_or_exit(parser, models, s0)
+    arrays = cli.load_data_or_exit(parser.prog, s0.dataset, args.data_dir, args.quiet)
+    ds = data.host_data(s0.dataset, arrays, empty=cuda.pinned_empty)
+    runners = [_runner(s, args.eager) for s in setups]
+    plans = [plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps) for s in setups]
+    if args.metrics and args.init:
+        from .train import _keep_metrics_until
+
+        _keep_metrics_until(args.metrics, s0.start.step)
+    run = _Run(models, setups, runners, ds, args)
+    try:
+        run.train(plans, saves, checkpoint_meta)
+    except TrainingDiverged as e:
+        print(f"{parser.prog}: {e}; stopping." + _where_saved(args, run.saved), file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(
+            f"\n{parser.prog}: interrupted in epoch {run.epoch + 1}." + _where_saved(args, run.saved), file=sys.stderr
+        )
+        return 130
+    finally:
+        run.close()
+    run.summary()
+    return 0
+
+
+def _momentum(buffers: dict) -> dict:
+    return {checkpoint.MOMENTUM_PREFIX + k: v for k, v in buffers.items()}
+
+
+def _runner(s: Setup, eager: bool):
+    from .nets import Parameters, make_net
+    from .step import Step
+
+    params = Parameters(s.channels, s.hidden)
+    params.load_state_dict(s.state)
+    optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
+    net = make_net(params, s.batch_size, s.kernels, s.precision)
+    mode = "eager" if eager else "graph"
+    return Step(net, optimizer, mode=mode, augment=s.augment, seed=s.seed, first_step=s.start.step)
+
+
+class _Run:
+    """The training loop of a many-model run and what it prints and writes."""
+
+    def __init__(self, models, setups, runners, ds, args):
+        self.models, self.setups, self.runners, self.ds, self.args = models, setups, runners, ds, args
+        self.metrics = open(args.metrics, "a" if args.init else "w") if args.metrics else None
+        self.epoch, self.saved = setups[0].start.epoch, None
+        self.train_seconds = self.eval_seconds = 0.0
+        self.accuracy = [float("nan")] * len(models)
+        self.curves = [([], [], []) for _ in models]  # per model: step arrays, loss arrays, evals
+        self.done = 0
+
+    def train(self, plans, saves, checkpoint_meta):
+        from tqdm import tqdm
+
+        K, B = len(self.models), self.setups[0].batch_size
+        for chunks in zip(*plans):
+            c0 = chunks[0]
+            self.epoch = c0.epoch
+            bar = tqdm(total=len(c0.batches), desc=f"epoch {c0.epoch + 1}", unit="round", disable=self.args.quiet)
+            t0 = time.perf_counter()
+
+            def progress(done, losses):
+                mean = float(np.mean([ls[-1] for ls in losses]))
+                rate = done * K * B / (time.perf_counter() - t0)
+                bar.set_postfix(mean_loss=f"{mean:.4f}", img_s=f"{rate:,.0f}")
+                bar.update(done - bar.n)
+
+            losses = run_rounds(self.runners, self.ds, chunks, [m.name for m in self.models], progress)
+            seconds = time.perf_counter() - t0
+            self.train_seconds += seconds
+            bar.close()
+            t1 = time.perf_counter()
+            self.accuracy = [r.evaluate(self.ds.test_x, self.ds.test_y) for r in self.runners]
+            self.eval_seconds += time.perf_counter() - t1
+            self._record(chunks, losses)
+            print(
+                f"epoch {c0.epoch + 1}: test accuracy mean {np.mean(self.accuracy) * 100:.2f}% (min "
+                f"{min(self.accuracy) * 100:.2f}%, max {max(self.accuracy) * 100:.2f}%) over {K} models  "
+                f"{len(c0.batches) * K * B / seconds:,.0f} img/s"
+            )
+            if self.args.save:
+                for r, s, path, acc in zip(self.runners, self.setups, saves, self.accuracy):
+                    state = {**r.net.params.state_dict(), **r.optimizer.buffer_state()}
+                    checkpoint.save_checkpoint(path, state, checkpoint_meta(s, c0.end, test_accuracy=acc))
+                self.saved = c0.end
+            self.done = c0.end.step - self.setups[0].start.step
+
+    def _record(self, chunks, losses):
+        lines = []
+        for m, chunk, ls, acc, (steps, values, evals) in zip(self.models, chunks, losses, self.accuracy, self.curves):
+            first, epoch = chunk.first_step, chunk.epoch + 1
+            whose = {"model": m.name, "group": m.group}
+            lines += [{**whose, "step": first + j + 1, "epoch": epoch, "loss": float(v)} for j, v in enumerate(ls)]
+            lines.append({**whose, "step": chunk.end.step, "epoch": epoch, "test_accuracy": acc})
+            if self.args.plot:
+                steps.append(np.arange(first + 1, first + len(ls) + 1))
+                values.append(ls)
+                evals.append((chunk.end.step, epoch, acc))
+        if self.metrics:
+            self.metrics.write("".join(json.dumps(d) + "\n" for d in lines))
+            self.metrics.flush()
+
+    def close(self):
+        if self.metrics:
+            self.metrics.close()
+
+    def summary(self):
+        args, s0, K = self.args, self.setups[0], len(self.models)
+        width = max(len(m.name) for m in self.models)
+        print(
+            f"\ntest accuracy of each of the {K} models after {self.done} steps ({s0.dataset}, batch {s0.batch_size})"
+        )
+        for m, acc in zip(self.models, self.accuracy):
+            print(f"  {m.name:<{width}}  {acc * 100:.2f}%")
+        accuracy = dict(zip((m.name for m in self.models), self.accuracy))
+        for group, members in groups(self.models).items():
+            print(group_line(group, [accuracy[m.name] for m in members]))
+        if args.ensemble:
+            print(self._ensemble_line())
+        model_steps = K * self.done
+        print(
+            f"training wall time {self.train_seconds:.2f} s for {K} models, {model_steps / self.train_seconds:,.0f} "
+            f"model-steps/s, {model_steps * s0.batch_size / self.train_seconds:,.0f} img/s "
+            f"({'eager launches' if args.eager else 'a CUDA graph per model step'}, the models' steps side by side on "
+            f"their own streams); evaluation {self.eval_seconds:.2f} s"
+        )
+        if args.save:
+            print(f"checkpoints: {model_path(args.save, self.models[0])} ... ({K} files)")
+        if args.plot:
+            self._plot()
+
+    def _ensemble_line(self) -> str:
+        from .evaluate import ensemble_log_probs
+
+        t0 = time.perf_counter()
+        logits = [r.logits(self.ds.test_x) for r in self.runners]
+        correct = int(np.sum(ensemble_log_probs(logits).argmax(axis=1) == self.ds.test_y))
+        samples = len(self.ds.test_y)
+        return (
+            f"ensemble of the {len(logits)} models (the mean of their probabilities): test accuracy "
+            f"{100 * correct / samples:.2f}% ({correct} of {samples}; {time.perf_counter() - t0:.2f} s)"
+        )
+
+    def _plot(self):
+        runs = []
+        for m, (steps, values, evals) in zip(self.models, self.curves):
+            runs.append((m.name, m.group, curves.Curves(np.concatenate(steps), np.concatenate(values), evals)))
+        s0 = self.setups[0]
+        curves.plot_models(runs, self.args.plot, title=f"{len(runs)} models, {s0.dataset}, batch {s0.batch_size}")
+        print(f"plot: {self.args.plot}")
+
+
+def group_line(group: str, accuracy: list[float]) -> str:
+    """A group's test accuracy over its seeds: mean, standard deviation (over the seeds, n - 1), min, max."""
+    a = 100 * np.asarray(accuracy)
+    std = f"{a.std(ddof=1):.2f}" if len(a) > 1 else "-"
+    label = "all models" if group == "all" else f"group {group}"
+    return (
+        f"{label}, {len(a)} seed{'s' if len(a) > 1 else ''}: mean {a.mean():.2f}%  std {std}  "
+        f"min {a.min():.2f}%  max {a.max():.2f}%"
+    )
+
+
+def _where_saved(args, saved) -> str:
+    if args.save is None:
+        return " Nothing was saved (no --save)."
+    if saved is None:
+        return " No checkpoint was written yet."
+    return (
+        f" The last checkpoints hold step {saved.step} (written at the end of an epoch) and are intact: continue "
+        f"with --init and the {args.save.stem}-*{args.save.suffix} files"
+    )
