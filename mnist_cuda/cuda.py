@@ -139,6 +139,7 @@ class Source:
         self.name_expressions: list[str] = []
         self.kernels: dict[str, Kernel] = {}
         self._module = None
+        self._variant = None
         if declare:
             _sources[path] = self
 
@@ -157,6 +158,16 @@ class Source:
 
     def options(self, arch_options=()) -> tuple[str, ...]:
         return COMPILE_OPTIONS + tuple(_define(k, v) for k, v in self.defines.items()) + tuple(arch_options)
+
+    def models_variant(self) -> Source:
+        """This source compiled with MODEL_INDEX (kernels/include/common.cuh), the form its kernels take in a
+        launch of several models; without it a kernel is compiled for one model. Not declared: a step that launches
+        it names it in its sources (variants)."""
+        if self._variant is None:
+            self._variant = Source(self.path, {**self.defines, "MODEL_INDEX": 1}, declare=False)
+        for name in self.kernels:  # (every kernel of the source, declared by now: preload compiles them all)
+            self._variant.kernel(name)
+        return self._variant
 
     def kernel(self, name: str) -> Kernel:
         """The kernel `name` of this source (an entry point, or a template instantiation)."""
@@ -240,7 +251,9 @@ def transform_sources(fn: Callable[[str, str], str] | None):
 
 def _drop_modules():
     for s in _sources.values():
-        s._module = None  # compiled anew on the next use
+        for form in (s, s._variant):  # (the form for several models too)
+            if form is not None:
+                form._module = None  # compiled anew on the next use
 
 
 # Loading a cubin from CuPy's kernel cache takes milliseconds; compiling takes seconds. Where loading takes
@@ -320,9 +333,13 @@ class Kernel:
             self._shared_limit = 48 * 1024 - self._fn.shared_size_bytes
         return self._fn
 
-    def launch(self, grid, block, *args, shared_mem: int = 0):
+    def launch(self, grid, block, *args, shared_mem: int = 0, models: int = 1):
         """Launch on the current stream. Scalars must be explicit NumPy types (np.int32, np.float32):
-        a bare Python int would be passed as 64 bits and silently corrupt the following arguments."""
+        a bare Python int would be passed as 64 bits and silently corrupt the following arguments. models > 1:
+        a launch of several models (the grid holds them), by the kernel's models_variant form."""
+        if models > 1:
+            self.source.models_variant().kernel(self.name).launch(grid, block, *args, shared_mem=shared_mem)
+            return
         for i, a in enumerate(args):
             if not (
                 isinstance(a, ARG_TYPES)
@@ -347,9 +364,9 @@ class Kernel:
         else:
             launch()
 
-    def launch_1d(self, n: int, *args, block: int = 256):
-        """One thread per element for n elements."""
-        self.launch(ceil_div(n, block), block, *args)
+    def launch_1d(self, n: int, *args, block: int = 256, models: int = 1):
+        """One thread per element for n elements (of each of `models` models, the grid's z: common.cuh)."""
+        self.launch(ceil_div(n, block) if models == 1 else (ceil_div(n, block), 1, models), block, *args, models=models)
 
 
 # ---- streams ------------------------------------------------------------------------------------

@@ -19,7 +19,11 @@ KERNEL_DIR = cuda.kernel_dir()
 
 
 def compile_errors(arch: str) -> dict[str, str]:
-    return {path: log for path, s in SOURCES.items() if (log := s.compile_check(arch)) is not None}
+    """Each source's NVRTC log where it fails, in its one-model form and, for the kernels a step of several
+    models launches (fast/, both/), in their form for several (MODEL_INDEX: kernels/include/common.cuh)."""
+    forms = list(SOURCES.items())
+    forms += [(f"{p} (MODEL_INDEX)", s.models_variant()) for p, s in SOURCES.items() if not p.startswith("naive/")]
+    return {path: log for path, s in forms if (log := s.compile_check(arch)) is not None}
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_90a", "sm_80"])  # sm_90a: 2_conv2_implicit_gemm.cu's wgmma form

@@ -38,6 +38,12 @@
 // This file holds the three entry points; their pieces are in headers beside it: 1_conv1_common.cuh (the
 // geometry, the staging of the images and the patches, which all three share), 1_conv1_forward.cuh (the
 // moments' and the forward's) and 1_conv1_backward.cuh (the backward's).
+//
+// Several models (common.cuh): the grid's z is the model, and each kernel moves its pointers to the model's
+// part of every buffer. A model's scratch partials take as many rows as the grid has parts (gridDim.x), so one
+// model's scratch size (moment_partial_shape, backward_partial_size) per model holds them. The reductions'
+// parts, and the backward's channels per block, are those of a model's own launch (mnist_cuda/ops chooses them
+// from one model's batch), so each model's sums are added in the same order, to the same bits.
 #include "common.cuh"
 #include "tensor_core.cuh"
 #include "1_conv1_common.cuh"
@@ -46,13 +52,18 @@
 
 // The batch's image moments, S_t and G_tu in double (see the top of this file). Each block sums its
 // part of the batch; the last block merges the parts in order.
-// grid (parts), CONV1_THREADS threads; moment_partial [parts, CONV1_MOMENTS]; moments [CONV1_MOMENTS]; counter: one.
+// grid (parts, 1, models), CONV1_THREADS threads. Per model (its part of each buffer, the models' one after
+// another): x [N,1,28,28], moment_partial [parts, CONV1_MOMENTS], counter: one, moments [CONV1_MOMENTS].
 extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
     conv1_image_moments_fast(const unsigned char* x, int N, int imgs_per_block, double* moment_partial,
                              unsigned int* counter, double* moments) {
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ double red[CONV1_THREADS / 32 * CONV1_MOMENTS];
-    const int t = threadIdx.x;
+    const int t = threadIdx.x, model = model_index();
+    x = model_part(x, (size_t)N * S1 * S1, model);
+    moment_partial = model_part(moment_partial, (size_t)gridDim.x * CONV1_MOMENTS, model);
+    counter = model_part(counter, 1, model);
+    moments = model_part(moments, CONV1_MOMENTS, model);
     int first, last;
     part_images(blockIdx.x, imgs_per_block, N, &first, &last);
     double acc[CONV1_MOMENTS];
@@ -76,17 +87,32 @@ extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
 // (pool_item, 1_conv1_forward.cuh).
 // The kernel is bound by issuing its own instructions, so it is compiled for four blocks per SM (at most
 // 72 registers): with three, its warps leave the schedulers idle more often (docs/performance.md).
-// grid (N, ceil(C/CHANNELS)), CONV1_THREADS threads.
+// grid (N, ceil(C/CHANNELS), models), CONV1_THREADS threads. Per model: x [N,1,28,28], moments
+// [CONV1_MOMENTS], mean and invstd [C], pooled and argmax [N,C,14,14]; its w, gamma and beta param_stride
+// floats after the previous model's, its running statistics running_stride.
 template <int CHANNELS>
 __global__ void __launch_bounds__(CONV1_THREADS, 4)
     conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
                             float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
-                            const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax) {
+                            const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax,
+                            int param_stride, int running_stride) {
     static_assert(CHANNELS % GROUP_CHANNELS == 0, "whole groups of channels per block");
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ float4 ws[CHANNELS][3];
     __shared__ float4 bn[CHANNELS];  // mean, invstd, gamma, beta
     __shared__ double mom[CONV1_MOMENTS];
+    const int model = model_index();
+    x = model_part(x, (size_t)N * S1 * S1, model);
+    w = model_part(w, (size_t)param_stride, model);
+    gamma = model_part(gamma, (size_t)param_stride, model);
+    beta = model_part(beta, (size_t)param_stride, model);
+    moments = model_part(moments, CONV1_MOMENTS, model);
+    mean = model_part(mean, C, model);
+    invstd = model_part(invstd, C, model);
+    running_mean = model_part(running_mean, (size_t)running_stride, model);
+    running_var = model_part(running_var, (size_t)running_stride, model);
+    pooled = model_part(pooled, (size_t)N * C * WINDOWS, model);
+    argmax = model_part(argmax, (size_t)N * C * WINDOWS, model);
     const int c0 = blockIdx.y * CHANNELS;
     load_channel_weights<CHANNELS>(w, C, c0, ws);
     const auto statistics = [&] {  // while the image is on its way
@@ -130,15 +156,17 @@ __global__ void __launch_bounds__(CONV1_THREADS, 4)
 // registers, and the kernel's bytes need that many in flight to keep memory busy. Thread (row, cl) takes
 // channel cl in the 14 windows of pooled row `row` (add_row_grads, 1_conv1_backward.cuh, says how their
 // shared-memory loads avoid bank conflicts).
-// grid (parts, ceil(C/CHANNELS)), grad_threads<CHANNELS> threads, dynamic shared memory
-// CONV1_GRAD_STAGES x grad_stage_bytes<CHANNELS>; partial [C, parts, CONV1_GRAD_SUMS]; counter: one per group;
-// moments from conv1_image_moments_fast; argmax with NO_POSITION (conv1_bn_relu_pool_fast).
+// grid (parts, ceil(C/CHANNELS), models), grad_threads<CHANNELS> threads, dynamic shared memory
+// CONV1_GRAD_STAGES x grad_stage_bytes<CHANNELS>. Per model: x [N,1,28,28], save_mean and save_invstd [C],
+// moments [CONV1_MOMENTS] from conv1_image_moments_fast, d_pooled and argmax [N,C,14,14] (argmax with
+// NO_POSITION: conv1_bn_relu_pool_fast), partial [C, parts, CONV1_GRAD_SUMS], counter: one per group; its w,
+// gamma and gradients dgamma, dbeta, dw param_stride floats after the previous model's.
 template <int CHANNELS>
 __global__ void __launch_bounds__(grad_threads<CHANNELS>, grad_blocks_per_sm<CHANNELS>)
     conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
                         const float* gamma, const double* moments, const float* d_pooled, const unsigned char* argmax,
                         int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
-                        float* dbeta, float* dw) {
+                        float* dbeta, float* dw, int param_stride) {
     constexpr int THREADS = grad_threads<CHANNELS>, STAGE_BYTES = grad_stage_bytes<CHANNELS>;
     static_assert(CONV1_GRAD_SM_CHANNELS % CHANNELS == 0 && CHANNELS % 4 == 0,
                   "blocks per SM, and 16-byte aligned stages");
@@ -150,6 +178,20 @@ __global__ void __launch_bounds__(grad_threads<CHANNELS>, grad_blocks_per_sm<CHA
     __shared__ __align__(16) float img[2][P1 * P1];
     __shared__ float total[CHANNELS * CONV1_GRAD_SUMS];
     __shared__ double mom[CONV1_MOMENTS];
+    const int model = model_index();
+    x = model_part(x, (size_t)N * S1 * S1, model);
+    w = model_part(w, (size_t)param_stride, model);
+    gamma = model_part(gamma, (size_t)param_stride, model);
+    dgamma = model_part(dgamma, (size_t)param_stride, model);
+    dbeta = model_part(dbeta, (size_t)param_stride, model);
+    dw = model_part(dw, (size_t)param_stride, model);
+    save_mean = model_part(save_mean, C, model);
+    save_invstd = model_part(save_invstd, C, model);
+    moments = model_part(moments, CONV1_MOMENTS, model);
+    d_pooled = model_part(d_pooled, (size_t)N * C * WINDOWS, model);
+    argmax = model_part(argmax, (size_t)N * C * WINDOWS, model);
+    partial = model_part(partial, (size_t)C * gridDim.x * CONV1_GRAD_SUMS, model);
+    counter = model_part(counter, gridDim.y, model);
     const int tid = threadIdx.x, c0 = blockIdx.y * CHANNELS;
     const int row = tid / CHANNELS, cl = tid % CHANNELS;  // this thread's pooled row and channel
     const int channels = min(CHANNELS, C - c0);

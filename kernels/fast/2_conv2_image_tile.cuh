@@ -226,9 +226,12 @@ __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& a
 // of image blockIdx.x, from in [img][Cin][14][14] and the weights staged for FORM. The image passes through
 // shared memory a chunk of input channels at a time, in two buffers: while the tensor cores multiply one
 // chunk, the block fetches and stashes the next.
+// Several models: the images are the models' batches one after another, images_per_model each, and quads holds
+// the models' staged weights one after another; an image is multiplied by its model's weights, which is all
+// that tells the models apart (nothing else depends on the batch).
 template <Precision PR, TileForm FORM>
-__device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin,
-                                                   int Cout) {
+__device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin, int Cout,
+                                                   int images_per_model) {
     static_assert(tile_form_agrees<FORM>(), "the form's numbers agree");
     static_assert((FORM == TileForm::OnePart) == (PR != Precision::Fp32), "two parts exactly in 3xTF32");
     constexpr int VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
@@ -240,7 +243,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     const int img = blockIdx.x, n0 = blockIdx.y * tile_channels<FORM>, r0 = blockIdx.z * CONV_ROWS;
     const int chunks = CEIL_DIV(Cin, CHUNK), tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
     const float* x = in + (size_t)img * Cin * (CONV2_SIZE * CONV2_SIZE);
-    const float4* block_quads = quads + (size_t)blockIdx.y * chunks * QUADS;
+    const float4* block_quads = model_part(quads, product_quads<FORM, PR>(Cin, Cout), model_of(img, images_per_model)) +
+                                (size_t)blockIdx.y * chunks * QUADS;
 
     for (int i = tid; i < 2 * PLANE; i += CONV_THREADS)  // both buffers; the border stays zero
         conv_shared[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);

@@ -27,10 +27,12 @@
 // once, 16 k per instruction: the TF32 form's layouts with 8 values in each 16 bytes, so a chunk is 16
 // channels and a weight-gradient item 8 images, and each product needs half the instructions of plain TF32.
 
+// grid (ceil(one model's quads / block), 1, models): model m's w at +m * param_stride, its staged weights at
+// +m * (one model's quads of each product)
 template <Precision P>
 __global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* forward_quads, float4* input_grad_quads,
-                                         int forward_stacked, int input_grad_paired) {
-    stage_weights<P>(w, C, K, forward_quads, input_grad_quads, forward_stacked, input_grad_paired);
+                                         int forward_stacked, int input_grad_paired, int param_stride) {
+    stage_weights<P>(w, C, K, forward_quads, input_grad_quads, forward_stacked, input_grad_paired, param_stride);
 }
 
 // Image-tile blocks per SM the kernels are compiled for: four (at most 128 registers), but three for the
@@ -38,36 +40,43 @@ __global__ void conv2_stage_weights_fast(const float* w, int C, int K, float4* f
 template <TileForm F>
 constexpr int image_tile_blocks_per_sm = F == TileForm::Paired ? 3 : 4;
 
-// grid (N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory
+// grid (models * N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory;
+// N and images_per_model: one model's batch; x, y: the models' batches one after another, [models][N][..];
+// forward_quads: the models' staged weights, [models][one model's quads]
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, false>>)
-    conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
-    conv3x3_image_tile<P, tile_form<P, false>>(x, forward_quads, y, C, K);
+    conv2_forward_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K,
+                       int images_per_model) {
+    conv3x3_image_tile<P, tile_form<P, false>>(x, forward_quads, y, C, K, images_per_model);
 }
 
 // The 3xTF32 forward in the input gradient's stacked form, 32 output channels per block: twice the blocks
 // of the form above, for small batches, where those leave SMs idle; weights staged with forward_stacked.
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Stacked>)
-    conv2_forward_stacked_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K) {
-    conv3x3_image_tile<Precision::Fp32, TileForm::Stacked>(x, forward_quads, y, C, K);
+    conv2_forward_stacked_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K,
+                               int images_per_model) {
+    conv3x3_image_tile<Precision::Fp32, TileForm::Stacked>(x, forward_quads, y, C, K, images_per_model);
 }
 
-// grid (N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward
+// grid (models * N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, true>>)
-    conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
-    conv3x3_image_tile<P, tile_form<P, true>>(dy, input_grad_quads, dx, K, C);
+    conv2_backward_input_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K,
+                              int images_per_model) {
+    conv3x3_image_tile<P, tile_form<P, true>>(dy, input_grad_quads, dx, K, C, images_per_model);
 }
 
 // The 3xTF32 input gradient in the paired form, for large batches (five products per kernel row instead of
 // six, three blocks per SM instead of four); weights staged with input_grad_paired.
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Paired>)
-    conv2_backward_input_paired_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K) {
-    conv3x3_image_tile<Precision::Fp32, TileForm::Paired>(dy, input_grad_quads, dx, K, C);
+    conv2_backward_input_paired_fast(const float* dy, const float4* input_grad_quads, float* dx, int N, int C, int K,
+                                     int images_per_model) {
+    conv3x3_image_tile<Precision::Fp32, TileForm::Paired>(dy, input_grad_quads, dx, K, C, images_per_model);
 }
 
-// grid (parts, ceil(K / WGRAD_OUT), ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
-// memory; partial [parts, K, C, 3, 3] (with one part: dw itself)
+// grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
+// memory; N: one model's batch; x, dy: [models][N][..]; partial [models][parts][K][C][3][3] (with one part and
+// one model: dw itself)
 template <Precision P>
 __global__ void __launch_bounds__(WGRAD_THREADS, 1)
     conv2_backward_weight_fast(const float* x, const float* dy, float* partial, int N, int C, int K,

@@ -36,40 +36,39 @@ __device__ __forceinline__ void stage_weight_quad(const float* w, int Cin, int C
     quads[q] = small_part ? small : big;
 }
 
-// Weight quads of one product in form F (c_in input, c_out output channels).
-template <TileForm F, Precision PR>
-__device__ __forceinline__ int product_quads(int c_in, int c_out) {
-    return CEIL_DIV(c_out, tile_channels<F>) * CEIL_DIV(c_in, chunk_channels<PR>) * chunk_quads<F>;
-}
-
-// Quad q of one product's weights in form F, if q is one of them; else q less their number.
+// Quad q of one product's weights in form F, if q is one of them; else q less their number. The product's
+// buffer holds the models' weights one after another, [model][product_quads].
 template <bool FLIPPED, Precision PR, TileForm F>
-__device__ __forceinline__ bool stage_product_quad(const float* w, int Cin, int Cout, float4* quads, int& q) {
+__device__ __forceinline__ bool stage_product_quad(const float* w, int Cin, int Cout, float4* quads, int model,
+                                                   int& q) {
     const int count = product_quads<F, PR>(Cin, Cout);
-    if (q < count) stage_weight_quad<FLIPPED, PR, F>(w, Cin, Cout, quads, q);
+    if (q < count) stage_weight_quad<FLIPPED, PR, F>(w, Cin, Cout, model_part(quads, count, model), q);
     q -= count;
     return q < 0;
 }
 
-// The weights of both products from w [K, C, 3, 3], one thread per float4: forward_quads (C in, K out)
-// first, in the stacked form if forward_stacked (3xTF32 only: conv2_forward_stacked_fast reads them), then
-// input_grad_quads (K in, C out; flipped), in the paired form if input_grad_paired (3xTF32 only:
-// conv2_backward_input_paired_fast reads them).
+// The weights of both products from w [K, C, 3, 3], one thread per float4 of a model (the grid's z): forward_quads
+// (C in, K out) first, in the stacked form if forward_stacked (3xTF32 only: conv2_forward_stacked_fast reads
+// them), then input_grad_quads (K in, C out; flipped), in the paired form if input_grad_paired (3xTF32 only:
+// conv2_backward_input_paired_fast reads them). Model m's w is param_stride floats after model 0's.
 template <Precision PR>
 __device__ __forceinline__ void stage_weights(const float* w, int C, int K, float4* forward_quads,
-                                              float4* input_grad_quads, int forward_stacked, int input_grad_paired) {
+                                              float4* input_grad_quads, int forward_stacked, int input_grad_paired,
+                                              int param_stride) {
+    const int model = model_index();
+    w = model_part(w, param_stride, model);
     int q = blockIdx.x * blockDim.x + threadIdx.x;
     if constexpr (PR == Precision::Fp32) {
-        const bool forward_done = forward_stacked
-                                      ? stage_product_quad<false, PR, TileForm::Stacked>(w, C, K, forward_quads, q)
-                                      : stage_product_quad<false, PR, TileForm::Apart>(w, C, K, forward_quads, q);
+        const bool forward_done =
+            forward_stacked ? stage_product_quad<false, PR, TileForm::Stacked>(w, C, K, forward_quads, model, q)
+                            : stage_product_quad<false, PR, TileForm::Apart>(w, C, K, forward_quads, model, q);
         if (forward_done) return;
         if (input_grad_paired)
-            stage_product_quad<true, PR, TileForm::Paired>(w, K, C, input_grad_quads, q);
+            stage_product_quad<true, PR, TileForm::Paired>(w, K, C, input_grad_quads, model, q);
         else
-            stage_product_quad<true, PR, TileForm::Stacked>(w, K, C, input_grad_quads, q);
+            stage_product_quad<true, PR, TileForm::Stacked>(w, K, C, input_grad_quads, model, q);
         return;
     }
-    if (!stage_product_quad<false, PR, tile_form<PR, false>>(w, C, K, forward_quads, q))
-        stage_product_quad<true, PR, tile_form<PR, true>>(w, K, C, input_grad_quads, q);
+    if (!stage_product_quad<false, PR, tile_form<PR, false>>(w, C, K, forward_quads, model, q))
+        stage_product_quad<true, PR, tile_form<PR, true>>(w, K, C, input_grad_quads, model, q);
 }

@@ -44,6 +44,7 @@
 // start address by whole pixels (16 bytes, wgmma's granularity). A: [tap][channel quad][row][4], and in
 // the paired form [kernel row][channel quad][row][4].
 #pragma once
+#include "common.cuh"
 #include "tensor_core.cuh"
 
 // Geometry, from mnist_cuda/ops/conv2_implicit_gemm.py (NVRTC -D options): CONV2_SIZE (14, conv2's
@@ -182,6 +183,12 @@ __host__ __device__ constexpr bool tile_form_agrees() {
 template <Precision PR>
 constexpr int chunk_channels = 2 * staged_values<PR>;
 static_assert(CONV_CHUNK == chunk_channels<Precision::Fp32>, "8 channels per chunk in float32's layouts");
+// Weight quads of one product in form F (c_in input, c_out output channels): what conv2_stage_weights_fast writes
+// per model, and so how far apart the models' staged weights lie.
+template <TileForm F, Precision PR>
+__host__ __device__ constexpr int product_quads(int c_in, int c_out) {
+    return CEIL_DIV(c_out, tile_channels<F>) * CEIL_DIV(c_in, chunk_channels<PR>) * chunk_quads<F>;
+}
 static_assert(CONV_TILE_CHANNELS == 64 && CONV_TILE_CHANNELS_STACKED == 32, "A's forms hold 64 or 32 channels");
 // Dynamic shared memory of an image tile: the staged image's two buffers, then the weights'.
 constexpr int image_planes_bytes = 2 * 4 * staged_pixels * 16;

@@ -4,6 +4,10 @@
 // channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
 // for each group of channels, the last of its blocks combines the parts in a fixed order
 // (last_block_done). counter: one per group.
+// Several models at once (common.cuh), in every kernel but batchnorm_eval_stats_fast (evaluation, one model):
+// the grid's z is the model; a, the pooled tensors and their gradients are [models][N][...], mean and invstd
+// [models][C], the reductions' partial [models][MAX_PARTS * C * 2] and counter [models][groups]; gamma, beta
+// and their gradients are param_stride floats apart, the running statistics running_stride.
 #include "common.cuh"
 #include "part_reduce.cuh"
 #if !defined(BN_CHANNELS) || !defined(BN_THREADS)
@@ -15,7 +19,8 @@ static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
 // owns a channel: it holds BN_STATS_IMAGES images' HW values in registers (loaded together: one memory
 // latency for them all), takes each image's mean and squared deviations (two passes over registers), and
 // merges them into the part's running (mean, M2) with Chan's formula, in image order.
-// grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; partial [C, parts, 2]. HW <= 32 * BN_STATS_VALUES.
+// grid (parts, ceil(C/BN_CHANNELS), models), BN_THREADS threads; partial [C, parts, 2] per model.
+// HW <= 32 * BN_STATS_VALUES.
 #define BN_STATS_VALUES 7  // per lane and image: 7 * 32 >= 196, conv2's 14x14
 #define BN_STATS_IMAGES 2  // images whose loads a warp has in flight together (one left its latency exposed)
 
@@ -50,7 +55,15 @@ __device__ __forceinline__ void stats_images(const float* a, int n0, int C, int 
 extern "C" __global__ void __launch_bounds__(BN_THREADS)
     batchnorm_stats_fast(const float* a, int N, int C, int HW, int imgs_per_block, float* partial,
                          unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
-                         float* running_mean, float* running_var) {
+                         float* running_mean, float* running_var, int running_stride) {
+    const int model = model_index();
+    a = model_part(a, (size_t)N * C * HW, model);
+    partial = model_part(partial, (size_t)MAX_PARTS * C * 2, model);
+    counter = model_part(counter, gridDim.y, model);
+    save_mean = model_part(save_mean, C, model);
+    save_invstd = model_part(save_invstd, C, model);
+    running_mean = model_part(running_mean, running_stride, model);
+    running_var = model_part(running_var, running_stride, model);
     const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32;
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     if (c < C) {
@@ -87,10 +100,21 @@ extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, 
 // its sectors). One thread per pooled pixel, reading its window as two float2 rows.
 extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* a, const float* mean, const float* invstd,
                                                        const float* gamma, const float* beta, int N, int C, int S,
-                                                       float* pooled, unsigned char* argmax, float* a_at) {
+                                                       float* pooled, unsigned char* argmax, float* a_at,
+                                                       int param_stride) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
+    const int model = model_index();
+    const size_t pooled_size = (size_t)N * C * So * So;
+    a = model_part(a, (size_t)N * C * S * S, model);
+    mean = model_part(mean, C, model);
+    invstd = model_part(invstd, C, model);
+    gamma = model_part(gamma, param_stride, model);
+    beta = model_part(beta, param_stride, model);
+    pooled = model_part(pooled, pooled_size, model);
+    argmax = model_part(argmax, pooled_size, model);
+    a_at = model_part(a_at, pooled_size, model);
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
     const float* row = a + (nc * S + 2 * ph) * S + 2 * pw;
     const float2 top = *reinterpret_cast<const float2*>(row), bottom = *reinterpret_cast<const float2*>(row + S);
@@ -107,7 +131,7 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* a, const flo
 // window's argmax where the ReLU passed (argmax != NO_POSITION): the sums run over pooled pixels, with a
 // at the argmax from the forward (a_at). A warp owns a channel; each lane loads its pooled pixels'
 // (gradient, argmax, a_at) for BN_REDUCE_IMAGES images at once: one memory latency for them all.
-// grid (parts, ceil(C/BN_CHANNELS)), BN_THREADS threads; So*So <= 32 * BN_POOLED_VALUES.
+// grid (parts, ceil(C/BN_CHANNELS), models), BN_THREADS threads; So*So <= 32 * BN_POOLED_VALUES.
 #define BN_POOLED_VALUES 2  // per lane and image: 64 >= 49, conv2's 7x7 pooled pixels
 #define BN_REDUCE_IMAGES 2  // images whose loads a warp has in flight together
 
@@ -143,7 +167,18 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
     batchnorm_backward_reduce_fast(const float* a_at, const float* save_mean, const float* save_invstd,
                                    const float* d_pooled, const unsigned char* argmax, int N, int C, int S,
                                    int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
-                                   float* dbeta) {
+                                   float* dbeta, int param_stride) {
+    const int model = model_index();
+    const size_t pooled_size = (size_t)N * C * (S / 2) * (S / 2);
+    a_at = model_part(a_at, pooled_size, model);
+    d_pooled = model_part(d_pooled, pooled_size, model);
+    argmax = model_part(argmax, pooled_size, model);
+    save_mean = model_part(save_mean, C, model);
+    save_invstd = model_part(save_invstd, C, model);
+    partial = model_part(partial, (size_t)MAX_PARTS * C * 2, model);
+    counter = model_part(counter, gridDim.y, model);
+    dgamma = model_part(dgamma, param_stride, model);
+    dbeta = model_part(dbeta, param_stride, model);
     const int lane = threadIdx.x % 32, c = blockIdx.y * BN_CHANNELS + threadIdx.x / 32, pooled_hw = (S / 2) * (S / 2);
     const int first = blockIdx.x * imgs_per_block, last = min(N, first + imgs_per_block);
     float sdz = 0.0f, sdzx = 0.0f;
@@ -172,10 +207,22 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
 extern "C" __global__ void batchnorm_backward_apply_fast(const float* a, const float* save_mean,
                                                          const float* save_invstd, const float* gamma,
                                                          const float* dgamma, const float* dbeta, const float* d_pooled,
-                                                         const unsigned char* argmax, int N, int C, int S, float* d_a) {
+                                                         const unsigned char* argmax, int N, int C, int S, float* d_a,
+                                                         int param_stride) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
+    const int model = model_index();
+    const size_t pooled_size = (size_t)N * C * So * So, size = (size_t)N * C * S * S;
+    a = model_part(a, size, model);
+    d_a = model_part(d_a, size, model);
+    d_pooled = model_part(d_pooled, pooled_size, model);
+    argmax = model_part(argmax, pooled_size, model);
+    save_mean = model_part(save_mean, C, model);
+    save_invstd = model_part(save_invstd, C, model);
+    gamma = model_part(gamma, param_stride, model);
+    dgamma = model_part(dgamma, param_stride, model);
+    dbeta = model_part(dbeta, param_stride, model);
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
     const float count = (float)N * S * S, mean = save_mean[c], invstd = save_invstd[c];
     const float k = gamma[c] * invstd / count, db = dbeta[c], dg = dgamma[c];

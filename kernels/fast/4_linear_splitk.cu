@@ -5,30 +5,45 @@
 // batch. The precision is a template parameter of each entry point. Products whose reduction is long and
 // whose output is small (the forward's k = 3136; the weight gradient's k = the batch) are cut along k into
 // splits, each block writing a partial result that 6_splitk_reduce.cu sums in order.
+//
+// K models at once (kernels/include/common.cuh): model m's batch tensors are at m * (one model's size), its
+// weight (and, from the weight gradient's single split, its gradient) at m * param_stride, and its partial
+// results [splits][...] at m * splits * (one split's size), where 6_splitk_reduce.cu reads them. The split
+// products' grids hold each model's splits in z (z = model * splits + split); the input gradient's z is the model.
 #include "common.cuh"
 #include "gemm_tile.cuh"
 #include "wgmma_tile.cuh"
 
-// y = x W^T as C[n][o] = sum_i x[n,i] W[o,i]; the long i range is cut into gridDim.z splits whose
-// partial results splitk_reduce_fast sums (adding the bias and the ReLU).
-// grid (ceil(O/64), ceil(N/64), splits); partial [splits, N, O]
+// y = x W^T as C[n][o] = sum_i x[n,i] W[o,i]; the long i range is cut into splits whose partial results
+// splitk_reduce_fast sums (adding the bias and the ReLU).
+// grid (ceil(O/64), ceil(N/64), models * splits); partial [models][splits, N, O]
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_forward_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split) {
+    linear_forward_fast(const float* x, const float* w, float* partial, int N, int I, int O, int k_per_split,
+                        int param_stride) {
+    const int splits = CEIL_DIV(I, k_per_split), model = model_index(splits), split = model_z(splits);
+    x = model_part(x, (size_t)N * I, model);
+    w = model_part(w, param_stride, model);
+    partial = model_part(partial, (size_t)splits * N * O, model);
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
-    split_range(blockIdx.z, k_per_split, I, &k_begin, &k_end);
+    split_range(split, k_per_split, I, &k_begin, &k_end);
     float acc[4][4];
     gemm_tile<P, TILE_M, TILE_N, true, false>(Dense{x, N, I, I, 1}, Dense{w, O, I, I, 1}, m0, n0, k_begin, k_end, acc);
-    float* out = partial + (size_t)blockIdx.z * N * O;
+    float* out = partial + (size_t)split * N * O;
     gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int n, int o, float v) {
         if (n < N && o < O) out[n * O + o] = v;
     });
 }
 
-// dx = dy W as C[n][i] = sum_o dy[n,o] W[o,i], in tiles TN columns wide.  grid (ceil(I/TN), ceil(N/64))
+// dx = dy W as C[n][i] = sum_o dy[n,o] W[o,i], in tiles TN columns wide.  grid (ceil(I/TN), ceil(N/64), models)
 template <Precision P, int TN>
-__device__ __forceinline__ void linear_backward_input(const float* dy, const float* w, float* dx, int N, int I, int O) {
+__device__ __forceinline__ void linear_backward_input(const float* dy, const float* w, float* dx, int N, int I, int O,
+                                                      int param_stride) {
+    const int model = model_index();
+    dy = model_part(dy, (size_t)N * O, model);
+    w = model_part(w, param_stride, model);
+    dx = model_part(dx, (size_t)N * I, model);
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TN;
     float acc[4][4];
     gemm_tile<P, TILE_M, TN, true, true>(Dense{dy, N, O, O, 1}, Dense{w, I, O, 1, I}, m0, n0, 0, O, acc);
@@ -38,29 +53,36 @@ __device__ __forceinline__ void linear_backward_input(const float* dy, const flo
 }
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
-    linear_backward_input<P, TILE_N>(dy, w, dx, N, I, O);
+    linear_backward_input_fast(const float* dy, const float* w, float* dx, int N, int I, int O, int param_stride) {
+    linear_backward_input<P, TILE_N>(dy, w, dx, N, I, O, param_stride);
 }
 // The same in tiles half as wide, for when the 64-wide ones would leave SMs idle (fc1 at batch 64: 49
 // blocks): each warp's chain of steps then does half the products. Where there are blocks enough, the
 // wide tiles' fewer loads win (docs/performance.md).
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
-    linear_backward_input<P, TILE_N / 2>(dy, w, dx, N, I, O);
+    linear_backward_input_narrow_fast(const float* dy, const float* w, float* dx, int N, int I, int O,
+                                      int param_stride) {
+    linear_backward_input<P, TILE_N / 2>(dy, w, dx, N, I, O, param_stride);
 }
 
-// dW = dy^T x as C[o][i] = sum_n dy[n,o] x[n,i], the batch cut into gridDim.z splits.
-// grid (ceil(I/64), ceil(O/64), splits); out [splits, O, I] (with one split: dW itself)
+// dW = dy^T x as C[o][i] = sum_n dy[n,o] x[n,i], the batch cut into splits. With one split the block writes
+// the gradient itself (the launch contract passes dW as out), so a model's part of out is param_stride apart.
+// grid (ceil(I/64), ceil(O/64), models * splits); out [models][splits, O, I] (with one split: dW)
 template <Precision P>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, int I, int O, int k_per_split) {
+    linear_backward_weight_fast(const float* x, const float* dy, float* out, int N, int I, int O, int k_per_split,
+                                int param_stride) {
+    const int splits = CEIL_DIV(N, k_per_split), model = model_index(splits), split = model_z(splits);
+    x = model_part(x, (size_t)N * I, model);
+    dy = model_part(dy, (size_t)N * O, model);
+    out = model_part(out, splits == 1 ? (size_t)param_stride : (size_t)splits * O * I, model);
     const int m0 = blockIdx.y * TILE_M, n0 = blockIdx.x * TILE_N;
     int k_begin, k_end;
-    split_range(blockIdx.z, k_per_split, N, &k_begin, &k_end);
+    split_range(split, k_per_split, N, &k_begin, &k_end);
     float acc[4][4];
     gemm_tile<P, TILE_M, TILE_N, false, true>(Dense{dy, O, N, 1, O}, Dense{x, I, N, 1, I}, m0, n0, k_begin, k_end, acc);
-    float* dst = out + (size_t)blockIdx.z * O * I;
+    float* dst = out + (size_t)split * O * I;
     gemm_store<TILE_M, TILE_N>(acc, m0, n0, [&](int o, int i, float v) {
         if (o < O && i < I) dst[o * I + i] = v;
     });
@@ -71,12 +93,17 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 
 // As linear_backward_input_fast, in tiles of 64 samples x WG_INPUT_GRAD_COLS inputs; W is read
 // n-contiguous (its rows are fc1's outputs, k here) and transposed as it is staged.
-// grid (ceil(I/WG_INPUT_GRAD_COLS), ceil(N/64))
+// grid (ceil(I/WG_INPUT_GRAD_COLS), ceil(N/64), models)
 template <Precision P>
 __global__ void __launch_bounds__(WG_THREADS)
-    linear_backward_input_wgmma_fast(const float* dy, const float* w, float* dx, int N, int I, int O) {
+    linear_backward_input_wgmma_fast(const float* dy, const float* w, float* dx, int N, int I, int O,
+                                     int param_stride) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ float4 wg_shared[];
+    const int model = model_index();
+    dy = model_part(dy, (size_t)N * O, model);
+    w = model_part(w, param_stride, model);
+    dx = model_part(dx, (size_t)N * I, model);
     const int m0 = blockIdx.y * 64, n0 = blockIdx.x * WG_INPUT_GRAD_COLS;
     float acc[WG_INPUT_GRAD_COLS / 2];
     wgmma_tile<P, WG_INPUT_GRAD_COLS>(dy, N, O, w, I, I, m0, n0, O, acc, wg_shared);

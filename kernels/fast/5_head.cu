@@ -14,6 +14,9 @@
 // Blocks write their sums as partial results, which head_sum_parts_fast adds (the fc1 input gradient after
 // this needs d_pre only, so that second launch runs beside it). With train = 0 only the logits.
 // grid ceil(N/HEAD_SAMPLES), HEAD_THREADS threads; partial [blocks, HEAD_SUMS(H)].
+// Several models (common.cuh): the grid's z is the model; h, labels, logits and d_pre are [models][N][...],
+// partial [models][blocks * HEAD_SUMS(H)], the loss and its count [models], the loss log [models][loss_capacity];
+// fc2's weight and bias and the gradients are param_stride floats apart.
 // HEAD_SAMPLES, HEAD_THREADS and HEAD_SUMS(H) (a block's sums: dW [10,H], fc1's bias gradient [H], db [10],
 // the loss) come from mnist_cuda/ops/head.py (NVRTC -D options).
 #include "common.cuh"
@@ -91,10 +94,18 @@ __device__ __forceinline__ void softmax_nll(float (&zt)[NUM_CLASSES], int label,
 
 extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
     head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
-                               int train, float* logits, float* d_pre, float* partial) {
+                               int train, float* logits, float* d_pre, float* partial, int param_stride) {
     __shared__ float rows[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1];  // (+1: conflict-free columns)
     __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];                      // logits, then dlogits
     __shared__ float sample_loss[HEAD_SAMPLES];
+    const int model = model_index();
+    h = model_part(h, (size_t)N * H, model);
+    w = model_part(w, param_stride, model);
+    b = model_part(b, param_stride, model);
+    labels = model_part(labels, N, model);
+    logits = model_part(logits, (size_t)N * NUM_CLASSES, model);
+    d_pre = model_part(d_pre, (size_t)N * H, model);
+    partial = model_part(partial, (size_t)CEIL_DIV(N, HEAD_SAMPLES) * HEAD_SUMS(H), model);
     const int t = threadIdx.x, lane = t % 32, warp = t / 32;
     const int s0 = blockIdx.x * HEAD_SAMPLES, count = min(HEAD_SAMPLES, N - s0);
     const int label = train && t < count ? labels[s0 + t] : 0;  // for step 2 (its latency overlaps step 1)
@@ -149,12 +160,20 @@ extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
 }
 
 // The head's sums over its blocks, in block order: fc2's dW and db, fc1's bias gradient, and the mean loss
-// (record_loss). A thread per element. partial [blocks, HEAD_SUMS(H)].
+// (record_loss). A thread per element (of each model: the grid's z). partial [blocks, HEAD_SUMS(H)].
 extern "C" __global__ void head_sum_parts_fast(const float* partial, int blocks, int N, int H, float* dw, float* db,
                                                float* d_bias_fc1, float* loss, float* loss_log, int* loss_count,
-                                               int loss_capacity) {
+                                               int loss_capacity, int param_stride) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x, size = HEAD_SUMS(H);
     if (i >= size) return;
+    const int model = model_index();
+    partial = model_part(partial, (size_t)blocks * size, model);
+    dw = model_part(dw, param_stride, model);
+    db = model_part(db, param_stride, model);
+    d_bias_fc1 = model_part(d_bias_fc1, param_stride, model);
+    loss = model_part(loss, 1, model);
+    loss_log = model_part(loss_log, loss_capacity, model);
+    loss_count = model_part(loss_count, 1, model);
     const float s = sum_in_order(partial + i, blocks, size);
     if (i < NUM_CLASSES * H)
         dw[i] = s;

@@ -48,6 +48,29 @@ __device__ __forceinline__ bool last_block_done(unsigned int* counter, unsigned 
     return is_last;
 }
 
+// Several models stepped by one launch (mnist_cuda/nets/models_net.py): the grid's z is the model (for a kernel
+// whose z has a use of its own, z = model * z_per_model + that use), and every buffer holds the models' parts
+// one after another: a kernel moves each pointer to its model's part. Activations and scratch find their part's
+// size from the sizes they already take; the parameters and gradients (param_stride floats apart) and the running
+// statistics (running_stride) from arguments. With one model z is 0 and every offset 0: a single-model launch
+// computes what it did, bit for bit.
+// Each source compiles twice (mnist_cuda/cuda.py, Source.models_variant): with MODEL_INDEX for launches of
+// several models, and without it for one model, where the model is the constant 0 and every offset folds away,
+// so a single model's kernels are the code they were before models were counted (no registers, no division).
+#if defined(MODEL_INDEX)
+__device__ __forceinline__ int model_index(int z_per_model = 1) { return blockIdx.z / z_per_model; }
+__device__ __forceinline__ int model_z(int z_per_model) { return blockIdx.z % z_per_model; }  // z's own use
+__device__ __forceinline__ int model_of(int i, int per_model) { return i / per_model; }       // by item index
+#else
+__device__ __forceinline__ int model_index(int = 1) { return 0; }
+__device__ __forceinline__ int model_z(int) { return blockIdx.z; }
+__device__ __forceinline__ int model_of(int, int) { return 0; }
+#endif
+template <class T>
+__device__ __forceinline__ T* model_part(T* p, size_t per_model, int model) {
+    return p + per_model * (size_t)model;
+}
+
 // The input images arrive on the GPU as MNIST's bytes (a quarter of the float32 copy); the network sees
 // (x/255 - MNIST_MEAN) / MNIST_STD in float32, the same operations as mnist_cuda.data.normalize, so the
 // same bits (IEEE division; a test checks all 256 values).

@@ -13,6 +13,9 @@
     3  // OneCycleLR(max_lr = lr, total_steps = total, pct_start, div_factor,
        //            final_div_factor, anneal_strategy), two phases
 
+#define SCHEDULE_NONE (-1)  // a plain-SGD model of a K-model run (a constant rate its caller sets): no schedule
+#define SCHEDULE_ARGS 9     // LrSchedule's fields, one model's row of sgd_schedule's model_args
+
 struct LrSchedule {
     int kind;
     double lr;                                       // the base rate (OneCycleLR: max_lr)
@@ -22,6 +25,12 @@ struct LrSchedule {
     double pct_start, div_factor, final_div_factor;  // OneCycleLR
     int anneal_cos;                                  // OneCycleLR: 1 "cos", 0 "linear"
 };
+
+// One model's row of sgd_schedule's model_args: LrSchedule's fields in order, every one a double (the integers'
+// values are exact in a double).
+__device__ __forceinline__ LrSchedule schedule_of(const double* a) {
+    return {(int)a[0], a[1], (int)a[2], a[3], (int)a[4], a[5], a[6], a[7], (int)a[8]};
+}
 
 __device__ __forceinline__ double one_cycle_anneal(double start, double end, double pct, int anneal_cos) {
     if (anneal_cos) return end + (start - end) / 2.0 * (cos(SGD_PI * pct) + 1.0);

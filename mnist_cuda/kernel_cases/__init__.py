@@ -80,7 +80,7 @@ from .naive import (
     pool_case,
     relu_case,
 )
-from .sgd import sgd_case, sgd_fast_case, sgd_momentum_case
+from .sgd import sgd_case, sgd_fast_case, sgd_models_case, sgd_momentum_case
 
 __all__ = [
     "EPS",
@@ -132,6 +132,7 @@ __all__ = [
     "head_fast_case",
     "sgd_case",
     "sgd_fast_case",
+    "sgd_models_case",
     "sgd_momentum_case",
     "fast_cases",
     "naive_cases",

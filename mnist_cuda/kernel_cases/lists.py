@@ -32,7 +32,7 @@ from .naive import (
     pool_case,
     relu_case,
 )
-from .sgd import sgd_case, sgd_fast_case, sgd_momentum_case
+from .sgd import sgd_case, sgd_fast_case, sgd_models_case, sgd_momentum_case
 
 
 def fast_cases() -> list[Case]:
@@ -53,6 +53,7 @@ def fast_cases() -> list[Case]:
         + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
         + [head_fast_case(), sgd_fast_case()]
         + [sgd_momentum_case("fast", started) for started in (False, True)]
+        + [sgd_models_case()]
     )
 
 

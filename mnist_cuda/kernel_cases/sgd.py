@@ -82,3 +82,52 @@ def sgd_momentum_case(version: str, started: bool):
 
     kernel = "sgd_momentum_naive" if version == "naive" else "sgd_momentum_zero_grad_fast"
     return Case(f"sgd_schedule+{kernel}[{'later' if started else 'first'} step]", make, ops=("sgd", "sgd_schedule"))
+
+
+def sgd_models_case():
+    """Three models' updates in one launch, each with its own options and its own schedule's rate (both
+    computed on the GPU in one launch each): plain SGD; momentum, Nesterov and weight decay at a later step of a
+    one-cycle schedule; momentum with dampening at its buffers' first step of a cosine one."""
+    from ..ops.sgd_zero_grad import initial_rates, model_hyperparameters, sgd_models_zero_grad
+    from ..optim import Schedule, SGDOptions
+
+    options = [
+        SGDOptions(0.05),
+        SGDOptions(0.1, 0.9, 0.0, True, 5e-4, Schedule("onecycle", total=200)),
+        SGDOptions(0.02, 0.8, 0.25, False, 1e-3, Schedule("cosine", total=300)),
+    ]
+    steps, started = (0, 37, 90), (False, True, False)
+
+    def make(rng, d):
+        import cupy
+
+        n = sum(-(-int(np.prod(s)) // 4) * 4 for s in ref.param_shapes((d.c1, d.c2), d.hidden).values())
+        K = len(options)
+        p, g, b = _f32(rng, K * n), _f32(rng, K * n), _f32(rng, K * n)
+        pd, gd, bd = _dev(p), _dev(g), _dev(b)
+        state = cupy.array([[t, int(s)] for t, s in zip(steps, started)], cupy.int32)
+        lr_d, first_d = cupy.asarray(initial_rates(options)), cupy.zeros(K, cupy.int32)
+        hyper = {k: cupy.asarray(v) for k, v in model_hyperparameters(options).items()}
+        rows = cupy.asarray(both.schedule_rows([None if o.plain else o.schedule.kernel_args(o.lr) for o in options]))
+
+        def run():
+            state[:, 0] = cupy.asarray(steps, cupy.int32)  # (a replay by the benchmark takes the same steps)
+            both.sgd_schedule_models(state, lr_d, first_d, rows)
+            sgd_models_zero_grad(pd, gd, bd, lr_d, first_d, **hyper, models=K)
+
+        want_p, want_b = p.astype(np.float64), b.astype(np.float64)
+        for m, o in enumerate(options):
+            part = slice(m * n, (m + 1) * n)
+            p64, g64, b64 = (a[part].astype(np.float64) for a in (p, g, b))
+            rate = np.float64(np.float32(o.lr if o.plain else o.schedule.lr_at(o.lr, steps[m])))
+            if o.plain:
+                want_p[part] = p64 - rate * g64
+                continue
+            direction = g64 + o.weight_decay * p64
+            buffer = o.momentum * b64 + (1 - o.dampening) * direction if started[m] else direction
+            want_p[part] = p64 - rate * (direction + o.momentum * buffer if o.nesterov else buffer)
+            want_b[part] = buffer
+        want = {"params": want_p, "grads": np.zeros(K * n), "buffers": want_b}
+        return Prepared(run, {"params": pd, "grads": gd, "buffers": bd}, want, (6.0 * K * n, 5 * _bytes(p)))
+
+    return Case("sgd_schedule+sgd_models_zero_grad_fast[three models]", make, ops=("sgd", "sgd_schedule"))

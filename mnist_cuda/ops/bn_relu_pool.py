@@ -1,5 +1,10 @@
 """The launch contracts of kernels/fast/3_bn_relu_pool.cu: block 2's BatchNorm statistics, BatchNorm + ReLU +
-maxpool fused, and their backward from the pooled gradient."""
+maxpool fused, and their backward from the pooled gradient.
+
+Every launch but eval_stats steps `models` models at once (the grid's z): its sizes are one model's (n is the
+per-model batch) and its buffers hold the models' parts one after another ([models][...]: activations
+[models][n][...], mean and invstd [models][channels], partial [models][partial_size], counter [models][groups]);
+gamma, beta and their gradients are param_stride floats apart, the running statistics running_stride."""
 
 from __future__ import annotations
 
@@ -17,8 +22,14 @@ _backward_reduce = _src.kernel("batchnorm_backward_reduce_fast")
 _backward_apply = _src.kernel("batchnorm_backward_apply_fast")
 
 
+def _grid(parts: int, channels: int, models: int) -> tuple:
+    """The reductions' grid: a block per part and channel group, of each model (z); one model's as it was."""
+    groups = ceil_div(channels, BN_CHANNELS)
+    return (parts, groups) if models == 1 else (parts, groups, models)
+
+
 def partial_size(channels: int) -> int:
-    """Scratch of stats and backward_reduce (float32): a (channel, part) pair each."""
+    """Scratch of stats and backward_reduce (float32) for one model: a (channel, part) pair each."""
     return MAX_PARTS * channels * 2
 
 
@@ -35,12 +46,14 @@ def stats(
     invstd,
     running_mean,
     running_var,
+    models: int = 1,
+    running_stride: int = 0,
 ):
     """The batch's mean and 1/std of a [n, channels, hw], and the running statistics' update (in place).
-    counter: one uint32 per group of BN_CHANNELS channels, zero, left zero."""
+    counter: one uint32 per group of BN_CHANNELS channels (and model), zero, left zero."""
     parts, per_part = parts_of(n)
     _stats.launch(
-        (parts, ceil_div(channels, BN_CHANNELS)),
+        _grid(parts, channels, models),
         BN_THREADS,
         a,
         I32(n),
@@ -55,6 +68,8 @@ def stats(
         invstd,
         running_mean,
         running_var,
+        I32(running_stride),
+        models=models,
     )
 
 
@@ -63,7 +78,21 @@ def eval_stats(running_mean, running_var, eps: float, channels: int, mean, invst
     _eval_stats.launch_1d(channels, running_mean, running_var, F32(eps), I32(channels), mean, invstd)
 
 
-def forward(a, mean, invstd, gamma, beta, n: int, channels: int, size: int, pooled, argmax, a_at):
+def forward(
+    a,
+    mean,
+    invstd,
+    gamma,
+    beta,
+    n: int,
+    channels: int,
+    size: int,
+    pooled,
+    argmax,
+    a_at,
+    models: int = 1,
+    param_stride: int = 0,
+):
     """pooled, argmax, a_at [n, channels, size/2, size/2] with pooled = maxpool(relu(bn(a))), a [n, channels,
     size, size]; argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window
     (pooled <= 0); a_at is a at the window's position (backward_reduce reads it)."""
@@ -80,18 +109,33 @@ def forward(a, mean, invstd, gamma, beta, n: int, channels: int, size: int, pool
         pooled,
         argmax,
         a_at,
+        I32(param_stride),
+        models=models,
     )
 
 
 def backward_reduce(
-    a_at, mean, invstd, d_pooled, argmax, n: int, channels: int, size: int, partial, counter, dgamma, dbeta
+    a_at,
+    mean,
+    invstd,
+    d_pooled,
+    argmax,
+    n: int,
+    channels: int,
+    size: int,
+    partial,
+    counter,
+    dgamma,
+    dbeta,
+    models: int = 1,
+    param_stride: int = 0,
 ):
     """dgamma and dbeta from the pooled gradient, forward's argmax (with NO_POSITION: the pooled values are
-    not read) and a_at, forward's a at the argmax; size is a's. counter: one uint32 per channel group, zero,
-    left zero."""
+    not read) and a_at, forward's a at the argmax; size is a's. counter: one uint32 per channel group (and
+    model), zero, left zero."""
     parts, per_part = parts_of(n)
     _backward_reduce.launch(
-        (parts, ceil_div(channels, BN_CHANNELS)),
+        _grid(parts, channels, models),
         BN_THREADS,
         a_at,
         mean,
@@ -106,10 +150,27 @@ def backward_reduce(
         counter,
         dgamma,
         dbeta,
+        I32(param_stride),
+        models=models,
     )
 
 
-def backward_apply(a, mean, invstd, gamma, dgamma, dbeta, d_pooled, argmax, n: int, channels: int, size: int, d_a):
+def backward_apply(
+    a,
+    mean,
+    invstd,
+    gamma,
+    dgamma,
+    dbeta,
+    d_pooled,
+    argmax,
+    n: int,
+    channels: int,
+    size: int,
+    d_a,
+    models: int = 1,
+    param_stride: int = 0,
+):
     """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta."""
     _backward_apply.launch_1d(
         n * channels * (size // 2) ** 2,
@@ -125,4 +186,6 @@ def backward_apply(a, mean, invstd, gamma, dgamma, dbeta, d_pooled, argmax, n: i
         I32(channels),
         I32(size),
         d_a,
+        I32(param_stride),
+        models=models,
     )

@@ -34,8 +34,17 @@ _forward = {c: _src.kernel(f"conv1_bn_relu_pool_fast<{c}>") for c in FORWARD_CHA
 _backward = {c: _src.kernel(f"conv1_backward_fast<{c}>") for c in BACKWARD_CHANNELS}
 
 
+def _models_grid(grid, models: int):
+    """grid with the models as its z (the kernels' model_index); one model's launch keeps its grid as it is."""
+    if models == 1:
+        return grid
+    x, y = grid if isinstance(grid, tuple) else (grid, 1)
+    return x, y, models
+
+
 def moment_partial_shape() -> tuple[int, int]:
-    """Scratch of image_moments (float64): a row per part, at most a part per SM."""
+    """Scratch of image_moments (float64) for one model: a row per part, at most a part per SM (K models: K
+    times as many rows)."""
     return sm_count(), CONV1_MOMENTS
 
 
@@ -45,7 +54,7 @@ def backward_max_parts() -> int:
 
 
 def backward_partial_size(channels: int) -> int:
-    """Scratch of backward (float32)."""
+    """Scratch of backward (float32) for one model (K models: K times as much)."""
     return backward_max_parts() * channels * CONV1_GRAD_SUMS
 
 
@@ -56,11 +65,14 @@ def moments_parts(n: int) -> tuple[int, int]:
     return ceil_div(n, per_part), per_part
 
 
-def image_moments(x, n: int, moment_partial, counter, moments):
+def image_moments(x, n: int, moment_partial, counter, moments, models: int = 1):
     """The image moments of the n images x (bytes, [n, 1, 28, 28]) into moments [CONV1_MOMENTS] (float64).
-    counter: one uint32, zero, left zero."""
+    counter: one uint32, zero, left zero. models: how many models' batches of n images at once, every buffer
+    [models][one model's]: x [models, n, 1, 28, 28], moment_partial models x moment_partial_shape(), counter
+    [models], moments [models, CONV1_MOMENTS]; each model's moments are those of its own launch."""
     parts, per_part = moments_parts(n)
-    _moments.launch(parts, CONV1_THREADS, x, I32(n), I32(per_part), moment_partial, counter, moments)
+    grid = _models_grid(parts, models)
+    _moments.launch(grid, CONV1_THREADS, x, I32(n), I32(per_part), moment_partial, counter, moments, models=models)
 
 
 def _most_channels(choices, n: int, channels: int, blocks: int) -> int:
@@ -98,15 +110,22 @@ def forward(
     pooled,
     argmax,
     per_block: int | None = None,
+    models: int = 1,
+    param_stride: int = 0,
+    running_stride: int = 0,
 ):
     """pooled, argmax [n, channels, 14, 14] = maxpool(relu(bn(conv1(normalize(x))))), argmax the window position
     0..3, or NO_POSITION where the ReLU blocked the window (pooled <= 0: what backward reads). In training BatchNorm's
     statistics come from `moments` (saved in mean, invstd; the running ones updated); in evaluation mean and
     invstd must hold the running statistics' (bn_relu_pool.eval_stats). per_block: channels per block, one
-    of FORWARD_CHANNELS (None: forward_channels_per_block's choice)."""
-    per_block = per_block or forward_channels_per_block(n, channels)
+    of FORWARD_CHANNELS (None: forward_channels_per_block's choice).
+    models: how many models' batches of n images at once; x, moments, mean, invstd, pooled and argmax are
+    [models][one model's], each model's w, gamma and beta param_stride floats after the previous model's, its
+    running statistics running_stride. The choice of per_block changes no bits, so it is made from all the
+    models' images (more blocks)."""
+    per_block = per_block or forward_channels_per_block(models * n, channels)
     _forward[per_block].launch(
-        (n, ceil_div(channels, per_block)),
+        _models_grid((n, ceil_div(channels, per_block)), models),
         CONV1_THREADS,
         x,
         w,
@@ -124,6 +143,9 @@ def forward(
         I32(channels),
         pooled,
         argmax,
+        I32(param_stride),
+        I32(running_stride),
+        models=models,
     )
 
 
@@ -164,14 +186,21 @@ def backward(
     dbeta,
     dw,
     per_block: int | None = None,
+    models: int = 1,
+    param_stride: int = 0,
 ):
     """dgamma, dbeta and conv1's dw from the pooled gradient and the forward's argmax (NO_POSITION where the ReLU
     blocked the window: the pooled values are not read). counter: one uint32 per channel group, zero.
-    per_block: channels per block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice)."""
+    per_block: channels per block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice).
+    models: how many models' batches of n images at once; x, mean, invstd, moments, d_pooled and argmax are
+    [models][one model's], partial models x backward_partial_size(channels), counter one per channel group and
+    model (a [models, channels] buffer holds them); each model's w, gamma and gradients are param_stride floats
+    after the previous model's. per_block and the parts come from one model's batch n, as in its own launch:
+    they set the order of its sums."""
     per_block = per_block or backward_channels_per_block(n, channels)
     grid, per_part = backward_grid(n, channels, per_block)
     _backward[per_block].launch(
-        grid,
+        _models_grid(grid, models),
         CONV1_GRAD_ROWS * per_block,
         x,
         w,
@@ -189,5 +218,7 @@ def backward(
         dgamma,
         dbeta,
         dw,
+        I32(param_stride),
         shared_mem=CONV1_GRAD_STAGES * per_block * CONV1_GRAD_CHANNEL_BYTES,
+        models=models,
     )

@@ -4,7 +4,13 @@ products (forward, input gradient, weight gradient) on the tensor cores, for 14x
 precision: "fp32" keeps float32's accuracy (3xTF32: each operand split into two TF32 parts, three tensor-core
 products); "tf32" rounds both operands to TF32 and multiplies once (--precision tf32), as cuDNN's TF32
 convolutions do; "bf16" rounds them to bf16 and multiplies once, 16 k per instruction (--precision bf16),
-as torch.autocast with bfloat16 does. Every precision accumulates in float32."""
+as torch.autocast with bfloat16 does. Every precision accumulates in float32.
+
+models: K models stepped by one launch (common.cuh): n is one model's batch, and every buffer holds the K models'
+parts one after another: images [K][n][...], staged weights [K][weight_quads] (shaped (K * weight_quads, 4) or
+(K, weight_quads, 4)), the weight gradient's partial results [K][parts][c_out * c_in * 9]; conv2.weight of model m
+at +m * param_stride floats. The forms (forward_product, input_grad_product) are chosen from n, as for one model,
+so that each model's results are those of a launch for it alone, bit for bit."""
 
 from __future__ import annotations
 
@@ -162,15 +168,16 @@ def _check_form(product: str, of: str):
         raise ValueError(f"unknown {name} {product!r}; choose from {forms}")
 
 
-def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str):
-    """A staged weight buffer must be sized for its product's form. (At the default channels both forward
-    forms take the same size, and the input gradient's two forms always do, so this cannot tell them apart:
-    the caller keeps one form per buffer.)"""
+def _check_quads(quads, c_in: int, c_out: int, precision: str, product: str, models: int = 1):
+    """A staged weight buffer must be sized for its product's form, for `models` models. (At the default channels
+    both forward forms take the same size, and the input gradient's two forms always do, so this cannot tell
+    them apart: the caller keeps one form per buffer.)"""
     want = weight_quads(c_in, c_out, precision, product)
-    if tuple(quads.shape) != (want, 4):
+    shapes = ((want, 4),) if models == 1 else ((models * want, 4), (models, want, 4))
+    if tuple(quads.shape) not in shapes:
         raise ValueError(
             f"{product}'s staged weights are {tuple(quads.shape)}; {c_in} -> {c_out} channels in "
-            f"{precision} take ({want}, 4)"
+            f"{precision} for {models} model(s) take {' or '.join(map(str, shapes))}"
         )
 
 
@@ -183,17 +190,21 @@ def stage_weights(
     precision: str,
     forward_product: str = "forward",
     input_grad_product: str = "backward_input",
+    models: int = 1,
+    param_stride: int = 0,
 ):
     """w [c_out, c_in, 3, 3] as both products read it: forward_quads [weight_quads(c_in, c_out, precision,
     forward_product), 4] for the forward `forward_product` ("forward" or "forward_stacked") and the flipped
     input_grad_quads [weight_quads(c_out, c_in, precision, input_grad_product), 4] for the input gradient
-    `input_grad_product` ("backward_input" or "backward_input_paired")."""
+    `input_grad_product` ("backward_input" or "backward_input_paired"). For `models` models, model m's w at
+    +m * param_stride floats, and the staged buffers [models][those quads]."""
     _check_form(forward_product, "forward")
     _check_form(input_grad_product, "backward_input")
-    _check_quads(forward_quads, c_in, c_out, precision, forward_product)
-    _check_quads(input_grad_quads, c_out, c_in, precision, input_grad_product)
+    _check_quads(forward_quads, c_in, c_out, precision, forward_product, models)
+    _check_quads(input_grad_quads, c_out, c_in, precision, input_grad_product, models)
     _kernel("stage_weights", precision).launch_1d(
-        forward_quads.shape[0] + input_grad_quads.shape[0],
+        weight_quads(c_in, c_out, precision, forward_product)
+        + weight_quads(c_out, c_in, precision, input_grad_product),
         w,
         I32(c_in),
         I32(c_out),
@@ -201,36 +212,52 @@ def stage_weights(
         input_grad_quads,
         I32(forward_product == "forward_stacked"),
         I32(input_grad_product == "backward_input_paired"),
+        I32(param_stride),
+        models=models,
     )
 
 
-def _image_tiles(name, precision, n, out_channels, *args):
-    grid = (n, ceil_div(out_channels, tile_channels(name, precision)), CONV2_SIZE // CONV_ROWS)
+def _image_tiles(name, precision, n, models, out_channels, *args):
+    """A block per image of the models' batches (the grid's x: the kernel finds an image's model as image / n, its
+    last argument), output channel tile and half image."""
+    grid = (models * n, ceil_div(out_channels, tile_channels(name, precision)), CONV2_SIZE // CONV_ROWS)
     _image_tile_kernel(name, precision).launch(
-        grid, CONV_THREADS, *args, shared_mem=image_tile_shared_bytes(name, precision)
+        grid, CONV_THREADS, *args, I32(n), shared_mem=image_tile_shared_bytes(name, precision), models=models
     )
 
 
-def forward(x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, product: str = "forward"):
+def forward(
+    x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, product: str = "forward", models: int = 1
+):
     """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
-    weights staged for it by stage_weights."""
+    weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model."""
     _check_form(product, "forward")
-    _check_quads(forward_quads, c_in, c_out, precision, product)
-    _image_tiles(product, precision, n, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
+    _check_quads(forward_quads, c_in, c_out, precision, product, models)
+    _image_tiles(product, precision, n, models, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
 
 def backward_input(
-    dy, input_grad_quads, dx, n: int, c_in: int, c_out: int, precision: str, product: str = "backward_input"
+    dy,
+    input_grad_quads,
+    dx,
+    n: int,
+    c_in: int,
+    c_out: int,
+    precision: str,
+    product: str = "backward_input",
+    models: int = 1,
 ):
     """dx [n, c_in, 14, 14] from dy [n, c_out, 14, 14] by `product` ("backward_input" or "backward_input_paired"),
-    with the flipped weights staged for it by stage_weights."""
+    with the flipped weights staged for it by stage_weights. For `models` models: dy, dx, input_grad_quads
+    [models][...], n per model."""
     _check_form(product, "backward_input")
-    _check_quads(input_grad_quads, c_out, c_in, precision, product)
-    _image_tiles(product, precision, n, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
+    _check_quads(input_grad_quads, c_out, c_in, precision, product, models)
+    _image_tiles(product, precision, n, models, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
 
 
 def weight_grad_partial_size(c_in: int, c_out: int) -> int:
-    """Scratch of backward_weight (float32): room for a partial result per SM."""
+    """Scratch of backward_weight (float32) for one model: room for a partial result per SM (K models take K
+    times this)."""
     return sm_count() * c_out * c_in * 9
 
 
@@ -245,12 +272,16 @@ def weight_grad_grid(n: int, c_in: int, c_out: int, precision: str) -> tuple[tup
     return (ceil_div(items, per_part), rows, cols), per_part
 
 
-def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: str) -> int:
+def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: str, models: int = 1) -> int:
     """The weight gradient's partial results [parts, c_out, c_in, 3, 3] into partial; returns parts (for
-    splitk_reduce)."""
+    splitk_reduce). For `models` models (x, dy [models][n][...]): the parts of one model's launch each, packed as
+    [models][parts][c_out * c_in * 9] at partial's start (models * weight_grad_partial_size is room enough)."""
     grid, per_part = weight_grad_grid(n, c_in, c_out, precision)
+    parts, rows, groups = grid
+    if partial.size < models * parts * c_out * c_in * 9:
+        raise ValueError(f"partial holds {partial.size} floats; {models} x {parts} parts of {c_out * c_in * 9} needed")
     _kernel("backward_weight", precision).launch(
-        grid,
+        (parts, rows, groups * models),
         WGRAD_THREADS,
         x,
         dy,
@@ -260,5 +291,6 @@ def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: st
         I32(c_out),
         I32(per_part),
         shared_mem=weight_grad_shared_bytes(),
+        models=models,
     )
     return grid[0]

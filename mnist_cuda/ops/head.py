@@ -1,5 +1,10 @@
 """The launch contracts of kernels/fast/5_head.cu: fc2 -> log_softmax -> NLL and their backward in one
-kernel, and the sums over its blocks in a second."""
+kernel, and the sums over its blocks in a second.
+
+Both step `models` models at once (the grid's z): their sizes are one model's (n is the per-model batch) and
+their buffers hold the models' parts one after another: h, labels, logits, d_pre [models][n][...], partial
+[models][partial_size], loss and loss_count [models], loss_log [models][capacity]; fc2's weight and bias and the
+gradients are param_stride floats apart."""
 
 from __future__ import annotations
 
@@ -26,20 +31,63 @@ def blocks(n: int) -> int:
 
 
 def partial_size(batch: int, hidden: int) -> int:
+    """Floats of forward_backward's scratch for one model."""
     return blocks(batch) * head_sums(hidden)
 
 
-def forward_backward(h, w, b, labels, n: int, hidden: int, train: bool, logits, d_pre, partial):
+def forward_backward(
+    h,
+    w,
+    b,
+    labels,
+    n: int,
+    hidden: int,
+    train: bool,
+    logits,
+    d_pre,
+    partial,
+    models: int = 1,
+    param_stride: int = 0,
+):
     """logits [n, 10] = h [n, hidden] w^T + b; in training also d_pre [n, hidden], the loss's gradient at
     fc1's pre-activation (fc1's ReLU mask applied), and each block's sums into partial [partial_size]."""
     _forward_backward.launch(
-        blocks(n), HEAD_THREADS, h, w, b, labels, I32(n), I32(hidden), I32(train), logits, d_pre, partial
+        blocks(n) if models == 1 else (blocks(n), 1, models),
+        HEAD_THREADS,
+        h,
+        w,
+        b,
+        labels,
+        I32(n),
+        I32(hidden),
+        I32(train),
+        logits,
+        d_pre,
+        partial,
+        I32(param_stride),
+        models=models,
     )
 
 
-def sum_parts(partial, n: int, hidden: int, dw, db, d_bias_fc1, loss, loss_log, loss_count):
+def sum_parts(
+    partial,
+    n: int,
+    hidden: int,
+    dw,
+    db,
+    d_bias_fc1,
+    loss,
+    loss_log,
+    loss_count,
+    models: int = 1,
+    param_stride: int = 0,
+):
     """The blocks' sums in block order: fc2's dw and db, fc1's bias gradient, and the mean loss into loss and
-    loss_log[loss_count++]."""
+    loss_log[loss_count++]. The models' logs are equally long, one after another: each holds
+    loss_log.size // models losses."""
+    capacity, rest = divmod(loss_log.size, models)
+    if rest:
+        raise ValueError(f"a loss log of {loss_log.size} floats does not split into {models} equal logs")
     _sum_parts.launch_1d(
         head_sums(hidden),
         partial,
@@ -52,5 +100,7 @@ def sum_parts(partial, n: int, hidden: int, dw, db, d_bias_fc1, loss, loss_log, 
         loss,
         loss_log,
         loss_count,
-        I32(loss_log.size),
+        I32(capacity),
+        I32(param_stride),
+        models=models,
     )

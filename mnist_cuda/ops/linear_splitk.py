@@ -9,7 +9,12 @@ its loss at large ones (docs/performance.md).
 
 precision: the step's precision (conv2_implicit_gemm.KERNEL_PRECISION). fc1 runs in 3xTF32 (float32's accuracy)
 at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 by default while its
-convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast."""
+convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast.
+
+models: K models in one launch (kernels/include/common.cuh), each of n samples: x, dy, dx and out [K][n][...],
+the weight (and gradient) of model m at m * param_stride from model 0's, and the partial results dense, model m's
+[splits][...] at m * splits * (one split's size): a buffer of K times the size functions' one model's size holds
+them. Splits and forms are chosen from n, one model's batch, so each model's bits are its single launch's."""
 
 from __future__ import annotations
 
@@ -93,11 +98,23 @@ def weight_partial_size(batch: int, n_in: int, n_out: int) -> int:
     return max_splits(batch) * n_out * n_in
 
 
-def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int, precision: str = "fp32"):
-    """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size]."""
+def forward(
+    x,
+    w,
+    b,
+    partial,
+    out,
+    n: int,
+    n_in: int,
+    n_out: int,
+    precision: str = "fp32",
+    models: int = 1,
+    param_stride: int = 0,
+):
+    """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size] (of each model)."""
     splits, k_per_split = split_k(n_in, ceil_div(n_out, TILE) * ceil_div(n, TILE))
     _kernel("forward", precision).launch(
-        (ceil_div(n_out, TILE), ceil_div(n, TILE), splits),
+        (ceil_div(n_out, TILE), ceil_div(n, TILE), splits * models),
         GEMM_THREADS,
         x,
         w,
@@ -106,8 +123,26 @@ def forward(x, w, b, partial, out, n: int, n_in: int, n_out: int, precision: str
         I32(n_in),
         I32(n_out),
         I32(k_per_split),
+        I32(param_stride),
+        models=models,
     )
-    splitk_reduce(partial, splits, out, bias=b, relu=True, count=n * n_out)
+    count = n * n_out
+    splitk_reduce(
+        partial,
+        splits,
+        out,
+        bias=b,
+        relu=True,
+        count=count,
+        models=models,
+        out_stride=count if models > 1 else 0,
+        bias_stride=param_stride,
+    )
+
+
+def _grid_2d(cols: int, rows: int, models: int) -> tuple:
+    """A 2-D grid for each of `models` models (z: the model), the plain 2-D grid for one."""
+    return (cols, rows) if models == 1 else (cols, rows, models)
 
 
 def backward_input(
@@ -120,15 +155,17 @@ def backward_input(
     narrow: bool | None = None,
     precision: str = "fp32",
     form: str | None = None,
+    models: int = 1,
+    param_stride: int = 0,
 ):
     """dx [n, n_in] = dy [n, n_out] w. The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
     tiles, or 32-wide ones (narrow) where the wide would be fewer blocks than the GPU has SMs (narrow=None:
-    chosen so; True or False forces one)."""
+    chosen so, from one model's blocks; True or False forces one)."""
     if _form(form, precision, n) == "wgmma":
         if narrow:
             raise ValueError("narrow tiles are the tiled form's")
         _kernel("backward_input_wgmma", precision).launch(
-            (ceil_div(n_in, WG_INPUT_GRAD_COLS), ceil_div(n, 64)),
+            _grid_2d(ceil_div(n_in, WG_INPUT_GRAD_COLS), ceil_div(n, 64), models),
             WG_THREADS,
             dy,
             w,
@@ -136,7 +173,9 @@ def backward_input(
             I32(n),
             I32(n_in),
             I32(n_out),
+            I32(param_stride),
             shared_mem=wgmma_shared_bytes(precision),
+            models=models,
         )
         return
     rows = ceil_div(n, TILE)
@@ -147,7 +186,18 @@ def backward_input(
         if narrow
         else (_kernel("backward_input", precision), TILE)
     )
-    kernel.launch((ceil_div(n_in, width), rows), GEMM_THREADS, dy, w, dx, I32(n), I32(n_in), I32(n_out))
+    kernel.launch(
+        _grid_2d(ceil_div(n_in, width), rows, models),
+        GEMM_THREADS,
+        dy,
+        w,
+        dx,
+        I32(n),
+        I32(n_in),
+        I32(n_out),
+        I32(param_stride),
+        models=models,
+    )
 
 
 def weight_splits(n: int, n_in: int, n_out: int) -> tuple[int, int]:
@@ -156,14 +206,25 @@ def weight_splits(n: int, n_in: int, n_out: int) -> tuple[int, int]:
 
 
 def backward_weight(
-    x, dy, dw, partial, n: int, n_in: int, n_out: int, precision: str = "fp32", sum_splits: bool = True
+    x,
+    dy,
+    dw,
+    partial,
+    n: int,
+    n_in: int,
+    n_out: int,
+    precision: str = "fp32",
+    sum_splits: bool = True,
+    models: int = 1,
+    param_stride: int = 0,
 ):
     """dw [n_out, n_in] = dy^T x, the batch cut into weight_splits(n, n_in, n_out) splits through partial
-    [weight_partial_size] (with one split, straight into dw). With sum_splits False, more than one are left
-    in partial for the caller to sum into dw (splitk_reduce), where the step has room for it."""
+    [weight_partial_size] (of each model; with one split, straight into dw). With sum_splits False, more than one
+    are left in partial for the caller to sum into dw (splitk_reduce, with models and out_stride=param_stride),
+    where the step has room for it."""
     splits, k_per_split = weight_splits(n, n_in, n_out)
     _kernel("backward_weight", precision).launch(
-        (ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits),
+        (ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits * models),
         GEMM_THREADS,
         x,
         dy,
@@ -172,6 +233,8 @@ def backward_weight(
         I32(n_in),
         I32(n_out),
         I32(k_per_split),
+        I32(param_stride),
+        models=models,
     )
     if splits > 1 and sum_splits:
-        splitk_reduce(partial, splits, dw)
+        splitk_reduce(partial, splits, dw, count=n_out * n_in, models=models, out_stride=param_stride)
