@@ -139,10 +139,15 @@ class Optimizer:
     and the step counter. start_step: the steps already taken (a resumed run); buffers: saved momentum
     buffers by parameter name (a resumed run), else they start on the first step as PyTorch's do."""
 
-    def __init__(self, params, options: SGDOptions, start_step: int = 0, buffers: dict | None = None):
+    def __init__(self, params, options: SGDOptions, start_step: int = 0, buffers: dict | None = None, buffer=None):
+        """buffer: a zeroed flat buffer of the parameters' layout for the momentum buffers (ModelsOptimizer's
+        stacked rows); default: its own."""
         cp = params.cp
         self.params, self.options = params, options
-        self.buffers = cp.zeros_like(params.params) if options.momentum else None
+        if options.momentum:
+            self.buffers = cp.zeros_like(params.params) if buffer is None else buffer
+        else:
+            self.buffers = None
         self.buffer_views = params.views(self.buffers) if self.buffers is not None else {}
         started = False
         if buffers and self.buffers is not None:
@@ -252,3 +257,40 @@ def describe(o: SGDOptions) -> dict:
     if s.kind == "onecycle":
         record.update(pct_start=s.pct_start, anneal=s.anneal)
     return record
+
+
+class ModelsOptimizer:
+    """SGD for K models stacked (nets.Parameters.stacked) with each model's own options: each model an
+    Optimizer whose momentum buffers, step counter, rate and first-step flag are rows of stacked device arrays,
+    and the options as per-model device arrays, so one schedule launch and one update launch step all K
+    (ops.both.sgd_schedule_models, ops.sgd_zero_grad.sgd_models_zero_grad), each model's numbers those of its
+    Optimizer stepped alone."""
+
+    def __init__(self, models, options: list[SGDOptions], start_step: int = 0, buffers: list | None = None):
+        cp, K, size = models[0].cp, len(models), models[0].params.size
+        self.cp, self.count, self.options = cp, K, options
+        self.stacked_buffers = cp.zeros(K * size, cp.float32) if any(o.momentum for o in options) else None
+        self.state, self.lr, self.first = cp.zeros((K, 2), cp.int32), cp.zeros(K, cp.float32), cp.zeros(K, cp.int32)
+        self.optimizers = []
+        for m, (params, o) in enumerate(zip(models, options)):
+            row = self.stacked_buffers[m * size : (m + 1) * size] if self.stacked_buffers is not None else None
+            opt = Optimizer(params, o, start_step, (buffers or [None] * K)[m], buffer=row)
+            self.state[m] = opt.state
+            opt.state, opt.lr, opt.first = self.state[m], self.lr[m : m + 1], self.first[m : m + 1]
+            self.optimizers.append(opt)
+        from .ops import both, sgd_zero_grad
+
+        self.lr[...] = cp.asarray(sgd_zero_grad.initial_rates(options))  # the plain models' constant rates
+        self.hyper = {k: cp.asarray(v) for k, v in sgd_zero_grad.model_hyperparameters(options).items()}
+        rows = both.schedule_rows([None if o.plain else o.schedule.kernel_args(o.lr) for o in options])
+        self.schedule_rows = cp.asarray(rows)
+        self.scheduled = any(not o.plain for o in options)
+
+    def step(self, params, grads):
+        """This step's rates (the scheduled models'), then the update of every model, on the current stream."""
+        from .ops import both, sgd_zero_grad
+
+        if self.scheduled:
+            both.sgd_schedule_models(self.state, self.lr, self.first, self.schedule_rows)
+        buffers = self.stacked_buffers if self.stacked_buffers is not None else grads
+        sgd_zero_grad.sgd_models_zero_grad(params, grads, buffers, self.lr, self.first, **self.hyper, models=self.count)

@@ -35,14 +35,14 @@ class Step:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
         self.cp = cp = net.cp
-        if not isinstance(optimizer, optim.Optimizer):
+        if not isinstance(optimizer, (optim.Optimizer, optim.ModelsOptimizer)):
             options = optimizer if isinstance(optimizer, optim.SGDOptions) else optim.SGDOptions(float(optimizer))
             optimizer = optim.Optimizer(net.params, options)
         self.net, self.optimizer, self.mode = net, optimizer, mode
         # augment: each training image moved by up to this many pixels each way, the offsets drawn on the
         # host from (seed, step number) and copied with the batch; evaluation sees the images as they are
         self.augment, self.seed = augment, seed
-        B = self.batch_size = net.batch_size
+        B = self.batch_size = net.images_per_step  # the images a step loads (of every model it steps)
         # One byte buffer holds a batch's images (uint8, as MNIST stores them: the kernels normalise) and
         # then its labels (int32; B * 784 bytes keep them aligned), on the host (pinned) and on the device,
         # so that the load is a single copy of a quarter of the float32 batch. x, y and stage_x, stage_y
@@ -144,7 +144,7 @@ class Step:
                     if events is not None:
                         events[k + 1].record(self.stream)
                 self.stage_free[slot].record(self.stream)
-        self.net.params.num_batches_tracked += 1
+        self.net.count_step()
         self.count += 1
 
     def _graph_step(self, slot, x, y, idx, next_idx):

@@ -2,9 +2,10 @@
 checkpoints): each model trains exactly as a single run with its flags would, its own initial weights, data
 order and augmentation from its seed, so its losses and weights are that run's bits.
 
-The models share the data on the host and take turns: each round launches every model's step (its CUDA graph
-on its own stream, so the GPU runs the models' steps side by side while the host stages the next model's
-batch). docs/performance.md measures this against the other designs.
+The models train in rounds, each round a step of every model. With the fast kernels one step runner steps them
+all (Stacked: nets.ModelsNet, each kernel launched once for the K models, the whole round one CUDA graph);
+with the naive ones each model has its own step runner and its graph runs on its own stream (Streams), so the
+GPU runs the models' steps side by side. docs/performance.md measures the designs.
 
 One progress bar per epoch counts the rounds; the metrics are one JSON-lines file whose records name their
 model; the checkpoints are one per model, named after the flags in which the models differ; the summary
@@ -101,13 +102,13 @@ def train_many(models: list[Model], args, parser) -> int:
     fits_gpu_or_exit(parser, models, s0)
     arrays = cli.load_data_or_exit(parser.prog, s0.dataset, args.data_dir, args.quiet)
     ds = data.host_data(s0.dataset, arrays, empty=cuda.pinned_empty)
-    runners = [_runner(s, args.eager) for s in setups]
+    engine = make_models(setups, args.eager)
     plans = [plan(len(ds.train_x), s.batch_size, s.seed, s.shuffle, s.start, s.steps) for s in setups]
     if args.metrics and args.init:
         from .train import _keep_metrics_until
 
         _keep_metrics_until(args.metrics, s0.start.step)
-    run = _Run(models, setups, runners, ds, args)
+    run = _Run(models, setups, engine, ds, args)
     try:
         run.train(plans, saves, checkpoint_meta)
     except TrainingDiverged as e:
@@ -128,23 +129,98 @@ def _momentum(buffers: dict) -> dict:
     return {checkpoint.MOMENTUM_PREFIX + k: v for k, v in buffers.items()}
 
 
-def _runner(s: Setup, eager: bool):
-    from .nets import Parameters, make_net
-    from .step import Step
+class Streams:
+    """K step runners, one per model, each its graph on its own stream (any kernels): a round launches each."""
 
-    params = Parameters(s.channels, s.hidden)
-    params.load_state_dict(s.state)
-    optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
-    net = make_net(params, s.batch_size, s.kernels, s.precision)
-    mode = "eager" if eager else "graph"
-    return Step(net, optimizer, mode=mode, augment=s.augment, seed=s.seed, first_step=s.start.step)
+    design = "a CUDA graph per model step, the models' steps side by side on their own streams"
+
+    def __init__(self, setups: list[Setup], eager: bool):
+        from .nets import Parameters, make_net
+        from .step import Step
+
+        self.engine = []
+        for s in setups:
+            params = Parameters(s.channels, s.hidden)
+            params.load_state_dict(s.state)
+            optimizer = optim.Optimizer(params, s.optimizer, s.start.step, s.buffers)
+            net = make_net(params, s.batch_size, s.kernels, s.precision)
+            mode = "eager" if eager else "graph"
+            self.engine.append(Step(net, optimizer, mode, s.augment, s.seed, s.start.step))
+
+    def round(self, ds, pairs):
+        for step, (idx, next_idx) in zip(self.engine, pairs):
+            step.run(ds.train_x, ds.train_y, idx, next_idx)
+
+    def losses(self, reset: bool = False) -> list:
+        return [step.losses(reset) for step in self.engine]
+
+    def synchronize(self):
+        for step in self.engine:
+            step.synchronize()
+
+    def accuracies(self, x, y) -> list[float]:
+        return [step.evaluate(x, y) for step in self.engine]
+
+    def logits(self, m: int, x):
+        return self.engine[m].logits(x)
+
+    def state(self, m: int) -> dict:
+        step = self.engine[m]
+        return {**step.net.params.state_dict(), **step.optimizer.buffer_state()}
+
+
+class Stacked:
+    """The K models in one step runner whose kernels step them all at once (nets.ModelsNet, fast kernels)."""
+
+    design = "one CUDA graph per round stepping all the models, each kernel launched once for all of them"
+
+    def __init__(self, setups: list[Setup], eager: bool):
+        from .models_step import ModelsStep
+        from .nets import ModelsNet, Parameters
+
+        s0 = setups[0]
+        self.models = Parameters.stacked(len(setups), s0.channels, s0.hidden)
+        for params, s in zip(self.models, setups):
+            params.load_state_dict(s.state)
+        self.optimizer = optim.ModelsOptimizer(
+            self.models, [s.optimizer for s in setups], s0.start.step, [s.buffers for s in setups]
+        )
+        net = ModelsNet(self.models, s0.batch_size, s0.precision)
+        augments, seeds = [s.augment for s in setups], [s.seed for s in setups]
+        mode = "eager" if eager else "graph"
+        self.step = ModelsStep(net, self.optimizer, augments, seeds, mode, s0.start.step)
+
+    def round(self, ds, pairs):
+        idx = [p[0] for p in pairs]
+        next_idx = None if pairs[0][1] is None else [p[1] for p in pairs]
+        self.step.run(ds.train_x, ds.train_y, idx, next_idx)
+
+    def losses(self, reset: bool = False) -> list:
+        return self.step.losses(reset)
+
+    def synchronize(self):
+        self.step.synchronize()
+
+    def accuracies(self, x, y) -> list[float]:
+        return self.step.evaluate_models(x, y)
+
+    def logits(self, m: int, x):
+        return self.step.model_logits(m, x)
+
+    def state(self, m: int) -> dict:
+        return {**self.models[m].state_dict(), **self.optimizer.optimizers[m].buffer_state()}
+
+
+def make_models(setups: list[Setup], eager: bool):
+    """The run's models: stacked where the kernels take a model index (the fast ones), else side by side."""
+    return (Stacked if setups[0].kernels == "fast" else Streams)(setups, eager)
 
 
 class _Run:
     """The training loop of a many-model run and what it prints and writes."""
 
-    def __init__(self, models, setups, runners, ds, args):
-        self.models, self.setups, self.runners, self.ds, self.args = models, setups, runners, ds, args
+    def __init__(self, models, setups, engine, ds, args):
+        self.models, self.setups, self.engine, self.ds, self.args = models, setups, engine, ds, args
         self.metrics = open(args.metrics, "a" if args.init else "w") if args.metrics else None
         self.epoch, self.saved = setups[0].start.epoch, None
         self.train_seconds = self.eval_seconds = 0.0
@@ -168,12 +244,12 @@ class _Run:
                 bar.set_postfix(mean_loss=f"{mean:.4f}", img_s=f"{rate:,.0f}")
                 bar.update(done - bar.n)
 
-            losses = run_rounds(self.runners, self.ds, chunks, [m.name for m in self.models], progress)
+            losses = run_rounds(self.engine, self.ds, chunks, [m.name for m in self.models], progress)
             seconds = time.perf_counter() - t0
             self.train_seconds += seconds
             bar.close()
             t1 = time.perf_counter()
-            self.accuracy = [r.evaluate(self.ds.test_x, self.ds.test_y) for r in self.runners]
+            self.accuracy = self.engine.accuracies(self.ds.test_x, self.ds.test_y)
             self.eval_seconds += time.perf_counter() - t1
             self._record(chunks, losses)
             print(
@@ -182,8 +258,8 @@ class _Run:
                 f"{len(c0.batches) * K * B / seconds:,.0f} img/s"
             )
             if self.args.save:
-                for r, s, path, acc in zip(self.runners, self.setups, saves, self.accuracy):
-                    state = {**r.net.params.state_dict(), **r.optimizer.buffer_state()}
+                for m, (s, path, acc) in enumerate(zip(self.setups, saves, self.accuracy)):
+                    state = self.engine.state(m)
                     checkpoint.save_checkpoint(path, state, checkpoint_meta(s, c0.end, test_accuracy=acc))
                 self.saved = c0.end
             self.done = c0.end.step - self.setups[0].start.step
@@ -224,8 +300,7 @@ class _Run:
         print(
             f"training wall time {self.train_seconds:.2f} s for {K} models, {model_steps / self.train_seconds:,.0f} "
             f"model-steps/s, {model_steps * s0.batch_size / self.train_seconds:,.0f} img/s "
-            f"({'eager launches' if args.eager else 'a CUDA graph per model step'}, the models' steps side by side on "
-            f"their own streams); evaluation {self.eval_seconds:.2f} s"
+            f"({'eager launches' if args.eager else self.engine.design}); evaluation {self.eval_seconds:.2f} s"
         )
         if args.save:
             print(f"checkpoints: {model_path(args.save, self.models[0])} ... ({K} files)")
@@ -236,7 +311,7 @@ class _Run:
         from .evaluate import ensemble_log_probs
 
         t0 = time.perf_counter()
-        logits = [r.logits(self.ds.test_x) for r in self.runners]
+        logits = [self.engine.logits(m, self.ds.test_x) for m in range(len(self.models))]
         correct = int(np.sum(ensemble_log_probs(logits).argmax(axis=1) == self.ds.test_y))
         samples = len(self.ds.test_y)
         return (

@@ -152,26 +152,23 @@ def run_chunk(step, ds, chunk: Chunk, on_progress=None, phase_events=None) -> np
     return losses
 
 
-def run_rounds(steps, ds, chunks, names, on_progress=None) -> list[np.ndarray]:
-    """Train several models' chunks of one epoch (one chunk and step runner per model, as long as each other) in
-    rounds: each round runs every model's next step, each on its runner's stream, so that the models' steps run
-    side by side on the GPU. Returns each model's losses. on_progress(done, losses) every LOG_EVERY rounds."""
-    for step in steps:
-        step.losses(reset=True)
+def run_rounds(models, ds, chunks, names, on_progress=None) -> list[np.ndarray]:
+    """Train several models' chunks of one epoch (a chunk per model, as long as each other) in rounds, each
+    round every model's next step: models.round(ds, [(idx, next_idx) of each model]) runs them (side by side on
+    the GPU), models.losses(reset) reads each model's losses. Returns them; on_progress(done, losses) every
+    LOG_EVERY rounds."""
+    models.losses(reset=True)
     batches = [list(data.with_next(chunk.batches)) for chunk in chunks]
     rounds = len(batches[0])
     for i in range(rounds):
-        for step, pairs in zip(steps, batches):
-            idx, next_idx = pairs[i]
-            step.run(ds.train_x, ds.train_y, idx, next_idx)
+        models.round(ds, [pairs[i] for pairs in batches])
         if (i + 1) % LOG_EVERY == 0 or i + 1 == rounds:
-            losses = [step.losses() for step in steps]
+            losses = models.losses()
             for name, ls in zip(names, losses):
                 _check_finite(ls, chunks[0].first_step, f" of model {name}")
             if on_progress:
                 on_progress(i + 1, losses)
-    for step in steps:
-        step.synchronize()
+    models.synchronize()
     return losses
 
 

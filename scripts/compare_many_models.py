@@ -4,7 +4,8 @@
     python scripts/compare_many_models.py --models 1,8,64 --json many.json --png many.png
 
 At each K (batch --batch per model, plain SGD at one rate, each model its own seed's weights and data order):
-ours K at once (the trainer's rounds, mnist_cuda.train_many), ours one model after another, PyTorch one model
+ours K at once (the trainer's rounds, mnist_cuda.train_many: one step runner whose kernels step all K, and as
+a second figure K step runners on K streams), ours one model after another, PyTorch one model
 after another in its fastest mode at this batch (compiled, channels_last, the whole step one CUDA graph), and
 PyTorch's K models at once, the faster of its two designs (HFTA's grouped convolutions and torch.func's vmap,
 each a whole-step graph, compiled and not; mnist_cuda/compare/many_models.py). Each is the host's wall clock
@@ -48,23 +49,34 @@ def log(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def our_rate(ds, k: int, batch: int, rounds: int) -> float:
-    """Our model-steps per second with K models stepped in rounds (K = 1: one model alone)."""
-    from mnist_cuda import cuda, reference
+def our_rate(ds, k: int, batch: int, rounds: int, design: str = "stacked") -> float:
+    """Our model-steps per second with K models stepped in rounds as the trainer steps them (K = 1 and
+    "streams": one model alone): "stacked", one step runner whose kernels step all K (nets.ModelsNet);
+    "streams", K step runners, each its graph on its own stream."""
+    from mnist_cuda import cuda, optim, reference
     from mnist_cuda.compare.many_models import time_rounds
-    from mnist_cuda.nets import Parameters, make_net
+    from mnist_cuda.models_step import ModelsStep
+    from mnist_cuda.nets import ModelsNet, Parameters, make_net
     from mnist_cuda.step import Step
 
-    runners, orders = [], []
-    for seed in range(k):
-        params = Parameters()
-        params.load_state_dict(reference.init_state_dict(seed))
-        runners.append(Step(make_net(params, batch), LR, seed=seed))
-        orders.append(_batches(ds, batch, seed, rounds + 61))
+    orders = [_batches(ds, batch, seed, rounds + 61) for seed in range(k)]
+    if design == "stacked":
+        models = Parameters.stacked(k)
+        for seed, params in enumerate(models):
+            params.load_state_dict(reference.init_state_dict(seed))
+        options = [optim.SGDOptions(LR)] * k
+        step = ModelsStep(ModelsNet(models, batch), optim.ModelsOptimizer(models, options), [0] * k, list(range(k)))
+        one_round = lambda i: step.run(ds.train_x, ds.train_y, [o[i] for o in orders], [o[i + 1] for o in orders])
+    else:
+        runners = []
+        for seed in range(k):
+            params = Parameters()
+            params.load_state_dict(reference.init_state_dict(seed))
+            runners.append(Step(make_net(params, batch), LR, seed=seed))
 
-    def one_round(i):
-        for step, idx in zip(runners, orders):
-            step.run(ds.train_x, ds.train_y, idx[i], idx[i + 1])
+        def one_round(i):
+            for step, idx in zip(runners, orders):
+                step.run(ds.train_x, ds.train_y, idx[i], idx[i + 1])
 
     seconds = time_rounds(one_round, cuda.require_gpu().cuda.runtime.deviceSynchronize, rounds, 60)
     return k / seconds
@@ -138,11 +150,11 @@ def main(argv=None) -> int:
         torch, ds, [reference.init_state_dict(s) for s in range(CHECK_MODELS)], args.batch, LR, (32, 64), 128
     )
     log(f"PyTorch designs against {CHECK_MODELS} separate models, largest loss difference: {checks}")
-    ours_alone = our_rate(ds, 1, args.batch, args.rounds)
+    ours_alone = our_rate(ds, 1, args.batch, args.rounds, "streams")
     torch_alone, torch_mode = torch_alone_rate(torch, ds, args.batch, args.rounds, args.no_compile)
     rows = []
     for k in args.models:
-        ours = ours_alone if k == 1 else our_rate(ds, k, args.batch, args.rounds)
+        ours = {design: our_rate(ds, k, args.batch, args.rounds, design) for design in ("stacked", "streams")}
         many = torch_many_rates(torch, ds, k, args.batch, args.rounds, args.no_compile) if k > 1 else {}
         rows.append(_row(k, args.batch, ours, ours_alone, torch_alone, many))
         log(_line(rows[-1]))
@@ -172,7 +184,8 @@ def _row(k, batch, ours, ours_alone, torch_alone, many) -> dict:
     row = {
         "models": k,
         "model_steps_per_s": {
-            "ours_at_once": ours,
+            "ours_at_once": ours["stacked"],
+            "ours_streams": ours["streams"],
             "ours_one_after_another": ours_alone,
             "torch_one_after_another": torch_alone,
             "torch_at_once": rates[best] if best else None,
@@ -194,8 +207,8 @@ def format_table(result: dict) -> str:
     lines = [
         f"K models at batch {result['batch']} each on the {result['device']}: model-steps per second (an epoch of "
         f"all K models, s)",
-        f"{'K':>4}  {'ours at once':>18}  {'ours one by one':>18}  {'torch one by one':>18}  {'torch at once':>18}"
-        f"  {'ours/torch at once':>18}  {'at once/one by one':>18}",
+        f"{'K':>4}  {'ours at once':>18}  {'ours on K streams':>18}  {'ours one by one':>18}  {'torch one by one':>18}"
+        f"  {'torch at once':>18}  {'ours/torch at once':>18}  {'at once/one by one':>18}",
     ]
     for row in result["rows"]:
         r, e = row["model_steps_per_s"], row["epoch_s"]
@@ -203,7 +216,7 @@ def format_table(result: dict) -> str:
         ratio = f"{r['ours_at_once'] / r['torch_at_once']:17.2f}x" if r["torch_at_once"] else f"{'-':>18}"
         gain = r["ours_at_once"] / r["ours_one_after_another"]
         lines.append(
-            f"{row['models']:4d}  {cell('ours_at_once')}  {cell('ours_one_after_another')}  "
+            f"{row['models']:4d}  {cell('ours_at_once')}  {cell('ours_streams')}  {cell('ours_one_after_another')}  "
             f"{cell('torch_one_after_another')}  {cell('torch_at_once')}  {ratio}  {gain:17.2f}x"
         )
     lines.append(f"PyTorch one by one: {result['torch_alone_mode']}; at once: the faster of its designs per K")

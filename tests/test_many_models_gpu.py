@@ -1,6 +1,7 @@
-"""A run of several models on the GPU (needs the real MNIST files): every model's losses and final weights are
-the bits of its single run with the same flags, at K = 1, 3 and 8 models with mixed seeds and hyperparameters,
-in each precision; the trainer's --ensemble is the evaluator's ensemble of the run's checkpoints."""
+"""A run of several models on the GPU (needs the real MNIST files): every model's losses, final weights and test
+accuracy are those of its single run with the same flags, bit for bit, at K = 1, 3 and 8 models with mixed seeds
+and hyperparameters, in each precision (the fast kernels step all K models in one launch each: nets.ModelsNet);
+the trainer's --ensemble is the evaluator's ensemble of the run's checkpoints."""
 
 from __future__ import annotations
 
@@ -76,11 +77,12 @@ def test_each_model_is_its_single_run_bit_for_bit(k, precision, mnist_dir, tmp_p
     else:
         assert train_main(many + common + ["--save", str(run), "--metrics", str(tmp_path / "many.jsonl")]) == 0
     out = capsys.readouterr().out
-    names = re.findall(r"^  (\S+) +\d+\.\d+%$", out, re.M)
-    assert len(names) == k, out
-    for name, flags in zip(names, singles):
+    found = re.findall(r"^  (\S+) +(\d+\.\d+)%$", out, re.M)
+    assert len(found) == k, out
+    for (name, accuracy), flags in zip(found, singles):
         alone = tmp_path / f"alone-{name}"
         assert train_main(flags + common + ["--save", f"{alone}.npz", "--metrics", f"{alone}.jsonl"]) == 0
+        assert f"test accuracy {accuracy}% after {STEPS} steps" in capsys.readouterr().out
         assert _losses(tmp_path / "many.jsonl", name) == _losses(f"{alone}.jsonl")
         assert len(_losses(f"{alone}.jsonl")) == int(STEPS)
         _same_bits(tmp_path / f"many-{name}.npz", f"{alone}.npz")
@@ -107,3 +109,13 @@ def test_the_trainers_ensemble_is_the_evaluators(mnist_dir, tmp_path, capsys):
     assert evaluate_main(paths + ["--data-dir", str(mnist_dir), "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["correct"] == correct
+
+
+def test_the_naive_kernels_models_side_by_side_are_their_single_runs(mnist_dir, tmp_path, capsys):
+    """The naive kernels take no model index: their models step on streams side by side, each its own runner."""
+    common = ["--kernels", "naive", "--data-dir", str(mnist_dir), "--steps", "5", "--quiet"]
+    assert train_main(["--seed", "0,1"] + common + ["--metrics", str(tmp_path / "many.jsonl")]) == 0
+    assert "on their own streams" in capsys.readouterr().out
+    for seed in (0, 1):
+        assert train_main(["--seed", str(seed)] + common + ["--metrics", str(tmp_path / f"{seed}.jsonl")]) == 0
+        assert _losses(tmp_path / "many.jsonl", f"seed{seed}") == _losses(tmp_path / f"{seed}.jsonl")

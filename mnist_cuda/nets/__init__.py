@@ -15,6 +15,7 @@ launch on the current stream; mnist_cuda.step drives them (staging, loads, graph
     base         the sizes and constants both nets use, and their shared base (the loss log, the accuracy count)
     naive_net    NaiveNet
     fast_net     FastNet
+    models_net   ModelsNet: K models of FastNet's step, each kernel launched once for all K
 This module holds make_net, the net of a kernel version, and kernel_sources, the sources a net launches from.
 """
 
@@ -24,6 +25,7 @@ from .. import cuda
 from ..ops import both
 from .base import CLASSES, EPS, KERNEL_VERSIONS, LOSS_CAPACITY, MOMENTUM, PRECISIONS, S1, S2, S3, SLOTS
 from .fast_net import FastNet
+from .models_net import ModelsNet
 from .naive_net import NaiveNet
 from .parameters import ALIGN, Parameters
 
@@ -40,6 +42,7 @@ __all__ = [
     "S3",
     "SLOTS",
     "FastNet",
+    "ModelsNet",
     "NaiveNet",
     "Parameters",
     "kernel_sources",

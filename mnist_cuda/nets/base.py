@@ -44,6 +44,19 @@ class _Net:
         self.loss_log = cp.zeros(LOSS_CAPACITY, cp.float32)
         self.loss_count = cp.zeros(1, cp.int32)
 
+    @property
+    def images_per_step(self) -> int:
+        return self.batch_size
+
+    def bind(self, params: Parameters):
+        """Compute with another model's parameters from now on (one of the same architecture): a K-model run
+        evaluates its models one at a time through one net."""
+        self.params, self.p, self.g, self.running = params, params.p, params.g, params.running
+
+    def count_step(self):
+        """A training step was taken: BatchNorm's batch counter, as torch's num_batches_tracked."""
+        self.params.num_batches_tracked += 1
+
     def prepare_batch(self, x, n: int, slot: int):
         """Work on a batch that depends on its images alone, launched right after its load."""
 

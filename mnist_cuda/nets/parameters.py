@@ -11,23 +11,29 @@ from .. import cuda, reference
 ALIGN = 4  # every parameter view starts on a 16-byte boundary (room for float4 loads)
 
 
+def flat_layout(shapes: dict) -> tuple[dict, int]:
+    """Each parameter's offset in the flat buffer (each on an ALIGN boundary) and the buffer's size."""
+    offsets, total = {}, 0
+    for name, shape in shapes.items():
+        offsets[name] = total
+        total += cuda.ceil_div(int(np.prod(shape)), ALIGN) * ALIGN
+    return offsets, total
+
+
 class Parameters:
     """Parameters, gradients and BatchNorm running statistics on the GPU, with torch's names."""
 
-    def __init__(self, channels=(32, 64), hidden=128):
+    def __init__(self, channels=(32, 64), hidden=128, buffers=None):
+        """buffers: (params, grads, stats), flat views this model's values live in (stacked); default: its own."""
         self.cp = cp = cuda.require_gpu()
         self.channels, self.hidden = tuple(channels), hidden
         self.shapes = reference.param_shapes(self.channels, hidden)
-        offsets, total = {}, 0
-        for name, shape in self.shapes.items():
-            offsets[name] = total
-            total += cuda.ceil_div(int(np.prod(shape)), ALIGN) * ALIGN
-        self.offsets = offsets
-        self.params = cp.zeros(total, dtype=cp.float32)
-        self.grads = cp.zeros(total, dtype=cp.float32)
-        self.p, self.g = self.views(self.params), self.views(self.grads)
+        self.offsets, total = flat_layout(self.shapes)
         c1, c2 = self.channels
-        self.stats = cp.zeros(2 * c1 + 2 * c2, dtype=cp.float32)  # one flat buffer as well
+        if buffers is None:
+            buffers = (cp.zeros(total, cp.float32), cp.zeros(total, cp.float32), cp.zeros(2 * (c1 + c2), cp.float32))
+        self.params, self.grads, self.stats = buffers  # the running statistics in one flat buffer as well
+        self.p, self.g = self.views(self.params), self.views(self.grads)
         self.running = {
             "bn1.running_mean": self.stats[:c1],
             "bn1.running_var": self.stats[c1 : 2 * c1],
@@ -35,6 +41,31 @@ class Parameters:
             "bn2.running_var": self.stats[2 * c1 + c2 :],
         }
         self.num_batches_tracked = 0
+
+    @classmethod
+    def stacked(cls, count: int, channels=(32, 64), hidden=128) -> list[Parameters]:
+        """count models whose flat buffers lie one after another in three shared ones (model m's parameters at
+        m * size, the layout the model-index kernels read: kernels/include/common.cuh), each a Parameters."""
+        cp = cuda.require_gpu()
+        size = flat_layout(reference.param_shapes(tuple(channels), hidden))[1]
+        stats = 2 * (channels[0] + channels[1])
+        params, grads = cp.zeros(count * size, cp.float32), cp.zeros(count * size, cp.float32)
+        running = cp.zeros(count * stats, cp.float32)
+        models = [
+            cls(
+                channels,
+                hidden,
+                (
+                    params[m * size : (m + 1) * size],
+                    grads[m * size : (m + 1) * size],
+                    running[m * stats : (m + 1) * stats],
+                ),
+            )
+            for m in range(count)
+        ]
+        for model in models:
+            model.stack = (params, grads, running)  # all the models' buffers, as the model-index kernels take them
+        return models
 
     def views(self, flat) -> dict:
         """Each parameter's view into a flat buffer of this layout (parameters, gradients, momentum)."""
