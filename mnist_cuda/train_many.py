@@ -22,7 +22,7 @@ import time
 import numpy as np
 
 from . import checkpoint, cli, cuda, curves, data, optim, sizes
-from .model_grid import Model, duplicate, flag, groups, model_path, name_models
+from .model_grid import PER_MODEL, Model, duplicate, flag, groups, model_path, name_models
 from .train_setup import Setup, check
 from .training import TrainingDiverged, plan, run_rounds
 
@@ -69,8 +69,9 @@ def check_models(models: list[Model], args, parser) -> list[Setup]:
 
 
 def list_flag(models: list[Model]) -> str:
-    """The flag a problem with the number of models blames: the first list's, else --init."""
-    for key in ("seed", "lr", "momentum", "dampening", "nesterov", "weight_decay", "schedule", "augment"):
+    """The flag a problem with the number of models blames: the first per-model flag whose values differ, else
+    --init."""
+    for key in PER_MODEL:
         if len({repr(m.values.get(key)) for m in models}) > 1:
             return flag(key)
     return "--init"

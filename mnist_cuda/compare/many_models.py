@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import data
 from ..torch_model import make_torch_model
+from .torch_side import byte_table
 
 SIZE = data.IMAGE_SIZE
 
@@ -80,8 +81,7 @@ class TorchMany:
         self.torch, self.design, self.k, self.batch = torch, design, len(states), batch
         F, dev = torch.nn.functional, torch.device("cuda")
         self.F = F
-        scale, mean, std = (torch.tensor(v, dtype=torch.float32, device=dev) for v in (255.0, data.MEAN, data.STD))
-        self.table = (torch.arange(256, dtype=torch.uint8, device=dev) / scale - mean) / std
+        self.table = byte_table(torch, dev)
         if design == "grouped":
             self.net = grouped_model(torch, self.k, channels, hidden).to(dev)
             load_grouped(torch, self.net, states)
@@ -183,7 +183,7 @@ def _check_designs(torch, ds, states, batch, lr, channels, hidden, steps) -> dic
     dev = torch.device("cuda")
     orders = [data.epoch_order(len(ds.train_x), m, 0) for m in range(len(states))]
     idxs = [[order[i * batch : (i + 1) * batch] for order in orders] for i in range(steps)]
-    table = TorchMany(torch, "grouped", states[:1], batch, lr, channels, hidden, False).table
+    table = byte_table(torch, dev)
     alone = []
     for m, s in enumerate(states):
         net = make_torch_model(channels, hidden).to(dev).train()

@@ -31,6 +31,12 @@ def scheduler_rates(torch, options, steps: int) -> list[float]:
     return rates
 
 
+def byte_table(torch, dev):
+    """The network's input for each of the 256 byte values, (v/255 - MEAN)/STD on the GPU."""
+    scale, mean, std = (torch.tensor(v, dtype=torch.float32, device=dev) for v in (255.0, data.MEAN, data.STD))
+    return (torch.arange(256, dtype=torch.uint8, device=dev) / scale - mean) / std
+
+
 class TorchSide:
     name = "torch"
 
@@ -70,8 +76,7 @@ class TorchSide:
             self.forward_fn = torch.compile(self.net, mode=mode, dynamic=False)
         # the input's 256 possible values, normalised with divisions by (0-dim) tensors on the GPU (a
         # division by a Python number would be a multiplication by its reciprocal: other bits)
-        scale, mean, std = (torch.tensor(v, dtype=torch.float32, device=dev) for v in (255.0, data.MEAN, data.STD))
-        self.table = (torch.arange(256, dtype=torch.uint8, device=dev) / scale - mean) / std
+        self.table = byte_table(torch, dev)
         if not self._normalizes_exactly(dev):
             raise RuntimeError("torch's normalisation of the input bytes differs from data.normalize")
         self.x_bytes = torch.zeros((batch, 1, 28, 28), dtype=torch.uint8, device=dev)

@@ -28,6 +28,8 @@ class _Net:
     """What both versions share: sizes, the loss log, the accuracy counter, the update (each version names its
     optimizer kernels, sgd and sgd_momentum)."""
 
+    count = 1  # the models a step steps (nets.ModelsNet: several), each with its loss log
+
     def __init__(self, params: Parameters, batch_size: int):
         if batch_size < 1:
             raise ValueError("batch size must be at least 1")
@@ -38,11 +40,11 @@ class _Net:
         self.c1, self.c2, self.hidden = c1, c2, params.hidden
         self.features = c2 * S3 * S3  # fc1's inputs
         self.p, self.g, self.running = params.p, params.g, params.running
-        cp = self.cp
-        self.logits = cp.empty((batch_size, CLASSES), cp.float32)
-        self.loss = cp.zeros(1, cp.float32)
-        self.loss_log = cp.zeros(LOSS_CAPACITY, cp.float32)
-        self.loss_count = cp.zeros(1, cp.int32)
+        cp, K = self.cp, self.count
+        self.logits = cp.empty((K * batch_size, CLASSES), cp.float32)
+        self.loss = cp.zeros(K, cp.float32)
+        self.loss_log = cp.zeros(LOSS_CAPACITY if K == 1 else (K, LOSS_CAPACITY), cp.float32)
+        self.loss_count = cp.zeros(K, cp.int32)
 
     @property
     def images_per_step(self) -> int:

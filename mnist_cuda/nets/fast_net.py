@@ -28,6 +28,7 @@ class FastNet(_Net):
     sgd, sgd_momentum = staticmethod(sgd_zero_grad), staticmethod(sgd_momentum_zero_grad)
 
     version = "fast"
+    param_stride = running_stride = 0  # one model: no other model's parameters to reach
 
     def __init__(self, params: Parameters, batch_size: int, precision: str = "fp32"):
         super().__init__(params, batch_size)
@@ -36,43 +37,61 @@ class FastNet(_Net):
         cp, B, c1, c2, H, F = self.cp, batch_size, self.c1, self.c2, self.hidden, self.features
         self.precision = precision
         self.side, self.conv_side = cuda.SideStream(cp), cuda.SideStream(cp)
-        f32 = cp.float32
+        self._buffers(cp, B, c1, c2, H, F, precision)
+        self.x = self.x_moments = None
+
+    def _rows(self, *shape) -> tuple:
+        """The shape of a buffer of `shape` per model: itself for one model, [count][shape] for several."""
+        return shape if self.count == 1 else (self.count, *shape)
+
+    def _buffers(self, cp, B, c1, c2, H, F, precision):
+        """The step's buffers, for `count` models of B images (ModelsNet: their parts one after another)."""
+        f32, rows, KB = cp.float32, self._rows, self.count * B
         # block 1: pooled output and its argmax; BatchNorm's statistics; the image moments of the batch in
         # each device input buffer (slot), from its load to its backward
-        self.mean1, self.invstd1 = cp.empty(c1, f32), cp.empty(c1, f32)
-        self.partial1 = cp.empty(conv1_bn_relu_pool.backward_partial_size(c1), f32)
-        self.counters1 = cp.zeros((2, c1), cp.uint32)  # last-block counters: moments, backward
-        self.out1, self.argmax1 = cp.empty((B, c1, S2, S2), f32), cp.empty((B, c1, S2, S2), cp.uint8)
-        self.moment_partial = cp.empty(conv1_bn_relu_pool.moment_partial_shape(), cp.float64)
-        self.moments = [cp.empty(conv1_bn_relu_pool.CONV1_MOMENTS, cp.float64) for _ in range(SLOTS)]
+        self.mean1, self.invstd1 = cp.empty(rows(c1), f32), cp.empty(rows(c1), f32)
+        self.partial1 = cp.empty(rows(conv1_bn_relu_pool.backward_partial_size(c1)), f32)
+        self.counters1 = cp.zeros((2, *rows(c1)), cp.uint32)  # last-block counters: moments, backward
+        self.out1, self.argmax1 = cp.empty((KB, c1, S2, S2), f32), cp.empty((KB, c1, S2, S2), cp.uint8)
+        self.moment_partial = cp.empty(rows(*conv1_bn_relu_pool.moment_partial_shape()), cp.float64)
+        self.moments = [cp.empty(rows(conv1_bn_relu_pool.CONV1_MOMENTS), cp.float64) for _ in range(SLOTS)]
         # block 2
-        self.mean2, self.invstd2 = cp.empty(c2, f32), cp.empty(c2, f32)
-        self.partial2 = cp.empty(bn_relu_pool.partial_size(c2), f32)
-        self.counters2 = cp.zeros((2, c2), cp.uint32)  # last-block counters: statistics, backward
-        self.a2, self.d_a2 = cp.empty((B, c2, S2, S2), f32), cp.empty((B, c2, S2, S2), f32)
-        self.out2, self.argmax2 = cp.empty((B, c2, S3, S3), f32), cp.empty((B, c2, S3, S3), cp.uint8)
-        self.a2_at = cp.empty((B, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
-        self.d_out1 = cp.empty((B, c1, S2, S2), f32)
-        self.w2_partial = cp.empty(conv2_implicit_gemm.weight_grad_partial_size(c1, c2), f32)
+        self.mean2, self.invstd2 = cp.empty(rows(c2), f32), cp.empty(rows(c2), f32)
+        self.partial2 = cp.empty(rows(bn_relu_pool.partial_size(c2)), f32)
+        self.counters2 = cp.zeros((2, *rows(c2)), cp.uint32)  # last-block counters: statistics, backward
+        self.a2, self.d_a2 = cp.empty((KB, c2, S2, S2), f32), cp.empty((KB, c2, S2, S2), f32)
+        self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), f32), cp.empty((KB, c2, S3, S3), cp.uint8)
+        self.a2_at = cp.empty((KB, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
+        self.d_out1 = cp.empty((KB, c1, S2, S2), f32)
+        self.w2_partial = cp.empty(rows(conv2_implicit_gemm.weight_grad_partial_size(c1, c2)), f32)
         # conv2's weights as its two image-tile products read them (stage_weights), the forward and the input
-        # gradient in their forms for batches of up to B images
+        # gradient in their forms for batches of up to B images (a model's batch)
         self.conv2_forward = conv2_implicit_gemm.forward_product(B, precision)
         self.conv2_input_grad = conv2_implicit_gemm.input_grad_product(B, precision)
-        self.forward_quads = cp.empty((conv2_implicit_gemm.weight_quads(c1, c2, precision, self.conv2_forward), 4), f32)
-        self.input_grad_quads = cp.empty(
-            (conv2_implicit_gemm.weight_quads(c2, c1, precision, self.conv2_input_grad), 4), f32
-        )
+        quads = conv2_implicit_gemm.weight_quads(c1, c2, precision, self.conv2_forward)
+        self.forward_quads = cp.empty((self.count * quads, 4), f32)
+        quads = conv2_implicit_gemm.weight_quads(c2, c1, precision, self.conv2_input_grad)
+        self.input_grad_quads = cp.empty((self.count * quads, 4), f32)
         # fc1 and the head
-        self.fc1_out, self.d_features = cp.empty((B, H), f32), cp.empty((B, F), f32)
-        self.fc1_partial = cp.empty(linear_splitk.forward_partial_size(B, F, H), f32)
-        self.fc1_w_partial = cp.empty(linear_splitk.weight_partial_size(B, F, H), f32)
-        self.d_pre = cp.empty((B, H), f32)  # the gradient at fc1's pre-activation
-        self.head_partial = cp.empty(head.partial_size(B, H), f32)
-        self.x = self.x_moments = None
+        self.fc1_out, self.d_features = cp.empty((KB, H), f32), cp.empty((KB, F), f32)
+        self.fc1_partial = cp.empty(rows(linear_splitk.forward_partial_size(B, F, H)), f32)
+        self.fc1_w_partial = cp.empty(rows(linear_splitk.weight_partial_size(B, F, H)), f32)
+        self.d_pre = cp.empty((KB, H), f32)  # the gradient at fc1's pre-activation
+        self.head_partial = cp.empty(rows(head.partial_size(B, H)), f32)
+
+    def _k(self, params: bool = False, running: bool = False) -> dict:
+        """The ops functions' arguments for the models a launch steps (one here; ModelsNet: several, their
+        parameters param_stride and running statistics running_stride floats apart)."""
+        out = {"models": self.count}
+        if params:
+            out["param_stride"] = self.param_stride
+        if running:
+            out["running_stride"] = self.running_stride
+        return out
 
     def prepare_batch(self, x, n: int, slot: int):
         """The image moments of the n images in device input buffer `slot`."""
-        conv1_bn_relu_pool.image_moments(x, n, self.moment_partial, self.counters1[0], self.moments[slot])
+        conv1_bn_relu_pool.image_moments(x, n, self.moment_partial, self.counters1[0], self.moments[slot], **self._k())
 
     def _stage_conv2_weights(self):
         conv2_implicit_gemm.stage_weights(
@@ -84,6 +103,7 @@ class FastNet(_Net):
             self.precision,
             self.conv2_forward,
             self.conv2_input_grad,
+            **self._k(params=True),
         )
 
     def forward(self, x, labels, n: int, train: bool = True, slot: int = 0):
@@ -111,10 +131,11 @@ class FastNet(_Net):
             c1,
             self.out1,
             self.argmax1,
+            **self._k(params=True, running=True),
         )
         self.side.join()
         conv2_implicit_gemm.forward(
-            self.out1, self.forward_quads, self.a2, n, c1, c2, self.precision, self.conv2_forward
+            self.out1, self.forward_quads, self.a2, n, c1, c2, self.precision, self.conv2_forward, **self._k()
         )
         if train:
             bn_relu_pool.stats(
@@ -130,6 +151,7 @@ class FastNet(_Net):
                 self.invstd2,
                 r["bn2.running_mean"],
                 r["bn2.running_var"],
+                **self._k(running=True),
             )
         else:
             bn_relu_pool.eval_stats(r["bn2.running_mean"], r["bn2.running_var"], EPS, c2, self.mean2, self.invstd2)
@@ -145,9 +167,19 @@ class FastNet(_Net):
             self.out2,
             self.argmax2,
             self.a2_at,
+            **self._k(params=True),
         )
         linear_splitk.forward(
-            self.out2, p["fc1.weight"], p["fc1.bias"], self.fc1_partial, self.fc1_out, n, F, H, self.precision
+            self.out2,
+            p["fc1.weight"],
+            p["fc1.bias"],
+            self.fc1_partial,
+            self.fc1_out,
+            n,
+            F,
+            H,
+            self.precision,
+            **self._k(params=True),
         )
         head.forward_backward(
             self.fc1_out,
@@ -160,6 +192,7 @@ class FastNet(_Net):
             self.logits,
             self.d_pre,
             self.head_partial,
+            **self._k(params=True),
         )
 
     def _head_sums(self, n):
@@ -174,6 +207,7 @@ class FastNet(_Net):
             self.loss,
             self.loss_log,
             self.loss_count,
+            **self._k(params=True),
         )
 
     def _fc1_weight_grad(self, n):
@@ -187,19 +221,24 @@ class FastNet(_Net):
             self.hidden,
             self.precision,
             sum_splits=False,
+            **self._k(params=True),
         )
 
     def _conv2_weight_grad(self, n):
         parts = conv2_implicit_gemm.backward_weight(
-            self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2, self.precision
+            self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2, self.precision, **self._k()
         )
-        ops.splitk_reduce.splitk_reduce(self.w2_partial, parts, self.g["conv2.weight"])
+        ops.splitk_reduce.splitk_reduce(
+            self.w2_partial, parts, self.g["conv2.weight"], models=self.count, out_stride=self.param_stride
+        )
         # fc1's weight-gradient splits are summed here, after fc1's products on `side` (joined): on `side` the
         # sum's blocks took the SMs just as conv2's gradients could start (docs/performance.md)
         fc1_splits, _ = linear_splitk.weight_splits(n, self.features, self.hidden)
         if fc1_splits > 1:
             self.side.join()
-            ops.splitk_reduce.splitk_reduce(self.fc1_w_partial, fc1_splits, self.g["fc1.weight"])
+            ops.splitk_reduce.splitk_reduce(
+                self.fc1_w_partial, fc1_splits, self.g["fc1.weight"], models=self.count, out_stride=self.param_stride
+            )
 
     def backward(self, n: int):
         p, g, c1, c2 = self.p, self.g, self.c1, self.c2
@@ -208,7 +247,14 @@ class FastNet(_Net):
         self.side.run(lambda: self._fc1_weight_grad(n))
         self.side.run(lambda: self._head_sums(n))
         linear_splitk.backward_input(
-            self.d_pre, p["fc1.weight"], self.d_features, n, self.features, self.hidden, precision=self.precision
+            self.d_pre,
+            p["fc1.weight"],
+            self.d_features,
+            n,
+            self.features,
+            self.hidden,
+            precision=self.precision,
+            **self._k(params=True),
         )
         bn_relu_pool.backward_reduce(
             self.a2_at,
@@ -223,6 +269,7 @@ class FastNet(_Net):
             self.counters2[1],
             g["bn2.weight"],
             g["bn2.bias"],
+            **self._k(params=True),
         )
         bn_relu_pool.backward_apply(
             self.a2,
@@ -237,10 +284,11 @@ class FastNet(_Net):
             c2,
             S2,
             self.d_a2,
+            **self._k(params=True),
         )
         self.conv_side.run(lambda: self._conv2_weight_grad(n))
         conv2_implicit_gemm.backward_input(
-            self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision, self.conv2_input_grad
+            self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision, self.conv2_input_grad, **self._k()
         )
         conv1_bn_relu_pool.backward(
             self.x,
@@ -258,6 +306,7 @@ class FastNet(_Net):
             g["bn1.weight"],
             g["bn1.bias"],
             g["conv1.weight"],
+            **self._k(params=True),
         )
         self.conv_side.join()
         self.side.join()

@@ -41,6 +41,7 @@ class Parameters:
             "bn2.running_var": self.stats[2 * c1 + c2 :],
         }
         self.num_batches_tracked = 0
+        self.stack = None  # Parameters.stacked's: all the models' (params, grads, stats), as ModelsNet launches on them
 
     @classmethod
     def stacked(cls, count: int, channels=(32, 64), hidden=128) -> list[Parameters]:
@@ -64,7 +65,7 @@ class Parameters:
             for m in range(count)
         ]
         for model in models:
-            model.stack = (params, grads, running)  # all the models' buffers, as the model-index kernels take them
+            model.stack = (params, grads, running)
         return models
 
     def views(self, flat) -> dict:
