@@ -25,6 +25,7 @@ from .cli_types import existing_dir as existing_dir
 from .cli_types import input_file as input_file
 from .cli_types import int_at_least as int_at_least
 from .cli_types import learning_rate as learning_rate
+from .cli_types import model_counts as model_counts
 from .cli_types import non_negative_at_most as non_negative_at_most
 from .cli_types import one_value as one_value
 from .cli_types import output_path as output_path

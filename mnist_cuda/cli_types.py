@@ -145,6 +145,25 @@ def batch_sizes(text: str) -> list[int]:
     return sizes
 
 
+def model_counts(text: str) -> list:
+    """--models of the many-model benchmark: whole numbers from 1 to model_grid.MAX_MODELS, or "max" (the most
+    that fit, known once the GPU is), separated by commas."""
+    from .model_grid import MAX_MODELS
+
+    words = [w.strip() for w in text.split(",")]
+    try:
+        counts = [w if w == "max" else int(w) for w in words]
+    except ValueError:
+        counts = []
+    if not counts or min((c for c in counts if c != "max"), default=1) < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected positive whole numbers or max, separated by commas (e.g. 1,8,64,max), got {shorten(text)!r}"
+        )
+    if max((c for c in counts if c != "max"), default=1) > MAX_MODELS:
+        raise argparse.ArgumentTypeError(f"at most {MAX_MODELS:,} models train at once, got {shorten(text)}")
+    return counts
+
+
 def output_path(text: str) -> Path:
     """A file to write, checked now rather than after the work: its folder exists and is writable, and the
     path is not a folder (nor an existing file we may not replace)."""

@@ -333,6 +333,37 @@ def device_problem(
     )
 
 
+def stacked_extents(count: int, channels, hidden, batch: int, sms: int) -> dict[str, int]:
+    """{what: elements} the kernels index with 32-bit ints when `count` models of `batch` images step together
+    (nets.ModelsNet): their activations are one batch of count x batch images (a kernel may find an image's model
+    from its index); each model's parameters and scratch parts are reached at a 64-bit offset (model_part in
+    kernels/include/common.cuh), so only the batch counts."""
+    return index_extents(channels, hidden, count * batch, ("fast",), sms)
+
+
+def most_stacked_models(channels, hidden, batch: int, sms: int, at_most: int) -> int:
+    """The most models, up to at_most, that step together within the 32-bit indexing (a bisection)."""
+    fits = lambda k: all(e <= INDEX_LIMIT for e in stacked_extents(k, channels, hidden, batch, sms).values())
+    low, high = 0, at_most
+    while low < high:
+        mid = (low + high + 1) // 2
+        low, high = (mid, high) if fits(mid) else (low, mid - 1)
+    return low
+
+
+def stacked_problem(count: int, channels, hidden, batch: int, sms: int, flag: str):
+    """count models stepped together that pass the kernels' 32-bit indexing: the most that do not."""
+    extents = stacked_extents(count, channels, hidden, batch, sms)
+    name, elements = max(extents.items(), key=lambda item: item[1])
+    if count == 1 or elements <= INDEX_LIMIT:
+        return None
+    return flag, (
+        f"{count:,} models at batch {batch:,} step as one batch of {count * batch:,} images, and {name} of "
+        f"{_count(elements)} values exceeds the kernels' 32-bit indexing ({_count(INDEX_LIMIT)}): at most "
+        f"{most_stacked_models(channels, hidden, batch, sms, count):,} models at this batch step together"
+    )
+
+
 def models_problem(count: int, each: int, free_bytes: int, flag: str, batch: int):
     """count models of `each` bytes of GPU memory that do not fit its free memory: the most that fit."""
     if count * each <= free_bytes:

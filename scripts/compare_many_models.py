@@ -25,13 +25,18 @@ from mnist_cuda import cli, data, sizes  # noqa: E402
 PROG = "compare_many_models.py"
 LR = 0.05
 CHECK_MODELS = 3  # the models of the designs' check against separate models
+CHANNELS, HIDDEN = (32, 64), 128  # the default model (training.DEFAULTS)
 
 
 def build_parser() -> cli.Parser:
     p = cli.Parser(prog=PROG, description=__doc__.split("\n\n")[0])
     p.add_argument("--data-dir", type=cli.existing_dir, default=None, help="MNIST's IDX files (default: the cache)")
     p.add_argument(
-        "--models", type=cli.batch_sizes, default="1,8,64", help="the K to measure, comma-separated (default: 1,8,64)"
+        "--models",
+        type=cli.model_counts,
+        default="1,8,64",
+        help="the K to measure, comma-separated; max: the most models that fit the GPU's memory and the kernels' "
+        "indexing (default: 1,8,64)",
     )
     p.add_argument(
         "--batch", type=cli.int_in_range(1, 1024), default=64, help="images per model and step (default: 64)"
@@ -95,7 +100,7 @@ def torch_alone_rate(torch, ds, batch: int, rounds: int, no_compile: bool) -> tu
     from mnist_cuda.compare.torch_side import TorchSide
 
     name = "graph, channels_last" if no_compile else "compiled+graph, channels_last"
-    side = TorchSide(torch, reference.init_state_dict(0), batch, BY_NAME[name], (32, 64), 128, LR)
+    side = TorchSide(torch, reference.init_state_dict(0), batch, BY_NAME[name], CHANNELS, HIDDEN, LR)
     idx = _batches(ds, batch, 0, rounds + 61)
     side.prepare(ds.train_x, ds.train_y, idx[0])
     seconds = time_rounds(lambda i: side.step(ds.train_x, ds.train_y, idx[i]), torch.cuda.synchronize, rounds, 60)
@@ -114,7 +119,7 @@ def torch_many_rates(torch, ds, k: int, batch: int, rounds: int, no_compile: boo
         for compiled in (False,) if no_compile else (False, True):
             name = f"{design}{'+compiled' if compiled else ''}+graph"
             try:
-                side = TorchMany(torch, design, states, batch, LR, (32, 64), 128, compiled)
+                side = TorchMany(torch, design, states, batch, LR, CHANNELS, HIDDEN, compiled)
                 side.stage(ds.train_x, ds.train_y, [o[0] for o in orders])
                 side.capture()
                 step = lambda i: side.step(ds.train_x, ds.train_y, [o[i] for o in orders])
@@ -144,16 +149,17 @@ def main(argv=None) -> int:
     from mnist_cuda import cuda, reference
     from mnist_cuda.compare.many_models import check_designs
 
+    counts = model_counts_or_exit(p, args.models, args.batch)
     speed_defaults(torch)
     ds = data.load("mnist", args.data_dir, empty=cuda.pinned_empty, progress=False)
     checks = check_designs(
-        torch, ds, [reference.init_state_dict(s) for s in range(CHECK_MODELS)], args.batch, LR, (32, 64), 128
+        torch, ds, [reference.init_state_dict(s) for s in range(CHECK_MODELS)], args.batch, LR, CHANNELS, HIDDEN
     )
     log(f"PyTorch designs against {CHECK_MODELS} separate models, largest loss difference: {checks}")
     ours_alone = our_rate(ds, 1, args.batch, args.rounds, "streams")
     torch_alone, torch_mode = torch_alone_rate(torch, ds, args.batch, args.rounds, args.no_compile)
     rows = []
-    for k in args.models:
+    for k in counts:
         ours = {design: our_rate(ds, k, args.batch, args.rounds, design) for design in ("stacked", "streams")}
         many = torch_many_rates(torch, ds, k, args.batch, args.rounds, args.no_compile) if k > 1 else {}
         rows.append(_row(k, args.batch, ours, ours_alone, torch_alone, many))
@@ -175,6 +181,23 @@ def main(argv=None) -> int:
     if args.png:
         plot(result, args.png)
     return 0
+
+
+def model_counts_or_exit(parser, counts: list, batch: int) -> list[int]:
+    """--models with max resolved, each K checked before any work: K models on K streams need K models' memory
+    (the most either of our designs holds at once), stacked they must pass the kernels' indexing."""
+    from mnist_cuda import cuda
+    from mnist_cuda.model_grid import MAX_MODELS
+
+    cp, sms = cuda.require_gpu(), cuda.sm_count()
+    free, _ = cp.cuda.Device().mem_info
+    each = sizes.device_bytes(CHANNELS, HIDDEN, batch, "fast", sms, "fp32")
+    most = min(MAX_MODELS, free // each, sizes.most_stacked_models(CHANNELS, HIDDEN, batch, sms, MAX_MODELS))
+    counts = [most if k == "max" else k for k in counts]
+    for k in counts:
+        cli.fail_on(parser, sizes.models_problem(k, each, free, "--models", batch))
+        cli.fail_on(parser, sizes.stacked_problem(k, CHANNELS, HIDDEN, batch, sms, "--models"))
+    return counts
 
 
 def _row(k, batch, ours, ours_alone, torch_alone, many) -> dict:

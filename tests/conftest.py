@@ -6,6 +6,7 @@ import ast
 import functools
 import importlib.util
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -26,6 +27,18 @@ def load_script(path: Path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_program(path: Path, *args, timeout: int = 600):
+    """`python path args` from the repository's root with the package importable: its exit code and output."""
+    return subprocess.run(
+        [sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        timeout=timeout,
+    )
 
 
 def _neighbours(path: Path) -> list[str]:

@@ -1,26 +1,16 @@
 """The speed probe in dev/: bf16_distance.py (PyTorch's bf16 distance to its fp32 run)."""
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-from conftest import REPO, mnist_or_skip
+from conftest import REPO, mnist_or_skip, run_program
 
 BF16 = REPO / "dev" / "bf16_distance.py"
 
 
 def run(*args):
-    return subprocess.run(
-        [sys.executable, str(BF16), *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        timeout=600,
-    )
+    return run_program(BF16, *args)
 
 
 def test_bf16_distance_rejects_a_bad_flag_in_one_line():

@@ -93,6 +93,8 @@ def test_a_seed_sweep_is_one_group():
         (["--ensemble"], "--ensemble: needs several models"),
         (["--seed", "0-40", "--lr", "0.01,0.02,0.03,0.04,0.05", "--momentum", "0,0.5,0.9,0.95,0.99"], "at most 1,024"),
         (["--seed", "0,1", "--schedule", "constant,step", "--step-size", "10"], "--step-size needs --schedule step"),
+        (["--seed", "0-999"], "--seed: 1,000 models at batch 64 step as one batch of 64,000 images"),
+        (["--seed", "0-99", "--batch-size", "1024"], "at most 41 models at this batch step together"),
     ],
 )
 def test_mistakes_of_a_many_model_run(argv, words, capsys):
@@ -159,6 +161,15 @@ def test_the_memory_check_names_the_most_models_that_fit():
     assert sizes.models_problem(8, each, 8 * each, "--seed", 64) is None
     flag, message = sizes.models_problem(100, each, 10 * each + 5, "--seed", 64)
     assert flag == "--seed" and "at most 10 of them" in message and "100 models" in message
+
+
+def test_the_models_batches_are_one_batch_to_the_kernels_indexing():
+    most = sizes.most_stacked_models((32, 64), 128, 64, 132, 1024)
+    assert sizes.stacked_problem(1, (32, 64), 128, 60_000, 132, "--seed") is None  # one model: the single run's
+    assert sizes.stacked_problem(most, (32, 64), 128, 64, 132, "--seed") is None
+    assert most * 64 * 64 * 784 <= sizes.INDEX_LIMIT < (most + 1) * 64 * 64 * 784
+    flag, message = sizes.stacked_problem(most + 1, (32, 64), 128, 64, 132, "--lr")
+    assert flag == "--lr" and f"at most {most} models" in message
 
 
 def test_group_statistics_over_seeds():
