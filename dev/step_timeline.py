@@ -85,8 +85,15 @@ def instrument(source: str, kernel_ids: dict[str, int], header: str) -> str:
     """source with header in front and a TimelineStamp as the first statement of every kernel's body (the
     extern "C" kernels and the kernel templates that cuda.entry_points finds); kernel_ids gains an index
     for each kernel it has not seen."""
+    stamp = lambda name: f" TimelineStamp timeline_stamp_({kernel_ids.setdefault(name, len(kernel_ids))});"
+    return header + with_first_statements(source, stamp)
+
+
+def with_first_statements(source: str, statement) -> str:
+    """source with statement(name) as the first statement of the body of every kernel `name` that
+    cuda.entry_points finds (dev/pdl_probe.py puts its grid-dependency wait there)."""
     kernels = set(cuda.entry_points(source))
-    out, pos = [header], 0
+    out, pos = [], 0
     for m in _DEFINITION.finditer(source):
         if m.group(1) not in kernels:
             continue
@@ -97,8 +104,7 @@ def instrument(source: str, kernel_ids: dict[str, int], header: str) -> str:
         brace = source.index("{", i)
         if source[i:brace].strip():  # a declaration, not the definition
             continue
-        kid = kernel_ids.setdefault(m.group(1), len(kernel_ids))
-        out.append(source[pos : brace + 1] + f" TimelineStamp timeline_stamp_({kid});")
+        out.append(source[pos : brace + 1] + statement(m.group(1)))
         pos = brace + 1
     out.append(source[pos:])
     return "".join(out)

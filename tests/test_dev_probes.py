@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from conftest import REPO, mnist_or_skip, run_program
+from conftest import REPO, load_script, mnist_or_skip, run_program
 
 BF16 = REPO / "dev" / "bf16_distance.py"
 
@@ -29,3 +29,53 @@ def test_bf16_distance_measures_both_distances(tmp_path):
     row = json.loads(out.read_text())["seeds"]["0"]
     assert 0 < row["fp32_vs_fp64"]["all"] < 1e-4
     assert row["bf16_vs_fp32"]["all"] > 10 * row["fp32_vs_fp64"]["all"]
+
+
+PDL = REPO / "dev" / "pdl_probe.py"
+
+
+def test_pdl_probe_waits_first_in_every_kernel():
+    import mnist_cuda.ops  # noqa: F401  (its modules declare the sources)
+    from mnist_cuda import cuda
+
+    probe = load_script(PDL)
+    for variant, statement in probe.VARIANTS.items():
+        transform = probe.first_statement(statement)
+        for source in cuda.sources():
+            text, names = cuda.read_source(source.path), cuda.entry_points(cuda.read_source(source.path))
+            if transform is None:
+                continue
+            out = transform(source.path, text)
+            assert out.count("griddepcontrol.wait;") == len(names), (variant, source.path)
+            assert out.count("griddepcontrol.launch_dependents;") == (len(names) if "trigger" in variant else 0)
+
+
+def test_pdl_probe_rejects_a_bad_flag_in_one_line():
+    r = run_program(PDL, "--repeats", "0")
+    assert r.returncode == 2 and "--repeats" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+def test_pdl_probe_launches_give_the_plain_steps_bits(tmp_path):
+    mnist_dir = mnist_or_skip()
+    out = tmp_path / "pdl.json"
+    r = run_program(
+        PDL,
+        "--data-dir",
+        str(mnist_dir),
+        "--batch-sizes",
+        "64",
+        "--steps",
+        "20",
+        "--repeats",
+        "1",
+        "--check-steps",
+        "5",
+        "--json",
+        str(out),
+    )
+    assert r.returncode == 0, r.stderr[-2000:]
+    result = json.loads(out.read_text())
+    assert result["weights_as_plain"] == {v: {"64": True} for v in ("plain", "wait", "wait+trigger")}
+    programmatic = {v: edges["64"]["programmatic"] for v, edges in result["graph_edges"].items()}
+    assert programmatic["plain"] == 0 and programmatic["wait"] > 0 and programmatic["wait+trigger"] > 0
