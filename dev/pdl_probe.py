@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 # (dev/: this file's folder is first on sys.path when run as a script)
+from step_launch_costs import gpu_or_exit
 from step_timeline import with_first_statements
 from time_step import WINDOW, window_means
 
@@ -36,9 +37,11 @@ from mnist_cuda.cli import (
     Parser,
     add_precision_arguments,
     batch_sizes,
+    data_inputs,
     existing_dir,
     int_in_range,
     output_path,
+    refuse_clashes,
     write_json,
 )
 
@@ -197,11 +200,8 @@ def measure(cp, ds, batch: int, precision: str, steps: int, check_steps: int, ho
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    try:
-        cp = cuda.require_gpu()
-    except cuda.GPUUnavailable as e:
-        print(f"{PROG}: {e}", file=sys.stderr)
-        return 2
+    refuse_clashes(p, inputs=data_inputs("mnist", args.data_dir), outputs=[("--json", args.json)])
+    cp = gpu_or_exit(PROG)
     from mnist_cuda import data
 
     ds = data.load("mnist", args.data_dir, empty=cuda.pinned_empty, progress=False)
