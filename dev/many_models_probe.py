@@ -31,12 +31,13 @@ from mnist_cuda.cli import (
     batch_sizes,
     data_inputs,
     existing_dir,
+    fail_on,
     int_in_range,
     output_path,
     refuse_clashes,
     write_json,
 )
-from mnist_cuda.sizes import MAX_BATCH, MAX_TIMED
+from mnist_cuda.sizes import MAX_TIMED, batch_problem
 
 PROG = "many_models_probe.py"
 
@@ -182,8 +183,8 @@ def one_batch(ds, batch: int, steps: int) -> float:
 def main(argv=None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
-    if max(args.models) * args.batch > MAX_BATCH:
-        p.fail("--models", f"{max(args.models)} models of {args.batch} images make more than {MAX_BATCH} in one batch")
+    # (b)'s bound steps one model at the K models' whole batch: the kernels must index it
+    fail_on(p, batch_problem((32, 64), 128, max(args.models) * args.batch, "--models", ("fast",)))
     refuse_clashes(p, inputs=data_inputs("mnist", args.data_dir), outputs=[("--json", args.json)])
     from mnist_cuda import cuda, data
 

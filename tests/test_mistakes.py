@@ -133,6 +133,9 @@ COMMANDS = [
     Command("curves", ["-m", "mnist_cuda.curves"], _module("mnist_cuda.curves")),
     Command("data", ["-m", "mnist_cuda.data"], _module("mnist_cuda.data_command")),
     Command("compare_pytorch", ["scripts/compare_pytorch.py"], _module("mnist_cuda.compare.main")),
+    Command(
+        "compare_many_models", ["scripts/compare_many_models.py"], _in_file(REPO / "scripts" / "compare_many_models.py")
+    ),
     Command("results_table", ["scripts/results_table.py"], _results_table_parser, writes_in_place=("readme",)),
     Command("sweep_hparams", ["scripts/sweep_hparams.py"], _in_file(REPO / "scripts" / "sweep_hparams.py")),
     Command("sweep_recipes", ["scripts/sweep_recipes.py"], _in_file(REPO / "scripts" / "sweep_recipes.py")),
@@ -145,12 +148,21 @@ COMMANDS = [
         "bf16_distance",
         "ladder",
         "many_models_probe",
+        "pdl_probe",
         "profile_step",
         "step_launch_costs",
         "step_timeline",
         "time_step",
     )
 ]
+
+
+def test_every_program_with_flags_is_tried():
+    """A program of scripts/ or dev/ that parses flags is one of COMMANDS, so every test here tries it."""
+    tried = {c.argv[0] for c in COMMANDS}
+    programs = [p for folder in (REPO / "scripts", DEV) for p in sorted(folder.glob("*.py"))]
+    with_flags = [str(p.relative_to(REPO)) for p in programs if "def build_parser" in p.read_text()]
+    assert [p for p in with_flags if p not in tried] == []
 
 
 def _arguments(command: Command):
