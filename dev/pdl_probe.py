@@ -219,7 +219,7 @@ def main(argv=None) -> int:
                 )
                 times[variant][batch].append(us)
                 plain_weights.setdefault(batch, weights)
-                same[variant][batch] = weights == plain_weights[batch]
+                same[variant][batch] = same[variant].get(batch, True) and weights == plain_weights[batch]
                 graph_edges[variant][batch] = {"programmatic": programmatic, "all": edges}
                 print(
                     f"{variant:>13} batch {batch:5d}: {us:8.1f} us per step; weights as plain's: "

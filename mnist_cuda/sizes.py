@@ -333,34 +333,48 @@ def device_problem(
     )
 
 
-def stacked_extents(count: int, channels, hidden, batch: int, sms: int) -> dict[str, int]:
-    """{what: elements} the kernels index with 32-bit ints when `count` models of `batch` images step together
-    (nets.ModelsNet): their activations are one batch of count x batch images (a kernel may find an image's model
-    from its index); each model's parameters and scratch parts are reached at a 64-bit offset (model_part in
-    kernels/include/common.cuh), so only the batch counts."""
-    return index_extents(channels, hidden, count * batch, ("fast",), sms)
+def stacked_blocks_z(channels, batch: int) -> int:
+    """The most blocks a launch for several models gives each model in its grid's z (which holds models x these):
+    fc1's splits of its forward (over its inputs) and of its weight gradient (over the batch), at most
+    linear_splitk.max_splits of each, and conv2's weight gradient's groups of input channels."""
+    c1, c2 = channels
+    features = c2 * (data.IMAGE_SIZE // 4) ** 2
+    wgrad_groups = math.ceil(c1 / conv2_implicit_gemm.WGRAD_CHANNELS)
+    return max(linear_splitk.max_splits(features), linear_splitk.max_splits(batch), wgrad_groups)
 
 
-def most_stacked_models(channels, hidden, batch: int, sms: int, at_most: int) -> int:
-    """The most models, up to at_most, that step together within the 32-bit indexing (a bisection)."""
-    fits = lambda k: all(e <= INDEX_LIMIT for e in stacked_extents(k, channels, hidden, batch, sms).values())
-    low, high = 0, at_most
-    while low < high:
-        mid = (low + high + 1) // 2
-        low, high = (mid, high) if fits(mid) else (low, mid - 1)
-    return low
+def _stacked_activation(count: int, channels, batch: int) -> int:
+    return count * batch * max(channels) * data.IMAGE_SIZE**2
 
 
-def stacked_problem(count: int, channels, hidden, batch: int, sms: int, flag: str):
-    """count models stepped together that pass the kernels' 32-bit indexing: the most that do not."""
-    extents = stacked_extents(count, channels, hidden, batch, sms)
-    name, elements = max(extents.items(), key=lambda item: item[1])
-    if count == 1 or elements <= INDEX_LIMIT:
+def most_stacked_models(channels, batch: int, at_most: int) -> int:
+    """The most models, up to at_most, of `batch` images each that step together (nets.ModelsNet): their batches
+    are one batch to the kernels, whose activations must stay within the 32-bit indexing, and each launch's z
+    holds the models times each model's blocks there (stacked_blocks_z). Each model's own buffers are reached at a
+    64-bit offset (model_part in kernels/include/common.cuh), and each passed the single run's checks."""
+    by_index = INDEX_LIMIT // _stacked_activation(1, channels, batch)
+    return min(at_most, by_index, GRID_LIMIT // stacked_blocks_z(channels, batch))
+
+
+def stacked_problem(count: int, channels, batch: int, flag: str):
+    """count models stepped together past what most_stacked_models allows: why, and the most that step together."""
+    most = most_stacked_models(channels, batch, count)
+    if count == 1 or most >= count:
         return None
+    activation, z = _stacked_activation(count, channels, batch), stacked_blocks_z(channels, batch)
+    if activation > INDEX_LIMIT:
+        why = (
+            f"an activation (batch x channels x 784) of {_count(activation)} values exceeds the kernels' 32-bit "
+            f"indexing ({_count(INDEX_LIMIT)})"
+        )
+    else:
+        why = (
+            f"a launch would put up to {count * z:,} blocks in its grid's z (each model's fc1 splits or conv2 "
+            f"weight-gradient groups, up to {z}, times the models), more than CUDA's {GRID_LIMIT:,}"
+        )
     return flag, (
-        f"{count:,} models at batch {batch:,} step as one batch of {count * batch:,} images, and {name} of "
-        f"{_count(elements)} values exceeds the kernels' 32-bit indexing ({_count(INDEX_LIMIT)}): at most "
-        f"{most_stacked_models(channels, hidden, batch, sms, count):,} models at this batch step together"
+        f"{count:,} models at batch {batch:,} step as one batch of {count * batch:,} images, and {why}: at most "
+        f"{most:,} models at this batch step together"
     )
 
 

@@ -49,10 +49,8 @@ def check_models(models: list[Model], args, parser) -> list[Setup]:
         parser.fail("--init", "the checkpoints stopped at different steps; the models of one run train in step")
     name_models(models, setups)
     s = setups[0]
-    if s.kernels == "fast":  # Stacked steps the models' batches as one batch (1 SM: before the GPU is known)
-        cli.fail_on(
-            parser, sizes.stacked_problem(len(models), s.channels, s.hidden, s.batch_size, 1, list_flag(models))
-        )
+    if s.kernels == "fast":  # Stacked steps the models' batches as one batch
+        cli.fail_on(parser, sizes.stacked_problem(len(models), s.channels, s.batch_size, list_flag(models)))
     same = duplicate(models)
     if same:
         parser.fail(

@@ -189,14 +189,16 @@ def model_counts_or_exit(parser, counts: list, batch: int) -> list[int]:
     from mnist_cuda import cuda
     from mnist_cuda.model_grid import MAX_MODELS
 
-    cp, sms = cuda.require_gpu(), cuda.sm_count()
+    cp = cuda.require_gpu()
     free, _ = cp.cuda.Device().mem_info
-    each = sizes.device_bytes(CHANNELS, HIDDEN, batch, "fast", sms, "fp32")
-    most = min(MAX_MODELS, free // each, sizes.most_stacked_models(CHANNELS, HIDDEN, batch, sms, MAX_MODELS))
-    counts = [most if k == "max" else k for k in counts]
+    each = sizes.device_bytes(CHANNELS, HIDDEN, batch, "fast", cuda.sm_count(), "fp32")
+    most = min(MAX_MODELS, free // each, sizes.most_stacked_models(CHANNELS, batch, MAX_MODELS))
+    if most < 1:
+        parser.fail("--batch", f"not one model of batch {batch:,} fits the GPU's {free / 1e9:.1f} GB free")
+    counts = list(dict.fromkeys(most if k == "max" else k for k in counts))  # (max may repeat a count)
     for k in counts:
         cli.fail_on(parser, sizes.models_problem(k, each, free, "--models", batch))
-        cli.fail_on(parser, sizes.stacked_problem(k, CHANNELS, HIDDEN, batch, sms, "--models"))
+        cli.fail_on(parser, sizes.stacked_problem(k, CHANNELS, batch, "--models"))
     return counts
 
 

@@ -95,6 +95,10 @@ def test_a_seed_sweep_is_one_group():
         (["--seed", "0,1", "--schedule", "constant,step", "--step-size", "10"], "--step-size needs --schedule step"),
         (["--seed", "0-999"], "--seed: 1,000 models at batch 64 step as one batch of 64,000 images"),
         (["--seed", "0-99", "--batch-size", "1024"], "at most 41 models at this batch step together"),
+        (
+            ["--seed", "0-1023", "--channels", "8,1024", "--hidden", "16", "--batch-size", "2"],
+            "more than CUDA's 65,535",
+        ),
     ],
 )
 def test_mistakes_of_a_many_model_run(argv, words, capsys):
@@ -164,12 +168,21 @@ def test_the_memory_check_names_the_most_models_that_fit():
 
 
 def test_the_models_batches_are_one_batch_to_the_kernels_indexing():
-    most = sizes.most_stacked_models((32, 64), 128, 64, 132, 1024)
-    assert sizes.stacked_problem(1, (32, 64), 128, 60_000, 132, "--seed") is None  # one model: the single run's
-    assert sizes.stacked_problem(most, (32, 64), 128, 64, 132, "--seed") is None
+    most = sizes.most_stacked_models((32, 64), 64, 1024)
     assert most * 64 * 64 * 784 <= sizes.INDEX_LIMIT < (most + 1) * 64 * 64 * 784
-    flag, message = sizes.stacked_problem(most + 1, (32, 64), 128, 64, 132, "--lr")
-    assert flag == "--lr" and f"at most {most} models" in message
+    assert sizes.stacked_problem(1, (32, 64), 60_000, "--seed") is None  # one model: the single run's checks
+    assert sizes.stacked_problem(most, (32, 64), 64, "--seed") is None
+    flag, message = sizes.stacked_problem(most + 1, (32, 64), 64, "--lr")
+    assert flag == "--lr" and f"at most {most} models" in message and "32-bit indexing" in message
+
+
+def test_the_models_times_their_blocks_fit_a_grids_z():
+    z = sizes.stacked_blocks_z((8, 1024), 2)
+    assert 1024 * z > sizes.GRID_LIMIT  # fc1's splits of 50,176 inputs, for each of 1,024 models
+    flag, message = sizes.stacked_problem(1024, (8, 1024), 2, "--seed")
+    assert flag == "--seed" and f"more than CUDA's {sizes.GRID_LIMIT:,}" in message
+    assert f"at most {sizes.GRID_LIMIT // z:,} models" in message
+    assert sizes.stacked_problem(sizes.GRID_LIMIT // z, (8, 1024), 2, "--seed") is None
 
 
 def test_group_statistics_over_seeds():

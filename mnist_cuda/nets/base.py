@@ -35,7 +35,8 @@ class _Net:
             raise ValueError("batch size must be at least 1")
         c1, c2 = params.channels
         if self.count * batch_size * max(c1, c2) * S1 * S1 >= 2**31:  # the models' batches are one batch
-            raise ValueError(f"{self.count} x batch size {batch_size} is too large for 32-bit indexing")
+            images = f"batch size {batch_size}" if self.count == 1 else f"{self.count} models x batch size {batch_size}"
+            raise ValueError(f"{images} is too large for 32-bit indexing")
         self.cp, self.params, self.batch_size = params.cp, params, batch_size
         self.c1, self.c2, self.hidden = c1, c2, params.hidden
         self.features = c2 * S3 * S3  # fc1's inputs
