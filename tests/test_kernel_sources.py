@@ -398,6 +398,43 @@ def test_conv2_weight_mirror_is_the_kernels_arithmetic():
         assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), product
 
 
+def test_conv2_output_and_gradient_are_stored_as_bf16_in_bf16():
+    """In bf16 conv2's output (the forward's y) and its gradient (both gradients' dy) are bf16 bits, as autocast
+    stores them, float32 in the other precisions; a buffer of the other type is refused before any launch, and
+    block 2's BatchNorm kernels take a and d_a of one type."""
+    from mnist_cuda.ops import bn_relu_pool
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+    from mnist_cuda.ops.common import BF16
+
+    assert conv2.stored_dtype("bf16") == np.dtype(BF16)
+    assert conv2.stored_dtype("fp32") == conv2.stored_dtype("tf32") == np.dtype(np.float32)
+    forward_quads = np.empty((conv2.weight_quads(32, 64, "bf16", "forward"), 4), np.float32)
+    grad_quads = np.empty((conv2.weight_quads(64, 32, "fp32", "backward_input"), 4), np.float32)
+    with pytest.raises(ValueError, match="y is float32; conv2 stores it as uint16 in bf16"):
+        conv2.forward(None, forward_quads, np.empty((1, 64, 14, 14), np.float32), 1, 32, 64, "bf16")
+    with pytest.raises(ValueError, match="dy is uint16; conv2 stores it as float32 in fp32"):
+        conv2.backward_input(np.empty((1, 64, 14, 14), BF16), grad_quads, None, 1, 32, 64, "fp32")
+    with pytest.raises(ValueError, match="dy is float32; conv2 stores it as uint16 in bf16"):
+        conv2.backward_weight(None, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "bf16")
+    a, d_a = np.empty((1, 8, 14, 14), BF16), np.empty((1, 8, 14, 14), np.float32)
+    with pytest.raises(ValueError, match="a and d_a must be float32, or bf16 \\(uint16\\) alike; got uint16, float32"):
+        bn_relu_pool.backward_apply(a, *[None] * 7, 1, 8, 14, d_a)
+    with pytest.raises(ValueError, match="a must be float32, or bf16"):
+        bn_relu_pool.stats(np.empty(4, np.float64), 1, 8, 196, *[None] * 4, 0.1, 0.1, *[None] * 4)
+
+
+def test_bf16_rounding_on_the_host():
+    """kernel_cases' bf16 helpers, the host mirror of the kernels' cvt.rn: to the nearest, ties to even; exact back."""
+    from mnist_cuda.kernel_cases import bf16_values, round_bf16, round_bf16_bits
+
+    below, tie_even, tie_odd = np.array([0x3F80_7FFF, 0x3F80_8000, 0x3F81_8000], np.uint32).view(np.float32)
+    assert list(round_bf16_bits(np.array([below, tie_even, tie_odd]))) == [0x3F80, 0x3F80, 0x3F82]
+    v = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
+    r = round_bf16(v)
+    assert np.array_equal(round_bf16(r), r) and np.all(np.abs(r - v) <= np.abs(v) * 2.0**-8)
+    assert np.array_equal(bf16_values(round_bf16_bits(r)).view(np.uint32) & 0xFFFF, np.zeros(1000, np.uint32))
+
+
 def test_conv2_staged_weights_must_fit_their_form():
     """A staged weight buffer of the wrong size is refused before any launch (the kernels would write or read
     past it)."""

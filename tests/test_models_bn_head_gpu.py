@@ -5,12 +5,14 @@ model the bits of a launch on that model's buffers alone, in every buffer the la
 gradients, running statistics, loss log and counters). The single-model launches are checked against the
 float64 reference elsewhere (mnist_cuda.kernel_cases, tests/test_gpu_kernels.py), so bit-equality checks the
 K-model launches too. Each model's parameters, gradients and running statistics sit in a block padded to an
-odd size, so a wrong stride cannot pass by luck."""
+odd size, so a wrong stride cannot pass by luck. Block 2's kernels run with conv2's output and its gradient
+stored as float32 and as bf16 (--precision bf16)."""
 
 import numpy as np
 import pytest
 
 from mnist_cuda.ops import bn_relu_pool, head
+from mnist_cuda.ops.common import BF16
 
 K = 3  # models
 BATCHES = [1, 3, 64, 65]  # per model
@@ -38,7 +40,7 @@ def _stacked_vs_single(per_model: list[dict], run) -> None:
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
-    """Four-byte values as uint32 (NaNs compare by their bits), bytes as they are."""
+    """Four-byte values as uint32 (NaNs compare by their bits), bytes and bf16 bits as they are."""
     a = np.ascontiguousarray(a)
     return a.view(np.uint32) if a.dtype.itemsize == 4 else a
 
@@ -62,14 +64,20 @@ def _bn_layout(channels: int) -> dict:
     return {"gamma": gamma, "beta": beta, "P": beta + C + 9, "mean": mean, "var": var, "R": var + C + 3}
 
 
-def _bn_model(rng, m: int, B: int, C: int, lay: dict) -> dict:
-    """Model m's buffers: inputs (its own scale and offset) and outputs (poisoned)."""
+def _bn_model(rng, m: int, B: int, C: int, lay: dict, stored) -> dict:
+    """Model m's buffers: inputs (its own scale and offset) and outputs (poisoned); a and d_a stored as `stored`
+    (float32, or BF16: bf16 bits, NaN patterns for the poison)."""
+    a = _normal(rng, (B, C, S, S), 1.0 + m, 0.3 * m)
+    d_a = _poison((B, C, S, S))
+    if stored == BF16:  # the upper halves: truncated, which is as good as rounded for inputs
+        a, d_a = (np.ascontiguousarray(v).view(np.uint32) >> 16 for v in (a, d_a))
+        a, d_a = a.astype(BF16), d_a.astype(BF16)
     So, groups = S // 2, -(-C // bn_relu_pool.BN_CHANNELS)
     running = _normal(rng, lay["R"])
     running[lay["var"] : lay["var"] + C] = np.abs(running[lay["var"] : lay["var"] + C]) + 0.5
     pooled = (B, C, So, So)
     return {
-        "a": _normal(rng, (B, C, S, S), 1.0 + m, 0.3 * m),
+        "a": a,
         "params": _normal(rng, lay["P"]),  # gamma, beta and padding
         "grads": _normal(rng, lay["P"]),  # dgamma, dbeta written; the rest must stay
         "running": running,
@@ -83,7 +91,7 @@ def _bn_model(rng, m: int, B: int, C: int, lay: dict) -> dict:
         "pooled": _poison(pooled),
         "argmax": _poison(pooled, np.uint8),
         "a_at": _poison(pooled),
-        "d_a": _poison((B, C, S, S)),
+        "d_a": d_a,
     }
 
 
@@ -113,12 +121,13 @@ def _bn_step(b: dict, models: int, B: int, C: int, lay: dict) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("stored", [np.float32, BF16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("channels", [64, 7])
 @pytest.mark.parametrize("batch", BATCHES)
-def test_block2_batchnorm_models_match_single_launches(batch, channels):
+def test_block2_batchnorm_models_match_single_launches(batch, channels, stored):
     rng = np.random.default_rng(1000 * batch + channels)
     lay = _bn_layout(channels)
-    per_model = [_bn_model(rng, m, batch, channels, lay) for m in range(K)]
+    per_model = [_bn_model(rng, m, batch, channels, lay, stored) for m in range(K)]
     _stacked_vs_single(per_model, lambda b, models: _bn_step(b, models, batch, channels, lay))
 
 

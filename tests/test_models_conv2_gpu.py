@@ -7,7 +7,8 @@ single-model launches are checked against the float64 reference by mnist_cuda.ke
 (tests/test_gpu_kernels.py), so bit-equality checks the K-model launches too.
 
 Each product runs in every form (the 3xTF32 forms at every batch, not only where the step picks them) and both
-ways it is compiled: for sm_90a (wgmma; Hopper only) and for plain sm_XY (mma.sync)."""
+ways it is compiled: for sm_90a (wgmma; Hopper only) and for plain sm_XY (mma.sync). conv2's output and its
+gradient are stored as the step stores them at each precision (bf16 in bf16)."""
 
 import numpy as np
 import pytest
@@ -50,8 +51,11 @@ class Models:
     """MODELS models' conv2 weights in padded parameter blocks of `stride` floats and their batches of `batch`
     images (x and dy, [MODELS][batch][...]), random and different for each model."""
 
-    def __init__(self, batch: int, c_in: int, c_out: int, seed: int):
+    def __init__(self, batch: int, c_in: int, c_out: int, seed: int, precision: str = "fp32"):
         import cupy
+
+        from mnist_cuda.kernel_cases import round_bf16_bits
+        from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
         rng = np.random.default_rng(seed)
         self.batch, self.c_in, self.c_out = batch, c_in, c_out
@@ -64,21 +68,24 @@ class Models:
             cupy.asarray(params[m * self.stride + PAD :][: self.size].reshape(c_out, c_in, 3, 3)) for m in range(MODELS)
         ]
         self.x = cupy.asarray(rng.standard_normal((MODELS * batch, c_in, S, S)).astype(np.float32))
-        self.dy = cupy.asarray(rng.standard_normal((MODELS * batch, c_out, S, S)).astype(np.float32))
+        dy = rng.standard_normal((MODELS * batch, c_out, S, S)).astype(np.float32)
+        self.stored = conv2.stored_dtype(precision)  # dy as conv2 stores it
+        self.dy = cupy.asarray(round_bf16_bits(dy) if self.stored != np.float32 else dy)
 
     def own(self, a, m: int):
         """A copy of model m's part of the stacked batch a."""
         return a[m * self.batch : (m + 1) * self.batch].copy()
 
 
-def _poison(shape):
+def _poison(shape, dtype=np.float32):
     import cupy
 
-    return cupy.full(shape, np.nan, cupy.float32)
+    return cupy.full(shape, np.nan if dtype == np.float32 else 0x7FC0, dtype)  # a float32 or a bf16 NaN
 
 
 def _bits(a) -> np.ndarray:
-    return np.ascontiguousarray(a.get()).view(np.uint32)
+    a = np.ascontiguousarray(a.get())
+    return a.view(np.uint32) if a.dtype == np.float32 else a
 
 
 def _assert_same(stacked, singles, what: str):
@@ -128,13 +135,13 @@ def test_forward_for_models(precision, channels, batch, compiled):
 
     c_in, c_out = channels
     for product in _forward_forms(precision):
-        ms = Models(batch, c_in, c_out, seed=2)
+        ms = Models(batch, c_in, c_out, seed=2, precision=precision)
         (fq, _), singles = _stage(ms, precision, product, "backward_input")
-        y = _poison((MODELS * batch, c_out, S, S))
+        y = _poison((MODELS * batch, c_out, S, S), ms.stored)
         conv2.forward(ms.x, fq, y, batch, c_in, c_out, precision, product, models=MODELS)
         own_y = []
         for m, (own_fq, _) in enumerate(singles):
-            own_y.append(_poison((batch, c_out, S, S)))
+            own_y.append(_poison((batch, c_out, S, S), ms.stored))
             conv2.forward(ms.own(ms.x, m), own_fq, own_y[-1], batch, c_in, c_out, precision, product)
         _assert_same(y, own_y, f"{product} ({compiled})")
 
@@ -147,7 +154,7 @@ def test_input_grad_for_models(precision, channels, batch, compiled):
 
     c_in, c_out = channels
     for product in _input_grad_forms(precision):
-        ms = Models(batch, c_in, c_out, seed=3)
+        ms = Models(batch, c_in, c_out, seed=3, precision=precision)
         (_, gq), singles = _stage(ms, precision, "forward", product)
         dx = _poison((MODELS * batch, c_in, S, S))
         conv2.backward_input(ms.dy, gq, dx, batch, c_in, c_out, precision, product, models=MODELS)
@@ -167,7 +174,7 @@ def test_weight_grad_partials_for_models(precision, channels, batch, compiled):
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
     c_in, c_out = channels
-    ms = Models(batch, c_in, c_out, seed=4)
+    ms = Models(batch, c_in, c_out, seed=4, precision=precision)
     size = conv2.weight_grad_partial_size(c_in, c_out)
     partial = _poison(MODELS * size)
     parts = conv2.backward_weight(ms.x, ms.dy, partial, batch, c_in, c_out, precision, models=MODELS)

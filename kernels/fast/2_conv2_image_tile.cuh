@@ -26,33 +26,62 @@ enum ImageTileGeometry : int {
     output_row_stride = tile_columns + 8,
 };
 
+// One staging task's values in registers, from an image of In (float or bfloat16): fetch reads channels c0 ..
+// c0 + VALUES - 1 of a pixel (src: its channel 0; zeros outside the image and past Cin), stash writes them as the
+// products read them (stage16). From a float image that rounds or splits them; a bf16 image's values, already
+// rounded, go to shared memory as they are, two to a 32-bit word: half the registers, no conversion.
+template <Precision PR, class In>
+struct TaskValues {
+    float v[staged_values<PR>];
+    __device__ __forceinline__ void fetch(const In* src, bool inside, int c0, int Cin) {
+        constexpr int SS = CONV2_SIZE * CONV2_SIZE;
+#pragma unroll
+        for (int i = 0; i < staged_values<PR>; i++)
+            v[i] = inside && c0 + i < Cin ? load_value(src + (c0 + i) * SS) : 0.0f;
+    }
+    __device__ __forceinline__ void stash(float4* big, float4* small) const { stage16<PR>(v, big, small); }
+};
+template <>
+struct TaskValues<Precision::Bf16, bfloat16> {
+    unsigned pairs[4];  // channels c0 + 2j (the low half) and c0 + 2j + 1
+    __device__ __forceinline__ void fetch(const bfloat16* src, bool inside, int c0, int Cin) {
+        constexpr int SS = CONV2_SIZE * CONV2_SIZE;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const unsigned lo = inside && c0 + 2 * j < Cin ? src[(c0 + 2 * j) * SS].bits : 0u;
+            const unsigned hi = inside && c0 + 2 * j + 1 < Cin ? src[(c0 + 2 * j + 1) * SS].bits : 0u;
+            pairs[j] = lo | hi << 16;
+        }
+    }
+    __device__ __forceinline__ void stash(float4* big, float4*) const {
+        *reinterpret_cast<uint4*>(big) = make_uint4(pairs[0], pairs[1], pairs[2], pairs[3]);
+    }
+};
+
 // The block's staging of its input, a chunk of input channels at a time: the image through registers
 // (fetch_image, then stash, which splits it into its parts), the weights by cp.async (fetch_weights).
 // in_next, the registers, belongs to conv3x3_image_tile, which the staging refers to: as a member of the
-// struct the same code compiles to other instructions.
-template <Precision PR, TileForm FORM>
+// struct the same code compiles to other instructions. In: the image's type (float, or bfloat16: the input
+// gradient's dy in Bf16).
+template <Precision PR, TileForm FORM, class In>
 struct ImageTileStaging {
-    const float* x;             // the block's image, [Cin][14][14]
+    const In* x;                // the block's image, [Cin][14][14]
     const float4* block_quads;  // the weights of the block's output channels, per chunk
     float* in_s;                // the image's two buffers, planes [part][channel quad][pixel][4] each
     float4* w_s;                // the weights' buffers (weight_buffers<FORM>)
     int Cin, r0, tid;           // r0: the block's first image row
     // in_next[r]: task e = tid + r * CONV_THREADS = quad * input_pixels + p, channels VALUES * quad ..
     // + VALUES - 1 of the chunk at pixel p of the block's input rows (image rows r0 - 1 .. r0 + CONV_ROWS)
-    float (&in_next)[input_tasks_per_thread][staged_values<PR>];
+    TaskValues<PR, In> (&in_next)[input_tasks_per_thread];
 
     // The chunk's image into in_next; rows outside the image and channels past Cin are zeros.
     __device__ __forceinline__ void fetch_image(int chunk) {
-        constexpr int S = CONV2_SIZE, SS = S * S, VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
+        constexpr int S = CONV2_SIZE, VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
 #pragma unroll
         for (int r = 0; r < input_tasks_per_thread; r++) {
             const int e = tid + r * CONV_THREADS, p = e % input_pixels, row = r0 - 1 + p / S;
             const bool inside = e < input_tasks && row >= 0 && row < S;
-#pragma unroll
-            for (int i = 0; i < VALUES; i++) {
-                const int c = chunk * CHUNK + VALUES * (e / input_pixels) + i;
-                in_next[r][i] = inside && c < Cin ? x[c * SS + row * S + p % S] : 0.0f;
-            }
+            in_next[r].fetch(x + row * S + p % S, inside, chunk * CHUNK + VALUES * (e / input_pixels), Cin);
         }
     }
 
@@ -74,8 +103,8 @@ struct ImageTileStaging {
             const int e = tid + r * CONV_THREADS, p = e % input_pixels, quad = e / input_pixels;
             if (e < input_tasks) {
                 const int pixel = (p / S) * P + p % S + 1;
-                stage16<PR>(in_next[r], reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
-                            reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
+                in_next[r].stash(reinterpret_cast<float4*>(planes + quad * PLANE + pixel * 4),
+                                 reinterpret_cast<float4*>(planes + (2 + quad) * PLANE + pixel * 4));
             }
         }
     }
@@ -200,8 +229,9 @@ __device__ __forceinline__ void merge_paired_set(float (&acc)[2][tile_columns / 
 // The block's output channels n0.. of image rows r0.. through shared memory (acc_s, the staging buffers, free
 // once every product is done), then out coalesced into out [img][Cout][14][14]. In the stacked and paired
 // forms rows c and c + 32 both hold parts of channel c's sums and are added here; in the others row c is alone.
-template <TileForm FORM>
-__device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& acc, float* acc_s, float* out, int Cout,
+// Out: float, or bfloat16 (the forward's y in Bf16).
+template <TileForm FORM, class Out>
+__device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& acc, float* acc_s, Out* out, int Cout,
                                                  int img, int n0, int r0, int tid, int warp, int g, int t) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = tile_columns;
     constexpr int TILE = tile_channels<FORM>, STRIDE = output_row_stride;
@@ -213,12 +243,12 @@ __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& a
             *reinterpret_cast<float2*>(&acc_s[(16 * warp + g + 8 * h) * STRIDE + 8 * j + 2 * t]) =
                 make_float2(acc[0][4 * j + 2 * h], acc[0][4 * j + 2 * h + 1]);
     __syncthreads();
-    float* y = out + (size_t)img * Cout * SS + r0 * S;
+    Out* y = out + (size_t)img * Cout * SS + r0 * S;
     for (int e = tid; e < TILE * ROWS * S; e += CONV_THREADS) {
         const int c = e / (ROWS * S), p = e % (ROWS * S), column = (p / S) * P + p % S;
         if (n0 + c >= Cout) continue;
         const float* d = acc_s + column;
-        y[(n0 + c) * SS + p] = TILE == 32 ? d[c * STRIDE] + d[(c + 32) * STRIDE] : d[c * STRIDE];
+        store_value(y + (n0 + c) * SS + p, TILE == 32 ? d[c * STRIDE] + d[(c + 32) * STRIDE] : d[c * STRIDE]);
     }
 }
 
@@ -228,9 +258,9 @@ __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& a
 // chunk, the block fetches and stashes the next.
 // Several models: the images are the models' batches one after another, images_per_model each, and quads holds
 // the models' staged weights one after another; an image is multiplied by its model's weights, which is all
-// that tells the models apart (nothing else depends on the batch).
-template <Precision PR, TileForm FORM>
-__device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4* quads, float* out, int Cin, int Cout,
+// that tells the models apart (nothing else depends on the batch). In, Out: float or bfloat16 (conv2_stored).
+template <Precision PR, TileForm FORM, class In, class Out>
+__device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* quads, Out* out, int Cin, int Cout,
                                                    int images_per_model) {
     static_assert(tile_form_agrees<FORM>(), "the form's numbers agree");
     static_assert((FORM == TileForm::OnePart) == (PR != Precision::Fp32), "two parts exactly in 3xTF32");
@@ -242,15 +272,15 @@ __device__ __forceinline__ void conv3x3_image_tile(const float* in, const float4
     float4* w_s = conv_shared + 2 * 4 * PLANE / 4;        // [weight_buffers][QUADS]
     const int img = blockIdx.x, n0 = blockIdx.y * tile_channels<FORM>, r0 = blockIdx.z * CONV_ROWS;
     const int chunks = CEIL_DIV(Cin, CHUNK), tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
-    const float* x = in + (size_t)img * Cin * (CONV2_SIZE * CONV2_SIZE);
+    const In* x = in + (size_t)img * Cin * (CONV2_SIZE * CONV2_SIZE);
     const float4* block_quads = model_part(quads, product_quads<FORM, PR>(Cin, Cout), model_of(img, images_per_model)) +
                                 (size_t)blockIdx.y * chunks * QUADS;
 
     for (int i = tid; i < 2 * PLANE; i += CONV_THREADS)  // both buffers; the border stays zero
         conv_shared[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 
-    float in_next[input_tasks_per_thread][VALUES];
-    ImageTileStaging<PR, FORM> staging{x, block_quads, in_s, w_s, Cin, r0, tid, in_next};
+    TaskValues<PR, In> in_next[input_tasks_per_thread];
+    ImageTileStaging<PR, FORM, In> staging{x, block_quads, in_s, w_s, Cin, r0, tid, in_next};
     TileAccumulators<FORM> acc = {};
     staging.fetch_image(0);
     staging.fetch_weights(0);

@@ -70,6 +70,20 @@ enum StagedImageGeometry : int { staged_pixels = (CONV_ROWS + 2) * CONV_PADDED +
 static_assert(CONV_STAGED_PIXELS == staged_pixels, "the ops module sizes shared memory with the staged pixels");
 static_assert(CONV_CHUNK_QUADS == 9 * 2 * 64, "the ops module sizes shared memory with 9 taps x 2 quads x 64 rows");
 
+// The type conv2's output and its gradient are stored in between stages at precision PR: bf16 in Bf16, as
+// torch.autocast stores a convolution's output (half the bytes of every pass over them; the products round
+// their operands to bf16 anyway, so the gradient's products see the same values), float32 otherwise.
+template <Precision PR>
+struct Conv2Stored {
+    using type = float;
+};
+template <>
+struct Conv2Stored<Precision::Bf16> {
+    using type = bfloat16;
+};
+template <Precision PR>
+using conv2_stored = typename Conv2Stored<PR>::type;
+
 // How A holds the block's output channels (above): Apart, Stacked and Paired in 3xTF32 (Precision::Fp32),
 // OnePart (a row per channel, rounded) in the others.
 enum class TileForm { Apart, Stacked, Paired, OnePart };

@@ -71,16 +71,17 @@ static_assert(WGRAD_OUT * sums_row_floats <= WGRAD_X_SLOTS * x_row_floats + 2 * 
 // while the tensor cores work on item i, item i + 1's registers (fetched during item i - 1) are stashed and
 // item i + 2's loads are issued, so their latency passes behind a whole item. next belongs to
 // conv3x3_weight_grad_rows, which the staging refers to: as a member of the struct the same code compiles to
-// other instructions.
+// other instructions. A bf16 dy row (Bf16) is fetched as its bits (fetch_pair) and stashed as they are.
 template <Precision PR>
 struct WeightGradStaging {
-    const float *x, *dy;  // [N][C][14][14], [N][K][14][14]
-    float* smem;          // x's slots, [slot][pixel][octet][part][8][4]
-    float* dy_slots;      // dy's two slots, [slot][pixel][octet][part][8][4]
-    int N, C, K, o0, c0;  // o0, c0: the block's first output and input channel
-    int model_image;      // the first image of the block's model in x and dy ([models][N]; N per model)
-    int first, tid;       // first: the block's first item
-    int f_dy, f_second;   // this thread's two tasks of an item
+    const float* x;              // [N][C][14][14]
+    const conv2_stored<PR>* dy;  // [N][K][14][14], bf16 in Bf16
+    float* smem;                 // x's slots, [slot][pixel][octet][part][8][4]
+    float* dy_slots;             // dy's two slots, [slot][pixel][octet][part][8][4]
+    int N, C, K, o0, c0;         // o0, c0: the block's first output and input channel
+    int model_image;             // the first image of the block's model in x and dy ([models][N]; N per model)
+    int first, tid;              // first: the block's first item
+    int f_dy, f_second;          // this thread's two tasks of an item
     float2 (&next)[2][wgrad_images<PR>];
 
     // Grid row p (image row p - 1) of image quad q lives in x slot (16 q + p) % 6: an item (q, r) reads rows
@@ -94,30 +95,52 @@ struct WeightGradStaging {
         constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
         return x + ((size_t)(model_image + item / S * IMAGES) * C + c0) * SS + (p - 1) * S;
     }
-    __device__ __forceinline__ const float* dy_row(int item) const {
+    __device__ __forceinline__ const conv2_stored<PR>* dy_row(int item) const {
         constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
         return dy + ((size_t)(model_image + item / S * IMAGES) * K + o0) * SS + item % S * S;
     }
 
-    // Task f of a row into v; pixels outside the image and channels or images past the end are zeros.
-    __device__ __forceinline__ void load(const float* row, int f, int channels_left, int image_stride, bool row_inside,
+    // A pixel pair of a row: two float values, or a bf16 row's two values as they are, one 32-bit word in x (the
+    // left pixel in its low half; y unused).
+    __device__ __forceinline__ static float2 fetch_pair(const float* p) { return load_pair(p); }
+    __device__ __forceinline__ static float2 fetch_pair(const bfloat16* p) {
+        return make_float2(__uint_as_float(*reinterpret_cast<const unsigned*>(p)), 0.0f);
+    }
+    // Task f of a row (float or bfloat16) into v by fetch_pair; pixels outside the image and channels or images
+    // past the end are zeros.
+    template <class V>
+    __device__ __forceinline__ void load(const V* row, int f, int channels_left, int image_stride, bool row_inside,
                                          int img0, float2* v) const {
         constexpr int SS = CONV2_SIZE * CONV2_SIZE, PAIRS = CONV2_SIZE / 2, IMAGES = wgrad_images<PR>;
         const int channel = f / 64 * 8 + f % 8, pair = f / 8 % 8;
         const bool inside = row_inside && pair < PAIRS && channel < channels_left;
-        const float* src = row + channel * SS + 2 * pair;
+        const V* src = row + channel * SS + 2 * pair;
 #pragma unroll
         for (int i = 0; i < IMAGES; i++)
-            v[i] = inside && img0 + i < N ? *reinterpret_cast<const float2*>(src + i * image_stride)
-                                          : make_float2(0.0f, 0.0f);
+            v[i] = inside && img0 + i < N ? fetch_pair(src + i * image_stride) : make_float2(0.0f, 0.0f);
     }
     // v, task f's, into a staged row (pixels `pixel` floats apart), split into its parts: octet f / 64's big
-    // parts, then its small parts.
+    // parts, then its small parts. BITS: v holds a bf16 row's bits (fetch_pair), whose 16-byte units of 8 images
+    // are byte permutations of them.
+    template <bool BITS>
     __device__ __forceinline__ void store(float* row, int f, int pixel, const float2* v) const {
         constexpr int PAIRS = CONV2_SIZE / 2, IMAGES = wgrad_images<PR>;
         const int pair = f / 8 % 8;
         if (pair >= PAIRS) return;
         float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;
+        if constexpr (BITS) {
+            static_assert(IMAGES == 8, "a bf16 unit is 8 images");
+            unsigned left[4], right[4];  // images 2j (low half) and 2j + 1 of the left and the right pixel
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                const unsigned a = __float_as_uint(v[2 * j].x), b = __float_as_uint(v[2 * j + 1].x);
+                left[j] = __byte_perm(a, b, 0x5410);
+                right[j] = __byte_perm(a, b, 0x7632);
+            }
+            *reinterpret_cast<uint4*>(dst) = make_uint4(left[0], left[1], left[2], left[3]);
+            *reinterpret_cast<uint4*>(dst + pixel) = make_uint4(right[0], right[1], right[2], right[3]);
+            return;
+        }
         float left[IMAGES], right[IMAGES];
 #pragma unroll
         for (int i = 0; i < IMAGES; i++) left[i] = v[i].x, right[i] = v[i].y;
@@ -137,12 +160,13 @@ struct WeightGradStaging {
     }
     // next into the item's slots.
     __device__ __forceinline__ void stash(int item) {
+        constexpr bool DY_BITS = PR == Precision::Bf16;  // dy is stored as bf16
         float* dy_s = dy_slots + (item - first) % 2 * dy_row_floats;
-        store(dy_s, f_dy, dy_pixel_floats, next[0]);
+        store<DY_BITS>(dy_s, f_dy, dy_pixel_floats, next[0]);
         if (tid < 128)
-            store(dy_s, f_second, dy_pixel_floats, next[1]);
+            store<DY_BITS>(dy_s, f_second, dy_pixel_floats, next[1]);
         else  // after the border column
-            store(x_slot(item, item % CONV2_SIZE + 2) + x_pixel_floats, f_second, x_pixel_floats, next[1]);
+            store<false>(x_slot(item, item % CONV2_SIZE + 2) + x_pixel_floats, f_second, x_pixel_floats, next[1]);
     }
     // An item that starts a run or an image quad also needs its first two x rows (grid rows r, r + 1).
     __device__ __forceinline__ void stage_first_rows(int item) {
@@ -153,7 +177,7 @@ struct WeightGradStaging {
             const int p = r + e / x_row_tasks;
             float2 v[IMAGES];
             load(x_row(item, p), e % x_row_tasks, C - c0, C * SS, p >= 1, img0, v);
-            store(x_slot(item, p) + x_pixel_floats, e % x_row_tasks, x_pixel_floats, v);
+            store<false>(x_slot(item, p) + x_pixel_floats, e % x_row_tasks, x_pixel_floats, v);
         }
     }
 };
@@ -276,8 +300,8 @@ __device__ __forceinline__ void store_weight_grad(const WeightGradAccumulators& 
 // are its batch of N images and its partial results are its parts ([model][gridDim.x][K][C][3][3]), so each
 // model's parts hold what a launch for that model alone writes.
 template <Precision PR>
-__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const float* dy, float* partial, int N, int C,
-                                                         int K, int items_per_part) {
+__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const conv2_stored<PR>* dy, float* partial,
+                                                         int N, int C, int K, int items_per_part) {
     constexpr int IMAGES = wgrad_images<PR>, S = CONV2_SIZE, X_PIXEL = x_pixel_floats;
     extern __shared__ float4 conv_shared[];
     float* smem = reinterpret_cast<float*>(conv_shared);  // x: [slot][pixel][part][channel][4]; dy: [slot][pixel]...

@@ -4,6 +4,8 @@
 // channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
 // for each group of channels, the last of its blocks combines the parts in a fixed order
 // (last_block_done). counter: one per group.
+// conv2's output a and its gradient d_a are float32, or bf16 with --precision bf16 (T: float or bfloat16,
+// common.cuh); everything else, the statistics and sums included, is float32.
 // Several models at once (common.cuh), in every kernel but batchnorm_eval_stats_fast (evaluation, one model):
 // the grid's z is the model; a, the pooled tensors and their gradients are [models][N][...], mean and invstd
 // [models][C], the reductions' partial [models][MAX_PARTS * C * 2] and counter [models][groups]; gamma, beta
@@ -25,8 +27,8 @@ static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
 #define BN_STATS_IMAGES 2  // images whose loads a warp has in flight together (one left its latency exposed)
 
 // Images n0 .. n0 + K - 1 of channel c merged into (mean, m2, count), by the warp that owns c.
-template <int K>
-__device__ __forceinline__ void stats_images(const float* a, int n0, int C, int c, int HW, float* mean, float* m2,
+template <int K, class T>
+__device__ __forceinline__ void stats_images(const T* a, int n0, int C, int c, int HW, float* mean, float* m2,
                                              float* count) {
     const int lane = threadIdx.x % 32;
     float v[K][BN_STATS_VALUES];
@@ -35,7 +37,7 @@ __device__ __forceinline__ void stats_images(const float* a, int n0, int C, int 
 #pragma unroll
         for (int i = 0; i < BN_STATS_VALUES; i++) {
             const int p = lane + 32 * i;
-            v[j][i] = p < HW ? a[((n0 + j) * C + c) * HW + p] : 0.0f;
+            v[j][i] = p < HW ? load_value(a + ((n0 + j) * C + c) * HW + p) : 0.0f;
         }
 #pragma unroll
     for (int j = 0; j < K; j++) {
@@ -52,10 +54,11 @@ __device__ __forceinline__ void stats_images(const float* a, int n0, int C, int 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(BN_THREADS)
-    batchnorm_stats_fast(const float* a, int N, int C, int HW, int imgs_per_block, float* partial,
-                         unsigned int* counter, float eps, float momentum, float* save_mean, float* save_invstd,
-                         float* running_mean, float* running_var, int running_stride) {
+template <class T>
+__global__ void __launch_bounds__(BN_THREADS)
+    batchnorm_stats_fast(const T* a, int N, int C, int HW, int imgs_per_block, float* partial, unsigned int* counter,
+                         float eps, float momentum, float* save_mean, float* save_invstd, float* running_mean,
+                         float* running_var, int running_stride) {
     const int model = model_index();
     a = model_part(a, (size_t)N * C * HW, model);
     partial = model_part(partial, (size_t)MAX_PARTS * C * 2, model);
@@ -97,11 +100,11 @@ extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, 
 // pooled = maxpool2x2(relu(batchnorm(a))) with the window position, NO_POSITION where the ReLU blocked
 // the window (pool_position), and a_at, a at that position: the backward reads the position alone, and
 // its reduction reads a_at instead of gathering a at the positions (a quarter of a's values, nearly all of
-// its sectors). One thread per pooled pixel, reading its window as two float2 rows.
-extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* a, const float* mean, const float* invstd,
-                                                       const float* gamma, const float* beta, int N, int C, int S,
-                                                       float* pooled, unsigned char* argmax, float* a_at,
-                                                       int param_stride) {
+// its sectors). One thread per pooled pixel, reading its window as two rows of two (load_pair).
+template <class T>
+__global__ void batchnorm_relu_maxpool_fast(const T* a, const float* mean, const float* invstd, const float* gamma,
+                                            const float* beta, int N, int C, int S, float* pooled,
+                                            unsigned char* argmax, float* a_at, int param_stride) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
@@ -116,8 +119,8 @@ extern "C" __global__ void batchnorm_relu_maxpool_fast(const float* a, const flo
     argmax = model_part(argmax, pooled_size, model);
     a_at = model_part(a_at, pooled_size, model);
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
-    const float* row = a + (nc * S + 2 * ph) * S + 2 * pw;
-    const float2 top = *reinterpret_cast<const float2*>(row), bottom = *reinterpret_cast<const float2*>(row + S);
+    const T* row = a + (nc * S + 2 * ph) * S + 2 * pw;
+    const float2 top = load_pair(row), bottom = load_pair(row + S);
     const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
     int at;
     const float v = relu_max4(batchnorm_apply(top.x, m, is, g, b), batchnorm_apply(top.y, m, is, g, b),
@@ -204,11 +207,11 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
 // d_a = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
 // from the pooled gradient at the window's argmax (none where it is NO_POSITION): one thread per 2x2
 // window, writing its four elements.
-extern "C" __global__ void batchnorm_backward_apply_fast(const float* a, const float* save_mean,
-                                                         const float* save_invstd, const float* gamma,
-                                                         const float* dgamma, const float* dbeta, const float* d_pooled,
-                                                         const unsigned char* argmax, int N, int C, int S, float* d_a,
-                                                         int param_stride) {
+template <class T>
+__global__ void batchnorm_backward_apply_fast(const T* a, const float* save_mean, const float* save_invstd,
+                                              const float* gamma, const float* dgamma, const float* dbeta,
+                                              const float* d_pooled, const unsigned char* argmax, int N, int C, int S,
+                                              T* d_a, int param_stride) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
@@ -232,9 +235,9 @@ extern "C" __global__ void batchnorm_backward_apply_fast(const float* a, const f
     float out[4];
 #pragma unroll
     for (int p = 0; p < 4; p++) {
-        const float xhat = (a[base + (p / 2) * S + p % 2] - mean) * invstd;
+        const float xhat = (load_value(a + base + (p / 2) * S + p % 2) - mean) * invstd;
         out[p] = k * (count * (p == at ? dz : 0.0f) - db - xhat * dg);
     }
-    *reinterpret_cast<float2*>(d_a + base) = make_float2(out[0], out[1]);
-    *reinterpret_cast<float2*>(d_a + base + S) = make_float2(out[2], out[3]);
+    store_pair(d_a + base, out[0], out[1]);
+    store_pair(d_a + base + S, out[2], out[3]);
 }

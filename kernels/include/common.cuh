@@ -71,6 +71,34 @@ __device__ __forceinline__ T* model_part(T* p, size_t per_model, int model) {
     return p + per_model * (size_t)model;
 }
 
+// Activations stored as bf16 between stages (--precision bf16: conv2's output and its gradient, as
+// torch.autocast stores a convolution's): a bfloat16 is the upper 16 bits of a float32, rounded to the nearest
+// (ties to even, as the products' pack_bf16) when stored and exact when read. load_value, load_pair,
+// store_value and store_pair read and write either type, so one kernel body serves both.
+struct bfloat16 {
+    unsigned short bits;
+};
+__device__ __forceinline__ float load_value(const float* p) { return *p; }
+__device__ __forceinline__ float load_value(const bfloat16* p) { return __uint_as_float((unsigned)p->bits << 16); }
+// p[0], p[1] (p 8-byte aligned for float, 4-byte for bfloat16)
+__device__ __forceinline__ float2 load_pair(const float* p) { return *reinterpret_cast<const float2*>(p); }
+__device__ __forceinline__ float2 load_pair(const bfloat16* p) {
+    const unsigned v = *reinterpret_cast<const unsigned*>(p);  // p[0] in the low half
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+}
+__device__ __forceinline__ void store_value(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store_value(bfloat16* p, float v) {
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(p->bits) : "f"(v));
+}
+__device__ __forceinline__ void store_pair(float* p, float first, float second) {
+    *reinterpret_cast<float2*>(p) = make_float2(first, second);
+}
+__device__ __forceinline__ void store_pair(bfloat16* p, float first, float second) {
+    unsigned v;  // cvt's first operand goes to the high half
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(second), "f"(first));
+    *reinterpret_cast<unsigned*>(p) = v;
+}
+
 // The input images arrive on the GPU as MNIST's bytes (a quarter of the float32 copy); the network sees
 // (x/255 - MNIST_MEAN) / MNIST_STD in float32, the same operations as mnist_cuda.data.normalize, so the
 // same bits (IEEE division; a test checks all 256 values).

@@ -41,8 +41,11 @@ from .common import (
     Case,
     Dims,
     Prepared,
+    bf16_values,
     check,
     rel_err,
+    round_bf16,
+    round_bf16_bits,
     runnable,
 )
 from .conv2d import (
@@ -51,7 +54,6 @@ from .conv2d import (
     conv_backward_weight_case,
     conv_forward_case,
     conv_stage_weights_case,
-    round_bf16_bits,
     round_tf32,
     split_tf32,
     weight_quads,
@@ -101,6 +103,8 @@ __all__ = [
     "split_tf32",
     "round_tf32",
     "round_bf16_bits",
+    "round_bf16",
+    "bf16_values",
     "weight_quads",
     "conv_stage_weights_case",
     "conv_forward_case",

@@ -12,6 +12,7 @@ import numpy as np
 from .. import cuda, data
 from .. import reference as ref
 from ..ops import conv2_implicit_gemm as conv2
+from ..ops.common import BF16
 
 EPS, MOMENTUM = ref.BN_EPS, ref.BN_MOMENTUM
 # The op families: one per file of kernels/naive/ (its op: naive/3_batchnorm.cu, batchnorm), in the step's
@@ -100,16 +101,44 @@ def _same_bits(got, want) -> float:
     )
 
 
+def round_bf16_bits(v: np.ndarray) -> np.ndarray:
+    """The bf16 bits (uint16) of float32 v rounded to the nearest, ties to even (PTX cvt.rn.bf16x2.f32;
+    finite v)."""
+    bits = np.asarray(v, np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    """float32 values of bf16 bits (uint16): exact."""
+    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
+def round_bf16(v: np.ndarray) -> np.ndarray:
+    """float32 v rounded to the nearest bf16, as float32."""
+    return bf16_values(round_bf16_bits(v))
+
+
 def _dev(a, dtype=np.float32):
+    """a on the device as dtype; as BF16 (common.BF16), a rounded to the nearest bf16, stored as its bits."""
     import cupy
 
+    if np.dtype(dtype) == np.dtype(BF16):
+        return cupy.asarray(round_bf16_bits(np.ascontiguousarray(a, np.float32)))
     return cupy.asarray(np.ascontiguousarray(a, dtype=dtype))
 
 
 def _poison(shape, dtype=np.float32):
+    """An output buffer filled with what no kernel writes: NaN (a bf16 NaN for BF16), 255 for bytes."""
     import cupy
 
-    return cupy.full(shape, 255 if dtype == np.uint8 else np.nan, dtype=dtype)
+    fill = {np.dtype(np.uint8): 255, np.dtype(BF16): 0x7FC0}.get(np.dtype(dtype), np.nan)
+    return cupy.full(shape, fill, dtype=dtype)
+
+
+def held_to(tol: float, case_tol: float):
+    """A comparison for an output held to tol in a case whose tolerance is case_tol (a case with a bf16 output
+    beside float32 ones): its relative error, scaled so that passing case_tol means passing tol."""
+    return lambda got, want: rel_err(got, want) * case_tol / tol
 
 
 def _f32(rng, shape, scale=1.0, shift=0.0):
@@ -121,15 +150,18 @@ def _geometry(d: Dims, layer: int):
     return (d.batch, 1, d.c1, 28) if layer == 1 else (d.batch, d.c1, d.c2, 14)
 
 
-def _block_input(rng, d: Dims, layer: int, scale: float, shift: float):
+def _block_input(rng, d: Dims, layer: int, scale: float, shift: float, stored=np.float32):
     """(x, x on the device) for conv block `layer`: block 1 reads images as bytes, and x is what the
-    network sees (data.normalize); block 2 reads conv2's float32 output (random here)."""
+    network sees (data.normalize); block 2 reads conv2's output (random here), float32 or bf16 (stored BF16:
+    x then holds the values rounded to bf16, what the kernel reads)."""
     N, C_in, K, S = _geometry(d, layer)
     if layer == 1:
         images = rng.integers(0, 256, (N, 1, S, S), dtype=np.uint8)
         return data.normalize(images), _dev(images, np.uint8)
     x = _f32(rng, (N, K, S, S), scale, shift)
-    return x, _dev(x)
+    if np.dtype(stored) == np.dtype(BF16):
+        x = round_bf16(x)
+    return x, _dev(x, stored)
 
 
 def _bytes(*arrays) -> float:
@@ -150,7 +182,8 @@ def _linear_geometry(d: Dims, layer: str):
 
 
 def check(prepared: Prepared) -> dict[str, float]:
-    """Run once and return {output: relative error} (exact comparison for integer outputs)."""
+    """Run once and return {output: relative error} (exact comparison for integer outputs; a bf16 output, BF16,
+    is compared by its values)."""
     import cupy
 
     prepared.run()
@@ -158,6 +191,8 @@ def check(prepared: Prepared) -> dict[str, float]:
     errors = {}
     for name, out in prepared.outputs.items():
         got, want = out.get(), np.asarray(prepared.expected[name])
+        if got.dtype == np.dtype(BF16):
+            got = bf16_values(got)
         if name in prepared.compare:
             errors[name] = prepared.compare[name](got, want)
         elif got.dtype.kind in "iu":

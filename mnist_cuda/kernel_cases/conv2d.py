@@ -23,6 +23,7 @@ from .common import (
     _poison,
     _same_bits,
     _tol,
+    round_bf16_bits,
 )
 
 
@@ -50,13 +51,6 @@ def round_tf32(v: np.ndarray) -> np.ndarray:
     """float32 v rounded to the nearest TF32, ties away from zero (PTX cvt.rna.tf32.f32; finite v)."""
     bits = np.asarray(v, np.float32).view(np.uint32)
     return ((bits + np.uint32(0x1000)) & np.uint32(0xFFFFE000)).view(np.float32)
-
-
-def round_bf16_bits(v: np.ndarray) -> np.ndarray:
-    """The bf16 bits (uint16) of float32 v rounded to the nearest, ties to even (PTX cvt.rn.bf16x2.f32;
-    finite v)."""
-    bits = np.asarray(v, np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
 def weight_quads(w: np.ndarray, product: str, precision: str = "fp32") -> np.ndarray:
@@ -131,7 +125,8 @@ def conv_forward_case(layer, version="naive", forward="forward"):
     def make(rng, d):
         N, C, K, S = _geometry(d, layer)
         x, w = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
-        xd, wd, y = _dev(x), _dev(w), _poison((N, K, S, S))
+        stored = np.float32 if version == "naive" else conv2.stored_dtype(version)  # y: bf16 in bf16
+        xd, wd, y = _dev(x), _dev(w), _poison((N, K, S, S), stored)
         if version == "naive":
             run = lambda: naive.conv2d_forward(xd, wd, y, N, C, K, S)
         else:
@@ -161,7 +156,9 @@ def conv_backward_input_case(version="naive", product="backward_input"):
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
         x, w, dy = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3)), _f32(rng, (N, K, S, S))
-        dyd, wd, dx = _dev(dy), _dev(w), _poison((N, C, S, S))
+        # dy as conv2 stores it (bf16 in bf16: the rounding the product's operands get anyway)
+        stored = np.float32 if version == "naive" else conv2.stored_dtype(version)
+        dyd, wd, dx = _dev(dy, stored), _dev(w), _poison((N, C, S, S))
         if version == "naive":
             run = lambda: naive.conv2d_backward_input(dyd, wd, dx, N, C, K, S)
         else:
@@ -192,7 +189,8 @@ def conv_backward_weight_case(layer, version="naive"):
     def make(rng, d):
         N, C, K, S = _geometry(d, layer)
         x, w, dy = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3)), _f32(rng, (N, K, S, S))
-        xd, dyd, dw = _dev(x), _dev(dy), _poison((K, C, 3, 3))
+        stored = np.float32 if version == "naive" else conv2.stored_dtype(version)  # dy: bf16 in bf16
+        xd, dyd, dw = _dev(x), _dev(dy, stored), _poison((K, C, 3, 3))
         if version == "naive":
             run = lambda: naive.conv2d_backward_weight(xd, dyd, dw, N, C, K, S)
         else:

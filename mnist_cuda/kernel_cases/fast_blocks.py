@@ -9,11 +9,13 @@ import numpy as np
 from .. import reference as ref
 from ..ops import bn_relu_pool
 from ..ops import conv1_bn_relu_pool as conv1
-from ..ops.common import NO_POSITION
+from ..ops.common import BF16, NO_POSITION
 from .common import (
+    BF16_TOL,
     BLOCK1_OPS,
     BLOCK2_OPS,
     EPS,
+    FP32_TOL,
     MOMENTUM,
     Case,
     Prepared,
@@ -23,7 +25,12 @@ from .common import (
     _f32,
     _geometry,
     _poison,
+    held_to,
 )
+
+# The type conv2's output (block 2's input a) and its gradient are stored in, as the case names show it: float32,
+# or bf16 in --precision bf16 (conv2_implicit_gemm.stored_dtype)
+STORED = {"float": np.float32, "bfloat16": BF16}
 
 
 def argmax_near_ties(windows):
@@ -125,12 +132,13 @@ def conv1_moments_case():
     return Case("conv1_image_moments_fast[block1]", make, ops=("normalize", "conv2d", "batchnorm"))
 
 
-def bn_stats_fast_case():
-    """batchnorm_stats_fast (BN2's statistics over conv2's output)."""
+def bn_stats_fast_case(stored="float"):
+    """batchnorm_stats_fast (BN2's statistics over conv2's output, stored as `stored`: "float" or "bfloat16"; the
+    reference takes the values the kernel reads, so float32's tolerance holds for both)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, 2)
-        x, xd = _block_input(rng, d, 2, 2.0, 0.5)
+        x, xd = _block_input(rng, d, 2, 2.0, 0.5, STORED[stored])
         rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
         mean, var, invstd = _bn_batch_stats(x.astype(np.float64))
         want_rm, want_rv = ref.batchnorm_running_update(
@@ -147,10 +155,10 @@ def bn_stats_fast_case():
             run,
             {**outs, "running_mean": rmd, "running_var": rvd, "counter": counter},
             {"mean": mean, "invstd": invstd, "running_mean": want_rm, "running_var": want_rv, "counter": np.zeros(K)},
-            (3.0 * x.size, 2 * _bytes(x)),
+            (3.0 * x.size, 2 * _bytes(xd)),
         )
 
-    return Case("batchnorm_stats_fast[bn2]", make, ops=("batchnorm",))
+    return Case(f"batchnorm_stats_fast<{stored}>[bn2]", make, ops=("batchnorm",))
 
 
 def bn_eval_stats_fast_case():
@@ -173,14 +181,15 @@ def bn_eval_stats_fast_case():
     return Case("batchnorm_eval_stats_fast[bn2]", make, ops=("batchnorm",))
 
 
-def bn_relu_pool_fast_case(layer, train=False, per_block=None):
-    """conv1_bn_relu_pool_fast (layer 1, per_block channels per block) or batchnorm_relu_maxpool_fast:
-    pooled = maxpool(relu(bn(a))) with given statistics; for layer 1 in training (train=True) with the
-    batch's own, from its image moments (the kernel also saves them and updates the running statistics)."""
+def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
+    """conv1_bn_relu_pool_fast (layer 1, per_block channels per block) or batchnorm_relu_maxpool_fast (a stored
+    as `stored`, "float" or "bfloat16"): pooled = maxpool(relu(bn(a))) with given statistics; for layer 1 in
+    training (train=True) with the batch's own, from its image moments (the kernel also saves them and updates
+    the running statistics)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
-        (x, xd), w = _block_input(rng, d, layer, 1.0, 0.0), _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        (x, xd), w = _block_input(rng, d, layer, 1.0, 0.0, STORED[stored]), _f32(rng, (K, C_in, 3, 3), 1 / 3)
         mean, invstd, gamma, beta = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5, _f32(rng, K), _f32(rng, K, 0.5)
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
         outs, expected, stats = {}, {}, [_dev(v) for v in (mean, invstd, gamma, beta)]
@@ -229,7 +238,7 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
         outs["a_at"] = _poison(pooled.shape)
         expected["a_at"] = np.take_along_axis(a_windows, argmax.astype(np.int64)[..., None] % 4, -1)[..., 0]
         run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am, outs["a_at"])
-        work = (3.0 * x.size, _bytes(x) + pooled.nbytes + argmax.nbytes)
+        work = (3.0 * x.size, _bytes(xd) + pooled.nbytes + argmax.nbytes)
         return Prepared(
             run,
             outs,
@@ -242,17 +251,19 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None):
     if layer == 1:
         return Case(f"conv1_bn_relu_pool_fast<{per_block}>[block1]{mode}", make, ops=BLOCK1_OPS)
     assert not train, "block 2's statistics come from batchnorm_stats_fast"
-    return Case("batchnorm_relu_maxpool_fast[block2]", make, ops=BLOCK2_OPS)
+    return Case(f"batchnorm_relu_maxpool_fast<{stored}>[block2]", make, ops=BLOCK2_OPS)
 
 
-def block_backward_fast_case(layer, per_block=None):
+def block_backward_fast_case(layer, per_block=None, stored="float"):
     """The BN backward of a block from its pooled gradient: layer 1 runs conv1_backward_fast (-> dgamma,
     dbeta, dw; from the batch's image moments; per_block channels per block); layer 2 runs
-    batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast (-> dgamma, dbeta, dx)."""
+    batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast (-> dgamma, dbeta, dx), with a and dx stored
+    as `stored` ("float" or "bfloat16": dx then carries bf16's rounding, and the case bf16's tolerance, while
+    dgamma and dbeta are held to float32's)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
-        (x, xd), w = _block_input(rng, d, layer, 1.5, 0.3), _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        (x, xd), w = _block_input(rng, d, layer, 1.5, 0.3, STORED[stored]), _f32(rng, (K, C_in, 3, 3), 1 / 3)
         gamma, beta = _f32(rng, K), _f32(rng, K, 0.5)
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
         z, cache = ref.batchnorm_forward_train(a, gamma.astype(np.float64), beta.astype(np.float64))
@@ -281,7 +292,7 @@ def block_backward_fast_case(layer, per_block=None):
                 {"dgamma": dgamma, "dbeta": dbeta, "dw": want_dw, "counters": np.zeros((2, K))},
                 (2.0 * pooled.size * conv1.CONV1_GRAD_SUMS, _bytes(xd) + 1.25 * pooled.nbytes),
             )
-        dx = _poison(x.shape)
+        dx = _poison(x.shape, STORED[stored])
         partial = _poison(bn_relu_pool.partial_size(K))
         pooled_in = (_dev(d_pooled), _dev(blocked_positions(pooled, argmax), np.uint8))  # no pooled values
         # a_at, a (here the block's input x) at the argmax, as the forward stores it (float32 values picked, so exact)
@@ -292,13 +303,17 @@ def block_backward_fast_case(layer, per_block=None):
             bn_relu_pool.backward_apply(xd, *common, gd, dg, db, *pooled_in, N, K, S, dx)
 
         # reads: x and the pooled gradient, argmax twice and a_at once (float64 pooled: 8 bytes a value)
+        sums = held_to(FP32_TOL, tol) if stored == "bfloat16" else None
         return Prepared(
             run,
             {"dgamma": dg, "dbeta": db, "dx": dx, "counters": counters},
             {"dgamma": dgamma, "dbeta": dbeta, "dx": da, "counters": np.zeros((2, K))},
-            (8.0 * x.size, 2 * _bytes(x) + 1.75 * pooled.nbytes),
+            (8.0 * x.size, _bytes(xd, dx) + 1.75 * pooled.nbytes),
+            compare={"dgamma": sums, "dbeta": sums} if sums else {},
         )
 
     if layer == 1:
         return Case(f"conv1_backward_fast<{per_block}>[block1]", make, ops=BLOCK1_OPS)
-    return Case("batchnorm_backward_reduce_fast+batchnorm_backward_apply_fast[block2]", make, ops=BLOCK2_OPS)
+    tol = BF16_TOL if stored == "bfloat16" else FP32_TOL
+    name = f"batchnorm_backward_reduce_fast+batchnorm_backward_apply_fast<{stored}>[block2]"
+    return Case(name, make, tol, ops=BLOCK2_OPS)

@@ -15,6 +15,7 @@ from .conv2d import (
     conv_stage_weights_case,
 )
 from .fast_blocks import (
+    STORED,
     block_backward_fast_case,
     bn_eval_stats_fast_case,
     bn_relu_pool_fast_case,
@@ -41,15 +42,17 @@ def fast_cases() -> list[Case]:
         + [conv_stage_weights_case("fp32", "forward_stacked")]
         + [conv_stage_weights_case("fp32", input_grad="backward_input_paired")]
         + [case for p in conv2.KERNEL_PRECISION for case in conv2_product_cases(p)]
-        + [conv1_moments_case(), bn_stats_fast_case(), bn_eval_stats_fast_case()]
+        + [conv1_moments_case()]
+        + [bn_stats_fast_case(stored) for stored in STORED]
+        + [bn_eval_stats_fast_case()]
         + [
             bn_relu_pool_fast_case(1, train, per_block)
             for train in (True, False)
             for per_block in conv1.FORWARD_CHANNELS
         ]
-        + [bn_relu_pool_fast_case(2)]
+        + [bn_relu_pool_fast_case(2, stored=stored) for stored in STORED]
         + [block_backward_fast_case(1, per_block) for per_block in conv1.BACKWARD_CHANNELS]
-        + [block_backward_fast_case(2)]
+        + [block_backward_fast_case(2, stored=stored) for stored in STORED]
         + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
         + [head_fast_case(), sgd_fast_case()]
         + [sgd_momentum_case("fast", started) for started in (False, True)]

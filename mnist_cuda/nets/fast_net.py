@@ -59,7 +59,9 @@ class FastNet(_Net):
         self.mean2, self.invstd2 = cp.empty(rows(c2), f32), cp.empty(rows(c2), f32)
         self.partial2 = cp.empty(rows(bn_relu_pool.partial_size(c2)), f32)
         self.counters2 = cp.zeros((2, *rows(c2)), cp.uint32)  # last-block counters: statistics, backward
-        self.a2, self.d_a2 = cp.empty((KB, c2, S2, S2), f32), cp.empty((KB, c2, S2, S2), f32)
+        # conv2's output and its gradient, as bf16 in bf16 (conv2_implicit_gemm.stored_dtype)
+        stored = conv2_implicit_gemm.stored_dtype(precision)
+        self.a2, self.d_a2 = cp.empty((KB, c2, S2, S2), stored), cp.empty((KB, c2, S2, S2), stored)
         self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), f32), cp.empty((KB, c2, S3, S3), cp.uint8)
         self.a2_at = cp.empty((KB, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
         self.d_out1 = cp.empty((KB, c1, S2, S2), f32)

@@ -4,22 +4,25 @@ maxpool fused, and their backward from the pooled gradient.
 Every launch but eval_stats steps `models` models at once (the grid's z): its sizes are one model's (n is the
 per-model batch) and its buffers hold the models' parts one after another ([models][...]: activations
 [models][n][...], mean and invstd [models][channels], partial [models][partial_size], counter [models][groups]);
-gamma, beta and their gradients are param_stride floats apart, the running statistics running_stride."""
+gamma, beta and their gradients are param_stride floats apart, the running statistics running_stride.
+
+conv2's output a and its gradient d_a are float32 arrays, or bf16 ones (common.BF16) in --precision bf16: the
+kernel is chosen by their dtype. Everything else is float32."""
 
 from __future__ import annotations
 
 from ..cuda import ceil_div
-from .common import F32, I32, MAX_PARTS, parts_of, source
+from .common import F32, I32, MAX_PARTS, parts_of, source, stored_kernel, stored_kernels
 
 BN_CHANNELS = 8  # channels per block of the reductions: a warp each
 BN_THREADS = 32 * BN_CHANNELS
 
 _src = source("fast/3_bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS)
-_stats = _src.kernel("batchnorm_stats_fast")
+_stats = stored_kernels(_src, "batchnorm_stats_fast")
 _eval_stats = _src.kernel("batchnorm_eval_stats_fast")
-_forward = _src.kernel("batchnorm_relu_maxpool_fast")
+_forward = stored_kernels(_src, "batchnorm_relu_maxpool_fast")
 _backward_reduce = _src.kernel("batchnorm_backward_reduce_fast")
-_backward_apply = _src.kernel("batchnorm_backward_apply_fast")
+_backward_apply = stored_kernels(_src, "batchnorm_backward_apply_fast")
 
 
 def _grid(parts: int, channels: int, models: int) -> tuple:
@@ -52,7 +55,7 @@ def stats(
     """The batch's mean and 1/std of a [n, channels, hw], and the running statistics' update (in place).
     counter: one uint32 per group of BN_CHANNELS channels (and model), zero, left zero."""
     parts, per_part = parts_of(n)
-    _stats.launch(
+    stored_kernel(_stats, "a", a).launch(
         _grid(parts, channels, models),
         BN_THREADS,
         a,
@@ -96,7 +99,7 @@ def forward(
     """pooled, argmax, a_at [n, channels, size/2, size/2] with pooled = maxpool(relu(bn(a))), a [n, channels,
     size, size]; argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window
     (pooled <= 0); a_at is a at the window's position (backward_reduce reads it)."""
-    _forward.launch_1d(
+    stored_kernel(_forward, "a", a).launch_1d(
         n * channels * (size // 2) ** 2,
         a,
         mean,
@@ -172,7 +175,7 @@ def backward_apply(
     param_stride: int = 0,
 ):
     """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta."""
-    _backward_apply.launch_1d(
+    stored_kernel(_backward_apply, "a and d_a", a, d_a).launch_1d(
         n * channels * (size // 2) ** 2,
         a,
         mean,

@@ -39,6 +39,27 @@ def precision_kernels(src: cuda.Source, op: str, names, precisions: dict):
     return kernel
 
 
+# bf16 activations in device memory (conv2's output and its gradient with --precision bf16): the upper 16 bits of
+# each float32, as uint16 arrays (CuPy has no bfloat16); the kernels' type for them is bfloat16 (common.cuh)
+BF16 = np.uint16
+_STORED_TYPES = {np.dtype(np.float32): "float", np.dtype(BF16): "bfloat16"}
+
+
+def stored_kernels(src: cuda.Source, name: str) -> dict:
+    """The instantiations name<float> and name<bfloat16> of a kernel template over a stored activation's type,
+    keyed by the arrays' dtype (float32, BF16)."""
+    return {dtype: src.kernel(f"{name}<{t}>") for dtype, t in _STORED_TYPES.items()}
+
+
+def stored_kernel(kernels: dict, what: str, *arrays):
+    """The kernel of stored_kernels for the arrays' dtype, which they must share (float32 or BF16)."""
+    dtypes = {np.dtype(a.dtype) for a in arrays}
+    if len(dtypes) != 1 or next(iter(dtypes)) not in kernels:
+        names = ", ".join(str(np.dtype(a.dtype)) for a in arrays)
+        raise ValueError(f"{what} must be float32, or bf16 ({np.dtype(BF16)}) alike; got {names}")
+    return kernels[dtypes.pop()]
+
+
 def parts_of(n: int, max_parts: int = MAX_PARTS) -> tuple[int, int]:
     """(parts, images per part) for reductions over a batch of n images, at most max_parts parts."""
     per_part = cuda.ceil_div(n, max(1, min(max_parts, MAX_PARTS)))
