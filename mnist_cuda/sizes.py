@@ -285,7 +285,8 @@ def device_buffers(
             "block 1's pooled output": (B * c1 * S2, 4, 2),
             "block 1's pooling choices": (B * c1 * S2, 1, 1),
             "conv1's sums": (sms * c1 * conv1_bn_relu_pool.CONV1_GRAD_SUMS, 4, 1),
-            "conv2's output": (B * c2 * S2, 4, 2),
+            # and its gradient, as bf16 in bf16
+            "conv2's output": (B * c2 * S2, conv2_implicit_gemm.stored_dtype(precision).itemsize, 2),
             "BatchNorm 2's partial sums": (bn_relu_pool.partial_size(c2), 4, 1),
             "block 2's pooled output": (B * c2 * S3, 4, 2),
             "block 2's pooling choices": (B * c2 * S3, 1, 1),

@@ -356,16 +356,20 @@ def test_the_device_estimate_covers_what_the_nets_allocate(monkeypatch):
     monkeypatch.setattr(cuda, "require_gpu", lambda: fake)
     cuda.sm_count.cache_clear()
     try:
-        for kernels, batch, channels, hidden in (
-            ("fast", 64, (32, 64), 128),
-            ("fast", 4096, (8, 16), 33),
-            ("naive", 512, (32, 64), 128),
-            ("fast", 2048, (32, 64), 128),
+        for kernels, batch, channels, hidden, precision in (
+            ("fast", 64, (32, 64), 128, "fp32"),
+            ("fast", 4096, (8, 16), 33, "fp32"),
+            ("naive", 512, (32, 64), 128, "fp32"),
+            ("fast", 2048, (32, 64), 128, "fp32"),
+            ("fast", 64, (32, 64), 128, "bf16"),  # conv2's output and its gradient as bf16
+            ("fast", 4096, (32, 64), 128, "bf16"),
         ):
             fake.allocated = 0
-            net = nets.make_net(nets.Parameters(channels, hidden), batch, kernels)
+            net = nets.make_net(nets.Parameters(channels, hidden), batch, kernels, precision=precision)
             step_inputs = 2 * batch * (784 + 4)  # the step runner's two input buffers (images and labels)
-            estimate = sizes.device_bytes(channels, hidden, batch, kernels, 132, momentum=False, augment=False)
+            estimate = sizes.device_bytes(
+                channels, hidden, batch, kernels, 132, precision, momentum=False, augment=False
+            )
             assert fake.allocated + step_inputs <= estimate <= 1.1 * (fake.allocated + step_inputs) + (1 << 20), (
                 kernels,
                 batch,

@@ -165,7 +165,7 @@ def conv_backward_input_case(version="naive", product="backward_input"):
             _, input_grad_quads = _weight_quads(wd, C, K, version, input_grad=product)
             run = lambda: conv2.backward_input(dyd, input_grad_quads, dx, N, C, K, version, product)
         want, _ = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
-        return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dy, w, dx)))
+        return Prepared(run, {"dx": dx}, {"dx": want}, (2.0 * dx.size * K * 9, _bytes(dyd, w, dx)))
 
     name = (
         "conv2d_backward_input_naive"
@@ -201,7 +201,7 @@ def conv_backward_weight_case(layer, version="naive"):
                 splitk_reduce(partial, parts, dw)
 
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
-        return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dy, dw)))
+        return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dyd, dw)))
 
     name = (
         "conv2d_backward_weight_naive"
