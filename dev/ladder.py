@@ -78,6 +78,7 @@ class Prepared:
     run: Callable[[], None]  # launches the rung once on the current stream
     outputs: dict  # name -> device array, NaN until the rung writes it
     inputs: dict  # name -> float32 host array
+    finish: Callable[[], None] | None = None  # after run, untimed: a bf16 product's outputs into `outputs`
 
 
 def prepare(op: str, rung, shape, rng) -> Prepared:
@@ -93,18 +94,23 @@ def prepare(op: str, rung, shape, rng) -> Prepared:
         outputs[name][...] = cupy.asarray(start)
     arrays += outputs.values()
     arrays += [cupy.zeros(dims, cupy.float32) for dims in (spec.scratch(shape) if spec.scratch else {}).values()]
+    finish = None
     if isinstance(rung, ProductRung):
         run = rung.prepare(shape, *arrays)
+        if isinstance(run, tuple):
+            run, finish = run
     else:
         k = kernel(op, rung)
         run = lambda: rung.launch(k, shape, *arrays)  # noqa: E731
-    return Prepared(run, outputs, inputs)
+    return Prepared(run, outputs, inputs, finish)
 
 
 def check(op: str, rung, shape, rng) -> float:
     """The rung's largest relative error against the float64 reference over its outputs, at one shape."""
     prepared = prepare(op, rung, shape, rng)
     prepared.run()
+    if prepared.finish:
+        prepared.finish()
     want = OPS[op].reference(**{name: a.astype(np.float64) for name, a in prepared.inputs.items()})
     return max(rel_err(prepared.outputs[name].get(), want[name]) for name in want)
 

@@ -14,12 +14,18 @@ from mnist_cuda.kernel_cases import FP32_TOL
 from mnist_cuda.sizes import GRID_LIMIT
 
 # NVIDIA's H200 SXM datasheet (docs/performance.md, section 1, takes the same): FP32 67 TFLOP/s on the CUDA cores;
-# TF32 989 TFLOP/s on the tensor cores with structured sparsity, so about 495 dense; GPU memory 4.8 TB/s.
+# TF32 989 TFLOP/s on the tensor cores with structured sparsity, so about 495 dense, and BF16 twice that, about 990
+# dense; GPU memory 4.8 TB/s.
 # A rung's floor is its FLOPs at the peak of the units it runs on, or its fewest bytes at the bandwidth, whichever
 # takes longer; 3xTF32 issues three TF32 products for each one it computes.
 HBM_BYTES_PER_S = 4.8e12
-PEAK_FLOPS = {"fp32": 67e12, "tf32": 495e12, "3xtf32": 495e12 / 3}
-UNIT_WORDS = {"fp32": "fp32 on the CUDA cores", "tf32": "TF32 tensor cores", "3xtf32": "3xTF32, TF32 tensor cores"}
+PEAK_FLOPS = {"fp32": 67e12, "tf32": 495e12, "3xtf32": 495e12 / 3, "bf16": 990e12}
+UNIT_WORDS = {
+    "fp32": "fp32 on the CUDA cores",
+    "tf32": "TF32 tensor cores",
+    "3xtf32": "3xTF32, TF32 tensor cores",
+    "bf16": "bf16 tensor cores",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,16 +56,20 @@ class Rung:
 class ProductRung:
     """The top rung: the product's fast kernel itself, launched through its launch contract in mnist_cuda.ops, so
     the ladder cannot drift from what the step runs. prepare(shape, *inputs, *outputs) makes what the kernel needs
-    besides (staged weights, scratch) and returns the launch; accepts(shape) says which shapes the product takes
-    (it is built for the network's geometry)."""
+    besides (staged weights, scratch) and returns the launch, or (the launch, finish) where the kernel writes its
+    outputs in another type (bf16): finish, untimed, puts them into the op's float32 outputs for the check;
+    accepts(shape) says which shapes the product takes (it is built for the network's geometry). An op has its
+    product in fp32 (NN_product) and may have it in --precision bf16 as well (NN_product_bf16, above it), whose
+    bytes differ from the op's: work, if given, counts them."""
 
-    name: str  # NN_product
+    name: str  # NN_product or NN_product_bf16
     path: str  # the product's kernel file, under kernels/
     kernel: str  # the kernel the step launches (its form at the network's geometry)
     prepare: Callable
     accepts: Callable
     unit: str = "3xtf32"
     tolerance: float = FP32_TOL
+    work: Callable | None = None  # work(shape) -> (FLOPs, fewest bytes), where not the op's
 
     @property
     def file(self) -> str:
@@ -88,7 +98,7 @@ class Op:
 
 
 def floor_us(op: Op, rung, shape) -> float:
-    flops, nbytes = op.work(shape)
+    flops, nbytes = (getattr(rung, "work", None) or op.work)(shape)
     return max(flops / PEAK_FLOPS[rung.unit], nbytes / HBM_BYTES_PER_S) * 1e6
 
 
@@ -139,3 +149,22 @@ CONV_CHECK_SHAPES = (
 def is_conv2(s: Conv) -> bool:
     """The network's conv2 geometry, which the product's kernels are built for."""
     return (s.c, s.k, s.h, s.w) == (32, 64, 14, 14)
+
+
+# ---- bf16 storage, for the products' bf16 forms ------------------------------------------------------------------
+
+
+def to_bf16(a):
+    """A device float32 array as the step stores it in --precision bf16: its values rounded to the nearest bf16
+    (ties to even), as uint16 bits (mnist_cuda.ops.common.BF16)."""
+    import cupy
+
+    bits = cupy.ascontiguousarray(a).view(cupy.uint32)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(cupy.uint16)
+
+
+def from_bf16(bits, out):
+    """bf16 bits into the float32 device array out (exact)."""
+    import cupy
+
+    out[...] = (bits.astype(cupy.uint32) << 16).view(cupy.float32).reshape(out.shape)

@@ -63,19 +63,21 @@ def test_the_table_lists_every_rung_file_in_order():
     """Each folder of dev/ladder/ is an op of OPS, its .cu files exactly the op's own rungs, numbered upwards (gaps
     allowed: room for rungs to come); each file's one kernel is the rung's, named <op>_rung<NN>_<name> from rung 02
     on (rung 01 is the product's naive kernel, by its own name). The top rung, NN_product, is the product's kernel
-    file itself, numbered above the others, and holds the kernels it names."""
+    file itself, numbered above the others, and holds the kernels it names; the product in bf16, NN_product_bf16,
+    may stand above it."""
     folders = sorted(p.name for p in ladder.LADDER.iterdir() if p.is_dir())
     assert folders == sorted(ladder.OPS)
     for op, spec in ladder.OPS.items():
         own = [r for r in spec.rungs if isinstance(r, ladder_op.Rung)]
         top = spec.rungs[len(own) :]
-        assert len(top) <= 1 and all(isinstance(r, ladder_op.ProductRung) for r in top), op
+        assert all(isinstance(r, ladder_op.ProductRung) for r in top), op
+        assert [re.sub(r"^\d\d_", "", r.name) for r in top] in ([], ["product"], ["product", "product_bf16"]), op
         files = sorted(p.name for p in (ladder.LADDER / op).glob("*.cu"))
         assert files == [r.file for r in own], op
         numbers = [int(re.match(r"(\d\d)_\w+\.cu$", f).group(1)) for f in files]
         assert numbers[0] == 1 and numbers == sorted(set(numbers)), files
-        for rung in top:
-            assert re.fullmatch(r"\d\d_product", rung.name) and int(rung.name[:2]) > numbers[-1], rung.name
+        for below, rung in zip([numbers[-1]] + [int(r.name[:2]) for r in top], top):
+            assert int(rung.name[:2]) > below, rung.name
             product = (cuda.kernel_dir() / rung.path).read_text()
             for name in re.findall(r"\b(\w+_fast)\b", rung.kernel):
                 assert f" {name}(" in product, (rung.path, name)
@@ -169,9 +171,15 @@ def test_floor_is_the_slower_of_flops_and_bytes_at_the_rungs_peak():
     shape = ladder_op.Conv(64, 32, 64, 14, 14)
     flops, nbytes = CONV2_FORWARD.work(shape)
     assert flops == 2 * 64 * 64 * 196 * 32 * 9 and nbytes == 4 * (64 * 32 * 196 + 64 * 32 * 9 + 64 * 64 * 196)
-    naive, product = CONV2_FORWARD.rungs[0], CONV2_FORWARD.rungs[-1]
+    naive, product, bf16 = (
+        next(r for r in CONV2_FORWARD.rungs if r.name == n) for n in ("01_naive", "09_product", "10_product_bf16")
+    )
     assert ladder_op.floor_us(CONV2_FORWARD, naive, shape) == pytest.approx(flops / 67e12 * 1e6)  # compute-bound
     assert ladder_op.floor_us(CONV2_FORWARD, product, shape) == pytest.approx(3 * flops / 495e12 * 1e6)  # 3xTF32
+    # bf16: its own bytes (y as bf16), which take longer than its products at the bf16 rate
+    bf16_bytes = 4 * (64 * 32 * 196 + 64 * 32 * 9) + 2 * 64 * 64 * 196
+    assert ladder_op.floor_us(CONV2_FORWARD, bf16, shape) == pytest.approx(bf16_bytes / 4.8e12 * 1e6)
+    assert flops / 990e12 < bf16_bytes / 4.8e12
 
 
 # ---- the command ----------------------------------------------------------------------------------------------
@@ -216,7 +224,10 @@ def test_the_tables_and_the_json_with_the_gpu_stood_in_for(monkeypatch, tmp_path
     assert "FAIL" in printed and f"result: {out}" in printed
     result = json.loads(out.read_text())
     assert result["device"] == "Stand-in GPU"
-    assert result["peaks"] == {"flops": {"fp32": 67e12, "tf32": 495e12, "3xtf32": 165e12}, "hbm_bytes_per_s": 4.8e12}
+    assert result["peaks"] == {
+        "flops": {"fp32": 67e12, "tf32": 495e12, "3xtf32": 165e12, "bf16": 990e12},
+        "hbm_bytes_per_s": 4.8e12,
+    }
     accepted = [sum(rung.accepts(s) for s in CONV2_FORWARD.check_shapes) for rung in CONV2_FORWARD.rungs]
     assert accepted[:3] == [5, 5, 5] and accepted[-1] == 2  # the product: the network's geometry only
     assert [r["ok"] for r in result["checks"]] == [

@@ -18,10 +18,11 @@ argmax, or NO_POSITION where the ReLU blocked the window) and, from rung 04 on, 
 import dataclasses
 
 import numpy as np
-from ladder_op import Op, ProductRung, Rung
+from ladder_op import Op, ProductRung, Rung, from_bf16, to_bf16
 
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
+from mnist_cuda.kernel_cases import BF16_TOL
 from mnist_cuda.ops import bn_relu_pool
 from mnist_cuda.ops.common import MAX_PARTS, NO_POSITION, parts_of
 
@@ -163,6 +164,22 @@ def prepare_product(s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax
     return run
 
 
+def prepare_product_bf16(
+    s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
+):
+    """Rung 10: the product in --precision bf16, where conv2's output and its gradient are stored as bf16: x rounded
+    to bf16 (and x_at with it, as the forward stores it), dx written as bf16 and put into the float32 output after
+    the launch (untimed); the sums stay float32. Against the reference on the unrounded x."""
+    import cupy
+
+    x_at_rounded, dx_bits = cupy.empty_like(x_at), cupy.empty(dx.shape, cupy.uint16)
+    from_bf16(to_bf16(x_at), x_at_rounded)
+    run = prepare_product(
+        s, to_bf16(x), mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at_rounded, dx_bits, dgamma, dbeta
+    )
+    return run, lambda: from_bf16(dx_bits, dx)
+
+
 def product_accepts(s: Block) -> bool:
     """Even images (the apply writes each window's rows as float2) of at most PRODUCT_MAX_WINDOWS windows."""
     return s.s % 2 == 0 and (s.s // 2) ** 2 <= PRODUCT_MAX_WINDOWS
@@ -213,6 +230,12 @@ def _work(s: Block) -> tuple[float, float]:
     return 8.0 * elements, 8.0 * elements + 5.0 * windows + 4.0 * 5 * s.c
 
 
+def _work_bf16(s: Block) -> tuple[float, float]:
+    """As _work, with x read and dx written as bf16 (2 bytes a value each)."""
+    elements, windows = s.n * s.c * s.s * s.s, s.n * s.c * (s.s // 2) ** 2
+    return 8.0 * elements, 4.0 * elements + 5.0 * windows + 4.0 * 5 * s.c
+
+
 OP = Op(
     rungs=(
         Rung(
@@ -232,10 +255,20 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/3_bn_relu_pool.cu",
-            "batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast",
+            "batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast<float>",
             prepare_product,
             product_accepts,
             unit="fp32",
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/3_bn_relu_pool.cu",
+            "batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast<bfloat16>",
+            prepare_product_bf16,
+            product_accepts,
+            unit="fp32",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="BN2 + ReLU + pool's backward: x [N,64,14,14], d_pooled [N,64,7,7] -> dx [N,64,14,14], dgamma, dbeta [64]",

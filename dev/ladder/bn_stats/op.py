@@ -13,9 +13,10 @@ step does: the running statistics' outputs start from the old ones (OP.initial).
 import dataclasses
 
 import numpy as np
-from ladder_op import Op, ProductRung, Rung
+from ladder_op import Op, ProductRung, Rung, to_bf16
 
 from mnist_cuda import reference as ref
+from mnist_cuda.kernel_cases import BF16_TOL
 from mnist_cuda.ops import bn_relu_pool
 from mnist_cuda.ops.common import MAX_PARTS, parts_of
 
@@ -141,6 +142,17 @@ def prepare_product(s: Channels, x, old_mean, old_var, mean, invstd, running_mea
     )
 
 
+def prepare_product_bf16(s: Channels, x, old_mean, old_var, mean, invstd, running_mean, running_var):
+    """Rung 10: the product in --precision bf16, where conv2's output is stored as bf16: the same launch on x rounded
+    to bf16 (rounded here, untimed); the statistics stay float32. Against the reference on the unrounded x."""
+    return prepare_product(s, to_bf16(x), old_mean, old_var, mean, invstd, running_mean, running_var)
+
+
+def _work_bf16(s: Channels) -> tuple[float, float]:
+    """As _work, with x read as bf16 (2 bytes a value)."""
+    return 3.0 * s.n * s.c * s.hw, 2.0 * s.n * s.c * s.hw + 4.0 * 6 * s.c
+
+
 def _inputs(rng, s: Channels) -> dict:
     """x ~ N(0.5, 2^2) (mnist_cuda.kernel_cases' batchnorm cases), the old running mean ~ N(0, 1) and running
     variance |N(0, 1)| + 0.5."""
@@ -178,10 +190,20 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/3_bn_relu_pool.cu",
-            "batchnorm_stats_fast",
+            "batchnorm_stats_fast<float>",
             prepare_product,
             lambda s: s.hw <= PRODUCT_MAX_HW,
             unit="fp32",
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/3_bn_relu_pool.cu",
+            "batchnorm_stats_fast<bfloat16>",
+            prepare_product_bf16,
+            lambda s: s.hw <= PRODUCT_MAX_HW,
+            unit="fp32",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="BN2's statistics over a2 [N,64,14,14]: x [N,64,196] -> mean, invstd, running_mean, running_var [64]",

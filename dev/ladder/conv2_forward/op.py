@@ -5,11 +5,21 @@
 
 import dataclasses
 
-from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, conv_inputs, image_tile_grid, is_conv2
+from ladder_op import (
+    CONV_CHECK_SHAPES,
+    Conv,
+    Op,
+    ProductRung,
+    Rung,
+    conv_inputs,
+    from_bf16,
+    image_tile_grid,
+    is_conv2,
+)
 
 from mnist_cuda import cuda
 from mnist_cuda import reference as ref
-from mnist_cuda.kernel_cases import TF32_TOL
+from mnist_cuda.kernel_cases import BF16_TOL, TF32_TOL
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
 
@@ -98,6 +108,25 @@ def prepare_product(s: Conv, x, w, y):
     return lambda: conv2.forward(x, forward_quads, y, s.n, s.c, s.k, "fp32", product)
 
 
+def prepare_product_bf16(s: Conv, x, w, y):
+    """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores and y written as bf16, as the step
+    stores conv2's output there; y put into the float32 output after the launch (untimed)."""
+    import cupy
+
+    product = conv2.forward_product(s.n, "bf16")
+    forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "bf16", product), 4), cupy.float32)
+    input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "bf16", "backward_input"), 4), cupy.float32)
+    conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", product)
+    y_bits = cupy.empty(y.shape, cupy.uint16)
+    return lambda: conv2.forward(x, forward_quads, y_bits, s.n, s.c, s.k, "bf16", product), lambda: from_bf16(y_bits, y)
+
+
+def _work_bf16(s: Conv) -> tuple[float, float]:
+    """As _work, with y written as bf16 (2 bytes a value)."""
+    flops, _ = _work(s)
+    return flops, 4.0 * (s.n * s.c * s.h * s.w + s.k * s.c * 9) + 2.0 * s.n * s.k * s.h * s.w
+
+
 def _work(s: Conv) -> tuple[float, float]:
     """2 FLOPs per multiply-add; x and w read and y written once, as float32."""
     return 2.0 * s.n * s.k * s.h * s.w * s.c * 9, 4.0 * (s.n * s.c * s.h * s.w + s.k * s.c * 9 + s.n * s.k * s.h * s.w)
@@ -123,6 +152,16 @@ OP = Op(
             "conv2_forward_stacked_fast (batch <= 96), conv2_forward_fast<Precision::Fp32>",
             prepare_product,
             is_conv2,
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_forward_fast<Precision::Bf16>",
+            prepare_product_bf16,
+            is_conv2,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="x [N,32,14,14], w [64,32,3,3] -> y [N,64,14,14]",

@@ -7,10 +7,10 @@ transposed kernel). In ladder_op.Conv, c is dx's channels (the layer's input cha
 """
 
 import numpy as np
-from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, conv_inputs, image_tile_grid, is_conv2
+from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, conv_inputs, image_tile_grid, is_conv2, to_bf16
 
 from mnist_cuda import reference as ref
-from mnist_cuda.kernel_cases import TF32_TOL
+from mnist_cuda.kernel_cases import BF16_TOL, TF32_TOL
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
 
@@ -71,6 +71,25 @@ def prepare_product(s: Conv, dy, w, dx):
     return lambda: conv2.backward_input(dy, input_grad_quads, dx, s.n, s.c, s.k, "fp32", product)
 
 
+def prepare_product_bf16(s: Conv, dy, w, dx):
+    """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, from dy stored as bf16, as the
+    step stores conv2's output gradient there (rounded here, untimed: the product would round it to the same values)."""
+    import cupy
+
+    forward, product = conv2.forward_product(s.n, "bf16"), conv2.input_grad_product(s.n, "bf16")
+    forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "bf16", forward), 4), cupy.float32)
+    input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "bf16", product), 4), cupy.float32)
+    conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", forward, product)
+    dy_bits = to_bf16(dy)
+    return lambda: conv2.backward_input(dy_bits, input_grad_quads, dx, s.n, s.c, s.k, "bf16", product)
+
+
+def _work_bf16(s: Conv) -> tuple[float, float]:
+    """As _work, with dy read as bf16 (2 bytes a value)."""
+    flops, _ = _work(s)
+    return flops, 2.0 * s.n * s.k * s.h * s.w + 4.0 * (s.k * s.c * 9 + s.n * s.c * s.h * s.w)
+
+
 def _inputs(rng, s: Conv) -> dict:
     """dy ~ N(0, 1) and w ~ N(0, 1 / (9 C)), as conv_inputs draws x and w."""
     dy = rng.standard_normal((s.n, s.k, s.h, s.w)).astype(np.float32)
@@ -119,6 +138,16 @@ OP = Op(
             "conv2_backward_input_fast<Precision::Fp32> (batch < 2048), conv2_backward_input_paired_fast",
             prepare_product,
             is_conv2,
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_backward_input_fast<Precision::Bf16>",
+            prepare_product_bf16,
+            is_conv2,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="dy [N,64,14,14], w [64,32,3,3] -> dx [N,32,14,14]",

@@ -9,10 +9,11 @@ sized for the most parts a launch makes.
 """
 
 import numpy as np
-from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, is_conv2
+from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, is_conv2, to_bf16
 
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
+from mnist_cuda.kernel_cases import BF16_TOL
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
 from mnist_cuda.ops import splitk_reduce
 from mnist_cuda.sizes import GRID_LIMIT
@@ -98,6 +99,28 @@ def prepare_product(s: Conv, x, dy, dw, _split_partial):
     return run
 
 
+def prepare_product_bf16(s: Conv, x, dy, dw, _split_partial):
+    """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, from dy stored as bf16, as the
+    step stores conv2's output gradient there (rounded here, untimed: the product would round it to the same
+    values); the parts summed as in rung 09."""
+    import cupy
+
+    partial = cupy.empty(conv2.weight_grad_partial_size(s.c, s.k), cupy.float32)
+    dy_bits = to_bf16(dy)
+
+    def run():
+        parts = conv2.backward_weight(x, dy_bits, partial, s.n, s.c, s.k, "bf16")
+        splitk_reduce.splitk_reduce(partial, parts, dw)
+
+    return run
+
+
+def _work_bf16(s: Conv) -> tuple[float, float]:
+    """As _work, with dy read as bf16 (2 bytes a value)."""
+    flops, _ = _work(s)
+    return flops, 4.0 * (s.n * s.c * s.h * s.w + s.k * s.c * 9) + 2.0 * s.n * s.k * s.h * s.w
+
+
 def _work(s: Conv) -> tuple[float, float]:
     """2 FLOPs per multiply-add; x and dy read and dw written once, as float32."""
     return 2.0 * s.k * s.c * 9 * s.n * s.h * s.w, 4.0 * (s.n * s.c * s.h * s.w + s.n * s.k * s.h * s.w + s.k * s.c * 9)
@@ -126,6 +149,16 @@ OP = Op(
             "conv2_backward_weight_fast<Precision::Fp32>, its parts summed by splitk_reduce (fast/6_splitk_reduce.cu)",
             prepare_product,
             is_conv2,
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_backward_weight_fast<Precision::Bf16>, its parts summed by splitk_reduce (fast/6_splitk_reduce.cu)",
+            prepare_product_bf16,
+            is_conv2,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="x [N,32,14,14], dy [N,64,14,14] -> dw [64,32,3,3]",
