@@ -9,7 +9,7 @@ import numpy as np
 from .. import reference as ref
 from ..ops import bn_relu_pool
 from ..ops import conv1_bn_relu_pool as conv1
-from ..ops.common import BF16, NO_POSITION
+from ..ops.common import NO_POSITION, STORED_TYPES
 from .common import (
     BF16_TOL,
     BLOCK1_OPS,
@@ -30,7 +30,7 @@ from .common import (
 
 # The type conv2's output (block 2's input a) and its gradient are stored in, as the case names show it: float32,
 # or bf16 in --precision bf16 (conv2_implicit_gemm.stored_dtype)
-STORED = {"float": np.float32, "bfloat16": BF16}
+STORED = {name: dtype for dtype, name in STORED_TYPES.items()}
 
 
 def argmax_near_ties(windows):

@@ -42,13 +42,13 @@ def precision_kernels(src: cuda.Source, op: str, names, precisions: dict):
 # bf16 activations in device memory (conv2's output and its gradient with --precision bf16): the upper 16 bits of
 # each float32, as uint16 arrays (CuPy has no bfloat16); the kernels' type for them is bfloat16 (common.cuh)
 BF16 = np.uint16
-_STORED_TYPES = {np.dtype(np.float32): "float", np.dtype(BF16): "bfloat16"}
+STORED_TYPES = {np.dtype(np.float32): "float", np.dtype(BF16): "bfloat16"}
 
 
 def stored_kernels(src: cuda.Source, name: str) -> dict:
     """The instantiations name<float> and name<bfloat16> of a kernel template over a stored activation's type,
     keyed by the arrays' dtype (float32, BF16)."""
-    return {dtype: src.kernel(f"{name}<{t}>") for dtype, t in _STORED_TYPES.items()}
+    return {dtype: src.kernel(f"{name}<{t}>") for dtype, t in STORED_TYPES.items()}
 
 
 def stored_kernel(kernels: dict, what: str, *arrays):
