@@ -398,10 +398,10 @@ def test_conv2_weight_mirror_is_the_kernels_arithmetic():
         assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), product
 
 
-def test_conv2_output_and_gradient_are_stored_as_bf16_in_bf16():
-    """In bf16 conv2's output (the forward's y) and its gradient (both gradients' dy) are bf16 bits, as autocast
-    stores them, float32 in the other precisions; a buffer of the other type is refused before any launch, and
-    block 2's BatchNorm kernels take a and d_a of one type."""
+def test_conv2_input_output_and_gradient_are_stored_as_bf16_in_bf16():
+    """In bf16 conv2's input (x of the forward and the weight gradient), its output (the forward's y) and y's
+    gradient (both gradients' dy) are bf16 bits, as autocast stores them, float32 in the other precisions; a buffer
+    of the other type is refused before any launch, and block 2's BatchNorm kernels take a and d_a of one type."""
     from mnist_cuda.ops import bn_relu_pool
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
     from mnist_cuda.ops.common import BF16
@@ -410,12 +410,17 @@ def test_conv2_output_and_gradient_are_stored_as_bf16_in_bf16():
     assert conv2.stored_dtype("fp32") == conv2.stored_dtype("tf32") == np.dtype(np.float32)
     forward_quads = np.empty((conv2.weight_quads(32, 64, "bf16", "forward"), 4), np.float32)
     grad_quads = np.empty((conv2.weight_quads(64, 32, "fp32", "backward_input"), 4), np.float32)
+    x16, x32 = np.empty((1, 32, 14, 14), BF16), np.empty((1, 32, 14, 14), np.float32)
     with pytest.raises(ValueError, match="y is float32; conv2 stores it as uint16 in bf16"):
-        conv2.forward(None, forward_quads, np.empty((1, 64, 14, 14), np.float32), 1, 32, 64, "bf16")
+        conv2.forward(x16, forward_quads, np.empty((1, 64, 14, 14), np.float32), 1, 32, 64, "bf16")
+    with pytest.raises(ValueError, match="x is float32; conv2 stores it as uint16 in bf16"):
+        conv2.forward(x32, forward_quads, np.empty((1, 64, 14, 14), BF16), 1, 32, 64, "bf16")
     with pytest.raises(ValueError, match="dy is uint16; conv2 stores it as float32 in fp32"):
         conv2.backward_input(np.empty((1, 64, 14, 14), BF16), grad_quads, None, 1, 32, 64, "fp32")
     with pytest.raises(ValueError, match="dy is float32; conv2 stores it as uint16 in bf16"):
-        conv2.backward_weight(None, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "bf16")
+        conv2.backward_weight(x16, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "bf16")
+    with pytest.raises(ValueError, match="x is uint16; conv2 stores it as float32 in fp32"):
+        conv2.backward_weight(x16, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "fp32")
     a, d_a = np.empty((1, 8, 14, 14), BF16), np.empty((1, 8, 14, 14), np.float32)
     with pytest.raises(ValueError, match="a and d_a must be float32, or bf16 \\(uint16\\) alike; got uint16, float32"):
         bn_relu_pool.backward_apply(a, *[None] * 7, 1, 8, 14, d_a)

@@ -176,8 +176,8 @@ def test_floor_is_the_slower_of_flops_and_bytes_at_the_rungs_peak():
     )
     assert ladder_op.floor_us(CONV2_FORWARD, naive, shape) == pytest.approx(flops / 67e12 * 1e6)  # compute-bound
     assert ladder_op.floor_us(CONV2_FORWARD, product, shape) == pytest.approx(3 * flops / 495e12 * 1e6)  # 3xTF32
-    # bf16: its own bytes (y as bf16), which take longer than its products at the bf16 rate
-    bf16_bytes = 4 * (64 * 32 * 196 + 64 * 32 * 9) + 2 * 64 * 64 * 196
+    # bf16: its own bytes (x and y as bf16), which take longer than its products at the bf16 rate
+    bf16_bytes = 4 * 64 * 32 * 9 + 2 * (64 * 32 * 196 + 64 * 64 * 196)
     assert ladder_op.floor_us(CONV2_FORWARD, bf16, shape) == pytest.approx(bf16_bytes / 4.8e12 * 1e6)
     assert flops / 990e12 < bf16_bytes / 4.8e12
 

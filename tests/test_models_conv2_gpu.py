@@ -7,8 +7,8 @@ single-model launches are checked against the float64 reference by mnist_cuda.ke
 (tests/test_gpu_kernels.py), so bit-equality checks the K-model launches too.
 
 Each product runs in every form (the 3xTF32 forms at every batch, not only where the step picks them) and both
-ways it is compiled: for sm_90a (wgmma; Hopper only) and for plain sm_XY (mma.sync). conv2's output and its
-gradient are stored as the step stores them at each precision (bf16 in bf16)."""
+ways it is compiled: for sm_90a (wgmma; Hopper only) and for plain sm_XY (mma.sync). conv2's input, its output and
+the output's gradient are stored as the step stores them at each precision (bf16 in bf16)."""
 
 import numpy as np
 import pytest
@@ -67,10 +67,10 @@ class Models:
         self.own_w = [
             cupy.asarray(params[m * self.stride + PAD :][: self.size].reshape(c_out, c_in, 3, 3)) for m in range(MODELS)
         ]
-        self.x = cupy.asarray(rng.standard_normal((MODELS * batch, c_in, S, S)).astype(np.float32))
+        x = rng.standard_normal((MODELS * batch, c_in, S, S)).astype(np.float32)
         dy = rng.standard_normal((MODELS * batch, c_out, S, S)).astype(np.float32)
-        self.stored = conv2.stored_dtype(precision)  # dy as conv2 stores it
-        self.dy = cupy.asarray(round_bf16_bits(dy) if self.stored != np.float32 else dy)
+        self.stored = conv2.stored_dtype(precision)  # x and dy as conv2 stores them
+        self.x, self.dy = (cupy.asarray(round_bf16_bits(a) if self.stored != np.float32 else a) for a in (x, dy))
 
     def own(self, a, m: int):
         """A copy of model m's part of the stacked batch a."""

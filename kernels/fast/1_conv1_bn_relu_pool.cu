@@ -89,12 +89,13 @@ extern "C" __global__ void __launch_bounds__(CONV1_THREADS)
 // 72 registers): with three, its warps leave the schedulers idle more often (docs/performance.md).
 // grid (N, ceil(C/CHANNELS), models), CONV1_THREADS threads. Per model: x [N,1,28,28], moments
 // [CONV1_MOMENTS], mean and invstd [C], pooled and argmax [N,C,14,14]; its w, gamma and beta param_stride
-// floats after the previous model's, its running statistics running_stride.
-template <int CHANNELS>
+// floats after the previous model's, its running statistics running_stride. Out, pooled's type: float, or
+// bfloat16 (in --precision bf16 conv2's input is stored as bf16, as autocast stores it for the convolution).
+template <int CHANNELS, class Out>
 __global__ void __launch_bounds__(CONV1_THREADS, 4)
     conv1_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
                             float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
-                            const float* gamma, const float* beta, int N, int C, float* pooled, unsigned char* argmax,
+                            const float* gamma, const float* beta, int N, int C, Out* pooled, unsigned char* argmax,
                             int param_stride, int running_stride) {
     static_assert(CHANNELS % GROUP_CHANNELS == 0, "whole groups of channels per block");
     __shared__ __align__(16) float img[2][P1 * P1];
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(CONV1_THREADS, 4)
     for_each_staged_image<CONV1_THREADS>(
         x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float* image) {
             for (int item = threadIdx.x; item < WINDOWS * (CHANNELS / GROUP_CHANNELS); item += CONV1_THREADS)
-                pool_item<CHANNELS>(item, n, image, C, c0, ws, bn, pooled, argmax);
+                pool_item<CHANNELS, Out>(item, n, image, C, c0, ws, bn, pooled, argmax);
         });
 }
 

@@ -54,10 +54,11 @@ __device__ __forceinline__ void channel_stats(const double* moments, const float
 // Item `item` of image n for the block's CHANNELS channels c0..: pooled = maxpool(relu(bn(conv1))) and the
 // position, for each channel of the item's group, at its window. The window's 4x4 patch is loaded once for
 // the group (8 shared loads for 4 x 36 multiply-adds), and each channel's mean, invstd, gamma and beta (bn)
-// as one float4.
-template <int CHANNELS>
+// as one float4. Out: float, or bfloat16 (conv2's input in --precision bf16: the position is taken from the
+// float value, before it is rounded).
+template <int CHANNELS, class Out>
 __device__ __forceinline__ void pool_item(int item, int n, const float* image, int C, int c0,
-                                          const float4 (&ws)[CHANNELS][3], const float4 (&bn)[CHANNELS], float* pooled,
+                                          const float4 (&ws)[CHANNELS][3], const float4 (&bn)[CHANNELS], Out* pooled,
                                           unsigned char* argmax) {
     const int t = item % WINDOWS, g0 = item / WINDOWS * GROUP_CHANNELS;
     const int channels = min(GROUP_CHANNELS, C - (c0 + g0));     // (fewer in a last group past C)
@@ -74,7 +75,7 @@ __device__ __forceinline__ void pool_item(int item, int n, const float* image, i
         const float v =
             relu_max4(batchnorm_apply(a[0], s.x, s.y, s.z, s.w), batchnorm_apply(a[1], s.x, s.y, s.z, s.w),
                       batchnorm_apply(a[2], s.x, s.y, s.z, s.w), batchnorm_apply(a[3], s.x, s.y, s.z, s.w), &at);
-        pooled[at0 + k * WINDOWS] = v;
+        store_value(pooled + at0 + k * WINDOWS, v);
         argmax[at0 + k * WINDOWS] = pool_position(v, at);
     }
 }

@@ -26,7 +26,8 @@
 // its tensor work. Precision::Bf16 rounds both operands to bf16 (about 3e-3 relative error) and multiplies
 // once, 16 k per instruction: the TF32 form's layouts with 8 values in each 16 bytes, so a chunk is 16
 // channels and a weight-gradient item 8 images, and each product needs half the instructions of plain TF32.
-// In Bf16, conv2's output y and its gradient dy are stored as bf16 too (conv2_stored, 2_conv2_tile_forms.cuh).
+// In Bf16, conv2's input x, its output y and y's gradient dy are stored as bf16 too (conv2_stored,
+// 2_conv2_tile_forms.cuh); x's gradient dx stays float32.
 
 // grid (ceil(one model's quads / block), 1, models): model m's w at +m * param_stride, its staged weights at
 // +m * (one model's quads of each product)
@@ -43,10 +44,10 @@ constexpr int image_tile_blocks_per_sm = F == TileForm::Paired ? 3 : 4;
 
 // grid (models * N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), CONV_THREADS threads, dynamic shared memory;
 // N and images_per_model: one model's batch; x, y: the models' batches one after another, [models][N][..];
-// forward_quads: the models' staged weights, [models][one model's quads]; y in conv2_stored<P> (bf16 in Bf16)
+// forward_quads: the models' staged weights, [models][one model's quads]; x and y in conv2_stored<P> (bf16 in Bf16)
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, false>>)
-    conv2_forward_fast(const float* x, const float4* forward_quads, conv2_stored<P>* y, int N, int C, int K,
+    conv2_forward_fast(const conv2_stored<P>* x, const float4* forward_quads, conv2_stored<P>* y, int N, int C, int K,
                        int images_per_model) {
     conv3x3_image_tile<P, tile_form<P, false>>(x, forward_quads, y, C, K, images_per_model);
 }
@@ -77,10 +78,10 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per
 
 // grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
 // memory; N: one model's batch; x, dy: [models][N][..]; partial [models][parts][K][C][3][3] (with one part and
-// one model: dw itself); dy in conv2_stored<P>
+// one model: dw itself); x and dy in conv2_stored<P>
 template <Precision P>
 __global__ void __launch_bounds__(WGRAD_THREADS, 1)
-    conv2_backward_weight_fast(const float* x, const conv2_stored<P>* dy, float* partial, int N, int C, int K,
+    conv2_backward_weight_fast(const conv2_stored<P>* x, const conv2_stored<P>* dy, float* partial, int N, int C, int K,
                                int items_per_part) {
     conv3x3_weight_grad_rows<P>(x, dy, partial, N, C, K, items_per_part);
 }

@@ -71,10 +71,10 @@ static_assert(WGRAD_OUT * sums_row_floats <= WGRAD_X_SLOTS * x_row_floats + 2 * 
 // while the tensor cores work on item i, item i + 1's registers (fetched during item i - 1) are stashed and
 // item i + 2's loads are issued, so their latency passes behind a whole item. next belongs to
 // conv3x3_weight_grad_rows, which the staging refers to: as a member of the struct the same code compiles to
-// other instructions. A bf16 dy row (Bf16) is fetched as its bits (fetch_pair) and stashed as they are.
+// other instructions. In Bf16 x's and dy's rows are bf16: fetched as their bits (fetch_pair), stashed as they are.
 template <Precision PR>
 struct WeightGradStaging {
-    const float* x;              // [N][C][14][14]
+    const conv2_stored<PR>* x;   // [N][C][14][14], bf16 in Bf16
     const conv2_stored<PR>* dy;  // [N][K][14][14], bf16 in Bf16
     float* smem;                 // x's slots, [slot][pixel][octet][part][8][4]
     float* dy_slots;             // dy's two slots, [slot][pixel][octet][part][8][4]
@@ -91,7 +91,7 @@ struct WeightGradStaging {
     }
     // Where the rows of an item start, at the block's first channel: image quad item / 14, and x's row (grid
     // row p, image row p - 1) or dy's row item % 14.
-    __device__ __forceinline__ const float* x_row(int item, int p) const {
+    __device__ __forceinline__ const conv2_stored<PR>* x_row(int item, int p) const {
         constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
         return x + ((size_t)(model_image + item / S * IMAGES) * C + c0) * SS + (p - 1) * S;
     }
@@ -119,10 +119,11 @@ struct WeightGradStaging {
         for (int i = 0; i < IMAGES; i++)
             v[i] = inside && img0 + i < N ? fetch_pair(src + i * image_stride) : make_float2(0.0f, 0.0f);
     }
+    // Whether the rows are bf16, fetched as their bits.
+    static constexpr bool BITS = PR == Precision::Bf16;
     // v, task f's, into a staged row (pixels `pixel` floats apart), split into its parts: octet f / 64's big
-    // parts, then its small parts. BITS: v holds a bf16 row's bits (fetch_pair), whose 16-byte units of 8 images
-    // are byte permutations of them.
-    template <bool BITS>
+    // parts, then its small parts. In Bf16 (BITS) v holds a bf16 row's bits (fetch_pair), whose 16-byte units of
+    // 8 images are byte permutations of them.
     __device__ __forceinline__ void store(float* row, int f, int pixel, const float2* v) const {
         constexpr int PAIRS = CONV2_SIZE / 2, IMAGES = wgrad_images<PR>;
         const int pair = f / 8 % 8;
@@ -160,13 +161,12 @@ struct WeightGradStaging {
     }
     // next into the item's slots.
     __device__ __forceinline__ void stash(int item) {
-        constexpr bool DY_BITS = PR == Precision::Bf16;  // dy is stored as bf16
         float* dy_s = dy_slots + (item - first) % 2 * dy_row_floats;
-        store<DY_BITS>(dy_s, f_dy, dy_pixel_floats, next[0]);
+        store(dy_s, f_dy, dy_pixel_floats, next[0]);
         if (tid < 128)
-            store<DY_BITS>(dy_s, f_second, dy_pixel_floats, next[1]);
+            store(dy_s, f_second, dy_pixel_floats, next[1]);
         else  // after the border column
-            store<false>(x_slot(item, item % CONV2_SIZE + 2) + x_pixel_floats, f_second, x_pixel_floats, next[1]);
+            store(x_slot(item, item % CONV2_SIZE + 2) + x_pixel_floats, f_second, x_pixel_floats, next[1]);
     }
     // An item that starts a run or an image quad also needs its first two x rows (grid rows r, r + 1).
     __device__ __forceinline__ void stage_first_rows(int item) {
@@ -177,7 +177,7 @@ struct WeightGradStaging {
             const int p = r + e / x_row_tasks;
             float2 v[IMAGES];
             load(x_row(item, p), e % x_row_tasks, C - c0, C * SS, p >= 1, img0, v);
-            store<false>(x_slot(item, p) + x_pixel_floats, e % x_row_tasks, x_pixel_floats, v);
+            store(x_slot(item, p) + x_pixel_floats, e % x_row_tasks, x_pixel_floats, v);
         }
     }
 };
@@ -300,8 +300,8 @@ __device__ __forceinline__ void store_weight_grad(const WeightGradAccumulators& 
 // are its batch of N images and its partial results are its parts ([model][gridDim.x][K][C][3][3]), so each
 // model's parts hold what a launch for that model alone writes.
 template <Precision PR>
-__device__ __forceinline__ void conv3x3_weight_grad_rows(const float* x, const conv2_stored<PR>* dy, float* partial,
-                                                         int N, int C, int K, int items_per_part) {
+__device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>* x, const conv2_stored<PR>* dy,
+                                                         float* partial, int N, int C, int K, int items_per_part) {
     constexpr int IMAGES = wgrad_images<PR>, S = CONV2_SIZE, X_PIXEL = x_pixel_floats;
     extern __shared__ float4 conv_shared[];
     float* smem = reinterpret_cast<float*>(conv_shared);  // x: [slot][pixel][part][channel][4]; dy: [slot][pixel]...

@@ -12,7 +12,7 @@ import numpy as np
 from .. import cuda, data
 from .. import reference as ref
 from ..ops import conv2_implicit_gemm as conv2
-from ..ops.common import BF16
+from ..ops.common import BF16, bf16_values
 
 EPS, MOMENTUM = ref.BN_EPS, ref.BN_MOMENTUM
 # The op families: one per file of kernels/naive/ (its op: naive/3_batchnorm.cu, batchnorm), in the step's
@@ -106,11 +106,6 @@ def round_bf16_bits(v: np.ndarray) -> np.ndarray:
     finite v)."""
     bits = np.asarray(v, np.float32).view(np.uint32).astype(np.uint64)
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
-
-
-def bf16_values(bits: np.ndarray) -> np.ndarray:
-    """float32 values of bf16 bits (uint16): exact."""
-    return (np.asarray(bits, np.uint16).astype(np.uint32) << 16).view(np.float32)
 
 
 def round_bf16(v: np.ndarray) -> np.ndarray:

@@ -125,15 +125,15 @@ def conv_forward_case(layer, version="naive", forward="forward"):
     def make(rng, d):
         N, C, K, S = _geometry(d, layer)
         x, w = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
-        stored = np.float32 if version == "naive" else conv2.stored_dtype(version)  # y: bf16 in bf16
-        xd, wd, y = _dev(x), _dev(w), _poison((N, K, S, S), stored)
+        stored = np.float32 if version == "naive" else conv2.stored_dtype(version)  # x and y: bf16 in bf16
+        xd, wd, y = _dev(x, stored), _dev(w), _poison((N, K, S, S), stored)
         if version == "naive":
             run = lambda: naive.conv2d_forward(xd, wd, y, N, C, K, S)
         else:
             forward_quads, _ = _weight_quads(wd, C, K, version, forward)
             run = lambda: conv2.forward(xd, forward_quads, y, N, C, K, version, forward)
         return Prepared(
-            run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)}, (2.0 * y.size * C * 9, _bytes(x, w, y))
+            run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)}, (2.0 * y.size * C * 9, _bytes(xd, w, y))
         )
 
     name = (
@@ -189,8 +189,8 @@ def conv_backward_weight_case(layer, version="naive"):
     def make(rng, d):
         N, C, K, S = _geometry(d, layer)
         x, w, dy = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3)), _f32(rng, (N, K, S, S))
-        stored = np.float32 if version == "naive" else conv2.stored_dtype(version)  # dy: bf16 in bf16
-        xd, dyd, dw = _dev(x), _dev(dy, stored), _poison((K, C, 3, 3))
+        stored = np.float32 if version == "naive" else conv2.stored_dtype(version)  # x and dy: bf16 in bf16
+        xd, dyd, dw = _dev(x, stored), _dev(dy, stored), _poison((K, C, 3, 3))
         if version == "naive":
             run = lambda: naive.conv2d_backward_weight(xd, dyd, dw, N, C, K, S)
         else:
@@ -201,7 +201,7 @@ def conv_backward_weight_case(layer, version="naive"):
                 splitk_reduce(partial, parts, dw)
 
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
-        return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(x, dyd, dw)))
+        return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(xd, dyd, dw)))
 
     name = (
         "conv2d_backward_weight_naive"

@@ -182,14 +182,15 @@ def bn_eval_stats_fast_case():
 
 
 def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
-    """conv1_bn_relu_pool_fast (layer 1, per_block channels per block) or batchnorm_relu_maxpool_fast (a stored
-    as `stored`, "float" or "bfloat16"): pooled = maxpool(relu(bn(a))) with given statistics; for layer 1 in
-    training (train=True) with the batch's own, from its image moments (the kernel also saves them and updates
-    the running statistics)."""
+    """conv1_bn_relu_pool_fast (layer 1, per_block channels per block, pooled stored as `stored`, "float" or
+    "bfloat16") or batchnorm_relu_maxpool_fast (a stored as `stored`): pooled = maxpool(relu(bn(a))) with given
+    statistics; for layer 1 in training (train=True) with the batch's own, from its image moments (the kernel also
+    saves them and updates the running statistics)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
         (x, xd), w = _block_input(rng, d, layer, 1.0, 0.0, STORED[stored]), _f32(rng, (K, C_in, 3, 3), 1 / 3)
+        pooled_type = STORED[stored] if layer == 1 else np.float32
         mean, invstd, gamma, beta = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5, _f32(rng, K), _f32(rng, K, 0.5)
         a = ref.conv2d_forward(x.astype(np.float64), w) if layer == 1 else x.astype(np.float64)
         outs, expected, stats = {}, {}, [_dev(v) for v in (mean, invstd, gamma, beta)]
@@ -208,7 +209,7 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
         # both blocks mark the windows the ReLU blocked
         peak = ref._pool_windows(z).max(axis=-1)
         argmax, compare = blocked_positions(pooled, argmax), positions_near_ties(windows, peak)
-        outs["pooled"], outs["argmax"] = _poison(pooled.shape), _poison(pooled.shape, np.uint8)
+        outs["pooled"], outs["argmax"] = _poison(pooled.shape, pooled_type), _poison(pooled.shape, np.uint8)
         expected.update(pooled=pooled, argmax=argmax)
         y, am = outs["pooled"], outs["argmax"]
         if layer == 1:
@@ -232,8 +233,11 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
                 am,
                 per_block=per_block,
             )
-            work = (2.0 * a.size * 9, _bytes(xd) + pooled.nbytes / 2)
-            return Prepared(run, outs, expected, work, compare={"argmax": compare})
+            work = (2.0 * a.size * 9, _bytes(xd, y) + pooled.nbytes / 8)
+            # with pooled as bf16 the case's tolerance is bf16's; the statistics are float32's still
+            held = held_to(FP32_TOL, BF16_TOL) if stored == "bfloat16" else None
+            stats_compare = {k: held for k in ("mean", "invstd", "running_mean", "running_var") if held and k in outs}
+            return Prepared(run, outs, expected, work, compare={"argmax": compare, **stats_compare})
         a_windows = ref._pool_windows(x.astype(np.float64))
         outs["a_at"] = _poison(pooled.shape)
         expected["a_at"] = np.take_along_axis(a_windows, argmax.astype(np.int64)[..., None] % 4, -1)[..., 0]
@@ -249,7 +253,8 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
 
     mode = "[train]" if train else "[eval]"
     if layer == 1:
-        return Case(f"conv1_bn_relu_pool_fast<{per_block}>[block1]{mode}", make, ops=BLOCK1_OPS)
+        tol = BF16_TOL if stored == "bfloat16" else FP32_TOL
+        return Case(f"conv1_bn_relu_pool_fast<{per_block}, {stored}>[block1]{mode}", make, tol, ops=BLOCK1_OPS)
     assert not train, "block 2's statistics come from batchnorm_stats_fast"
     return Case(f"batchnorm_relu_maxpool_fast<{stored}>[block2]", make, ops=BLOCK2_OPS)
 

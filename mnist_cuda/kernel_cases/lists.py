@@ -46,9 +46,10 @@ def fast_cases() -> list[Case]:
         + [bn_stats_fast_case(stored) for stored in STORED]
         + [bn_eval_stats_fast_case()]
         + [
-            bn_relu_pool_fast_case(1, train, per_block)
+            bn_relu_pool_fast_case(1, train, per_block, stored)
             for train in (True, False)
             for per_block in conv1.FORWARD_CHANNELS
+            for stored in STORED
         ]
         + [bn_relu_pool_fast_case(2, stored=stored) for stored in STORED]
         + [block_backward_fast_case(1, per_block) for per_block in conv1.BACKWARD_CHANNELS]

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import cuda, ops
 from ..ops import bn_relu_pool, conv1_bn_relu_pool, conv2_implicit_gemm, head, linear_splitk
-from ..ops.common import NO_POSITION
+from ..ops.common import NO_POSITION, widen
 from ..ops.sgd_zero_grad import sgd_momentum_zero_grad, sgd_zero_grad
 from .base import EPS, MOMENTUM, PRECISIONS, S2, S3, SLOTS, _Net
 from .parameters import Parameters
@@ -52,15 +52,15 @@ class FastNet(_Net):
         self.mean1, self.invstd1 = cp.empty(rows(c1), f32), cp.empty(rows(c1), f32)
         self.partial1 = cp.empty(rows(conv1_bn_relu_pool.backward_partial_size(c1)), f32)
         self.counters1 = cp.zeros((2, *rows(c1)), cp.uint32)  # last-block counters: moments, backward
-        self.out1, self.argmax1 = cp.empty((KB, c1, S2, S2), f32), cp.empty((KB, c1, S2, S2), cp.uint8)
+        # conv2's input, conv2's output and its gradient: as bf16 in bf16 (conv2_implicit_gemm.stored_dtype)
+        stored = conv2_implicit_gemm.stored_dtype(precision)
+        self.out1, self.argmax1 = cp.empty((KB, c1, S2, S2), stored), cp.empty((KB, c1, S2, S2), cp.uint8)
         self.moment_partial = cp.empty(rows(*conv1_bn_relu_pool.moment_partial_shape()), cp.float64)
         self.moments = [cp.empty(rows(conv1_bn_relu_pool.CONV1_MOMENTS), cp.float64) for _ in range(SLOTS)]
         # block 2
         self.mean2, self.invstd2 = cp.empty(rows(c2), f32), cp.empty(rows(c2), f32)
         self.partial2 = cp.empty(rows(bn_relu_pool.partial_size(c2)), f32)
         self.counters2 = cp.zeros((2, *rows(c2)), cp.uint32)  # last-block counters: statistics, backward
-        # conv2's output and its gradient, as bf16 in bf16 (conv2_implicit_gemm.stored_dtype)
-        stored = conv2_implicit_gemm.stored_dtype(precision)
         self.a2, self.d_a2 = cp.empty((KB, c2, S2, S2), stored), cp.empty((KB, c2, S2, S2), stored)
         self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), f32), cp.empty((KB, c2, S3, S3), cp.uint8)
         self.a2_at = cp.empty((KB, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
@@ -325,7 +325,7 @@ class FastNet(_Net):
             return np.where(argmax == NO_POSITION, 0, argmax).astype(np.uint8)
 
         return {
-            "block1": (positions(self.argmax1), self.out1[:n].get() > 0),
+            "block1": (positions(self.argmax1), widen(self.out1[:n].get()) > 0),
             "block2": (positions(self.argmax2), self.out2[:n].get() > 0),
             "fc1": self.fc1_out[:n].get() > 0,
         }

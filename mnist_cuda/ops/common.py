@@ -39,16 +39,28 @@ def precision_kernels(src: cuda.Source, op: str, names, precisions: dict):
     return kernel
 
 
-# bf16 activations in device memory (conv2's output and its gradient with --precision bf16): the upper 16 bits of
-# each float32, as uint16 arrays (CuPy has no bfloat16); the kernels' type for them is bfloat16 (common.cuh)
+# bf16 activations in device memory (conv2's input, its output and the output's gradient with --precision bf16): the
+# upper 16 bits of each float32, as uint16 arrays (CuPy has no bfloat16); the kernels' type for them is bfloat16
+# (common.cuh)
 BF16 = np.uint16
 STORED_TYPES = {np.dtype(np.float32): "float", np.dtype(BF16): "bfloat16"}
 
 
-def stored_kernels(src: cuda.Source, name: str) -> dict:
-    """The instantiations name<float> and name<bfloat16> of a kernel template over a stored activation's type,
-    keyed by the arrays' dtype (float32, BF16)."""
-    return {dtype: src.kernel(f"{name}<{t}>") for dtype, t in STORED_TYPES.items()}
+def stored_kernels(src: cuda.Source, name: str, *arguments) -> dict:
+    """The instantiations name<float> and name<bfloat16> of a kernel template over a stored activation's type (after
+    its other template arguments, if any), keyed by the arrays' dtype (float32, BF16)."""
+    return {dtype: src.kernel(f"{name}<{', '.join((*map(str, arguments), t))}>") for dtype, t in STORED_TYPES.items()}
+
+
+def bf16_values(bits: np.ndarray) -> np.ndarray:
+    """float32 values of bf16 bits (uint16): exact."""
+    return (np.asarray(bits, BF16).astype(np.uint32) << 16).view(np.float32)
+
+
+def widen(stored: np.ndarray) -> np.ndarray:
+    """A host array of stored activations (float32, or BF16 bits) as float32 (exact)."""
+    stored = np.asarray(stored)
+    return bf16_values(stored) if stored.dtype == np.dtype(BF16) else stored.astype(np.float32, copy=False)
 
 
 def stored_kernel(kernels: dict, what: str, *arrays):

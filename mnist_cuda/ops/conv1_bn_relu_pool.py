@@ -4,7 +4,7 @@ forward and backward, with BatchNorm's statistics from the batch's image moments
 from __future__ import annotations
 
 from ..cuda import ceil_div, sm_count
-from .common import F32, I32, source
+from .common import F32, I32, source, stored_kernel, stored_kernels
 
 FORWARD_CHANNELS = (8, 32)  # the forward's choices of channels per block (forward_channels_per_block)
 CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output (forward, moments)
@@ -30,7 +30,8 @@ _src = source(
     CONV1_GRAD_CHANNEL_BYTES=CONV1_GRAD_CHANNEL_BYTES,
 )
 _moments = _src.kernel("conv1_image_moments_fast")
-_forward = {c: _src.kernel(f"conv1_bn_relu_pool_fast<{c}>") for c in FORWARD_CHANNELS}
+# per channels per block, pooled's type: float32, or bf16 (conv2's input in --precision bf16)
+_forward = {c: stored_kernels(_src, "conv1_bn_relu_pool_fast", c) for c in FORWARD_CHANNELS}
 _backward = {c: _src.kernel(f"conv1_backward_fast<{c}>") for c in BACKWARD_CHANNELS}
 
 
@@ -115,7 +116,9 @@ def forward(
     running_stride: int = 0,
 ):
     """pooled, argmax [n, channels, 14, 14] = maxpool(relu(bn(conv1(normalize(x))))), argmax the window position
-    0..3, or NO_POSITION where the ReLU blocked the window (pooled <= 0: what backward reads). In training BatchNorm's
+    0..3, or NO_POSITION where the ReLU blocked the window (pooled <= 0: what backward reads). pooled is float32, or
+    bf16 bits (common.BF16: conv2's input in --precision bf16, rounded from the float32 value the position is taken
+    from). In training BatchNorm's
     statistics come from `moments` (saved in mean, invstd; the running ones updated); in evaluation mean and
     invstd must hold the running statistics' (bn_relu_pool.eval_stats). per_block: channels per block, one
     of FORWARD_CHANNELS (None: forward_channels_per_block's choice).
@@ -124,7 +127,7 @@ def forward(
     running statistics running_stride. The choice of per_block changes no bits, so it is made from all the
     models' images (more blocks)."""
     per_block = per_block or forward_channels_per_block(models * n, channels)
-    _forward[per_block].launch(
+    stored_kernel(_forward[per_block], "pooled", pooled).launch(
         _models_grid((n, ceil_div(channels, per_block)), models),
         CONV1_THREADS,
         x,

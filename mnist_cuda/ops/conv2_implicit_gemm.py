@@ -4,9 +4,9 @@ products (forward, input gradient, weight gradient) on the tensor cores, for 14x
 precision: "fp32" keeps float32's accuracy (3xTF32: each operand split into two TF32 parts, three tensor-core
 products); "tf32" rounds both operands to TF32 and multiplies once (--precision tf32), as cuDNN's TF32
 convolutions do; "bf16" rounds them to bf16 and multiplies once, 16 k per instruction (--precision bf16),
-as torch.autocast with bfloat16 does. Every precision accumulates in float32. In "bf16", conv2's output (the
-forward's y) and its gradient (dy of both gradients) are stored as bf16 too, as autocast stores them
-(stored_dtype: uint16 arrays of bf16 bits); conv2's input x and its gradient dx stay float32.
+as torch.autocast with bfloat16 does. Every precision accumulates in float32. In "bf16", conv2's input x (of the
+forward and the weight gradient), its output y and y's gradient dy (of both gradients) are stored as bf16 too, as
+autocast stores them (stored_dtype: uint16 arrays of bf16 bits); x's gradient dx stays float32.
 
 models: K models stepped by one launch (common.cuh): n is one model's batch, and every buffer holds the K models'
 parts one after another: images [K][n][...], staged weights [K][weight_quads] (shaped (K * weight_quads, 4) or
@@ -80,8 +80,8 @@ _FP32_FORMS = {
 
 
 def stored_dtype(precision: str):
-    """The dtype conv2's output and its gradient are stored in at `precision`: bf16 bits (common.BF16) in "bf16",
-    float32 otherwise (the kernels' conv2_stored)."""
+    """The dtype conv2's input, its output and the output's gradient are stored in at `precision`: bf16 bits
+    (common.BF16) in "bf16", float32 otherwise (the kernels' conv2_stored)."""
     _kernel("forward", precision)  # checks the precision
     return np.dtype(BF16 if precision == "bf16" else np.float32)
 
@@ -250,6 +250,7 @@ def forward(
     weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model."""
     _check_form(product, "forward")
     _check_quads(forward_quads, c_in, c_out, precision, product, models)
+    _check_stored(x, "x", precision)
     _check_stored(y, "y", precision)
     _image_tiles(product, precision, n, models, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
@@ -295,6 +296,7 @@ def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: st
     """The weight gradient's partial results [parts, c_out, c_in, 3, 3] into partial; returns parts (for
     splitk_reduce). For `models` models (x, dy [models][n][...]): the parts of one model's launch each, packed as
     [models][parts][c_out * c_in * 9] at partial's start (models * weight_grad_partial_size is room enough)."""
+    _check_stored(x, "x", precision)
     _check_stored(dy, "dy", precision)
     grid, per_part = weight_grad_grid(n, c_in, c_out, precision)
     parts, rows, groups = grid

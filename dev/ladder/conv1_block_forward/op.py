@@ -13,11 +13,12 @@ sums. Their contents are not checked.
 """
 
 import numpy as np
-from ladder_op import Conv, Op, ProductRung, Rung
+from ladder_op import Conv, Op, ProductRung, Rung, from_bf16
 
 from mnist_cuda import data
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
+from mnist_cuda.kernel_cases import BF16_TOL
 from mnist_cuda.ops import conv1_bn_relu_pool as conv1
 from mnist_cuda.ops.common import F32, I32
 
@@ -165,9 +166,24 @@ def launch_image_moments(
 
 
 def prepare_product(s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, *scratch):
-    """The top rung: conv1_bn_relu_pool's forward in training as FastNet.forward launches it, with the batch's image
+    """Rung 09: conv1_bn_relu_pool's forward in training as FastNet.forward launches it, with the batch's image
     moments taken beforehand (untimed) by conv1_image_moments_fast, as FastNet.prepare_batch takes them when the batch
     is loaded. argmax gets the window positions as bytes (NO_POSITION where the ReLU blocked the window)."""
+    return _product(s, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax)
+
+
+def prepare_product_bf16(s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, *scratch):
+    """Rung 10: the product in --precision bf16, pooled written as bf16 (conv2's input, as the step stores it there);
+    put into the float32 output after the launch (untimed)."""
+    import cupy
+
+    bits = cupy.empty(pooled.shape, cupy.uint16)
+    run = _product(s, x, w, gamma, beta, bits, mean, invstd, running_mean, running_var, argmax)
+    return run, lambda: from_bf16(bits, pooled)
+
+
+def _product(s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax):
+    """The product's launch into pooled (float32, or bf16 bits)."""
     import cupy
 
     moment_partial = cupy.empty(conv1.moment_partial_shape(), cupy.float64)
@@ -244,13 +260,18 @@ def _reference(x, w, gamma, beta) -> dict:
     return {"pooled": pooled, "mean": mean, "invstd": invstd}
 
 
-def _work(s: Conv) -> tuple[float, float]:
+def _work(s: Conv, pooled_bytes: int = 4) -> tuple[float, float]:
     """2 FLOPs per multiply-add of the convolution (BatchNorm, the ReLU and the pool left out); the images read once
-    as bytes, w, gamma, beta and the running statistics read once, pooled written as float32, its positions as a
-    byte each, mean, invstd and the running statistics written once."""
+    as bytes, w, gamma, beta and the running statistics read once, pooled written as float32 (pooled_bytes a value),
+    its positions as a byte each, mean, invstd and the running statistics written once."""
     pooled = s.n * s.k * (s.h // 2) * (s.w // 2)
     flops = 2.0 * s.n * s.k * s.h * s.w * 9
-    return flops, float(s.n * s.h * s.w + 4 * s.k * (9 + 2 + 2) + 5 * pooled + 4 * s.k * 4)
+    return flops, float(s.n * s.h * s.w + 4 * s.k * (9 + 2 + 2) + (pooled_bytes + 1) * pooled + 4 * s.k * 4)
+
+
+def _work_bf16(s: Conv) -> tuple[float, float]:
+    """As _work, with pooled written as bf16 (2 bytes a value)."""
+    return _work(s, pooled_bytes=2)
 
 
 OP = Op(
@@ -291,10 +312,21 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/1_conv1_bn_relu_pool.cu",
-            "conv1_bn_relu_pool_fast<32> (two blocks per SM or more), else conv1_bn_relu_pool_fast<8>",
+            "conv1_bn_relu_pool_fast<32, float> (two blocks per SM or more), else conv1_bn_relu_pool_fast<8, float>",
             prepare_product,
             is_block1,
             unit="fp32",
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/1_conv1_bn_relu_pool.cu",
+            "conv1_bn_relu_pool_fast<32, bfloat16> (two blocks per SM or more),"
+            " else conv1_bn_relu_pool_fast<8, bfloat16>",
+            prepare_product_bf16,
+            is_block1,
+            unit="fp32",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="x [N,1,28,28] bytes, w [32,1,3,3], gamma, beta [32] -> pooled [N,32,14,14], mean, invstd [32]",

@@ -15,6 +15,7 @@ from ladder_op import (
     from_bf16,
     image_tile_grid,
     is_conv2,
+    to_bf16,
 )
 
 from mnist_cuda import cuda
@@ -109,22 +110,24 @@ def prepare_product(s: Conv, x, w, y):
 
 
 def prepare_product_bf16(s: Conv, x, w, y):
-    """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores and y written as bf16, as the step
-    stores conv2's output there; y put into the float32 output after the launch (untimed)."""
+    """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, x read and y written as bf16, as
+    the step stores conv2's input and output there (x rounded here, untimed: the product would round it to the same
+    values); y put into the float32 output after the launch (untimed)."""
     import cupy
 
     product = conv2.forward_product(s.n, "bf16")
     forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "bf16", product), 4), cupy.float32)
     input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "bf16", "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", product)
-    y_bits = cupy.empty(y.shape, cupy.uint16)
-    return lambda: conv2.forward(x, forward_quads, y_bits, s.n, s.c, s.k, "bf16", product), lambda: from_bf16(y_bits, y)
+    x_bits, y_bits = to_bf16(x), cupy.empty(y.shape, cupy.uint16)
+    run = lambda: conv2.forward(x_bits, forward_quads, y_bits, s.n, s.c, s.k, "bf16", product)  # noqa: E731
+    return run, lambda: from_bf16(y_bits, y)
 
 
 def _work_bf16(s: Conv) -> tuple[float, float]:
-    """As _work, with y written as bf16 (2 bytes a value)."""
+    """As _work, with x read and y written as bf16 (2 bytes a value)."""
     flops, _ = _work(s)
-    return flops, 4.0 * (s.n * s.c * s.h * s.w + s.k * s.c * 9) + 2.0 * s.n * s.k * s.h * s.w
+    return flops, 4.0 * s.k * s.c * 9 + 2.0 * (s.n * s.c * s.h * s.w + s.n * s.k * s.h * s.w)
 
 
 def _work(s: Conv) -> tuple[float, float]:

@@ -100,25 +100,25 @@ def prepare_product(s: Conv, x, dy, dw, _split_partial):
 
 
 def prepare_product_bf16(s: Conv, x, dy, dw, _split_partial):
-    """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, from dy stored as bf16, as the
-    step stores conv2's output gradient there (rounded here, untimed: the product would round it to the same
-    values); the parts summed as in rung 09."""
+    """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, from x and dy stored as bf16, as
+    the step stores conv2's input and output gradient there (rounded here, untimed: the product would round them to
+    the same values); the parts summed as in rung 09."""
     import cupy
 
     partial = cupy.empty(conv2.weight_grad_partial_size(s.c, s.k), cupy.float32)
-    dy_bits = to_bf16(dy)
+    x_bits, dy_bits = to_bf16(x), to_bf16(dy)
 
     def run():
-        parts = conv2.backward_weight(x, dy_bits, partial, s.n, s.c, s.k, "bf16")
+        parts = conv2.backward_weight(x_bits, dy_bits, partial, s.n, s.c, s.k, "bf16")
         splitk_reduce.splitk_reduce(partial, parts, dw)
 
     return run
 
 
 def _work_bf16(s: Conv) -> tuple[float, float]:
-    """As _work, with dy read as bf16 (2 bytes a value)."""
+    """As _work, with x and dy read as bf16 (2 bytes a value)."""
     flops, _ = _work(s)
-    return flops, 4.0 * (s.n * s.c * s.h * s.w + s.k * s.c * 9) + 2.0 * s.n * s.k * s.h * s.w
+    return flops, 4.0 * s.k * s.c * 9 + 2.0 * (s.n * s.c * s.h * s.w + s.n * s.k * s.h * s.w)
 
 
 def _work(s: Conv) -> tuple[float, float]:
