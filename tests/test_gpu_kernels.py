@@ -93,3 +93,34 @@ def test_conv2_products_with_several_channel_tiles(case):
     """Channel counts over one block's tile (conv2's products: 64 output channels per block forward, 32 in
     the stacked forms, 64 x 32 for the weight gradient), with partial last tiles."""
     _check_against_reference(case, kc.Dims(6, 40, 72, 33))
+
+
+@pytest.mark.parametrize("per_block", [8, 32])
+@pytest.mark.parametrize("batch", [3, 65])
+def test_conv1_stores_bf16_as_its_float_output_rounded(batch, per_block):
+    """conv1's block forward with pooled as bf16 (conv2's input in --precision bf16) writes its float32 output
+    rounded to the nearest bf16, ties to even (the rounding conv2's products gave it when they staged a float32
+    input, so the step computes the same bits), with the same positions."""
+    import cupy
+    import numpy as np
+
+    from mnist_cuda import reference as ref
+    from mnist_cuda.ops import conv1_bn_relu_pool as conv1
+    from mnist_cuda.ops.common import BF16
+
+    rng, C = np.random.default_rng(batch + per_block), 32
+    x = cupy.asarray(rng.integers(0, 256, (batch, 1, 28, 28), dtype=np.uint8))
+    w, gamma, beta = (
+        cupy.asarray((rng.standard_normal(n) * s).astype(np.float32)) for n, s in ((9 * C, 0.3), (C, 1), (C, 0.5))
+    )
+    mean = cupy.asarray(rng.standard_normal(C).astype(np.float32) * 0.3)
+    invstd = cupy.asarray((np.abs(rng.standard_normal(C)) + 0.5).astype(np.float32))
+    moments, outs = cupy.zeros(conv1.CONV1_MOMENTS, cupy.float64), {}  # (not read in evaluation)
+    for dtype in (np.float32, BF16):  # eval: the statistics given, so both launches see the same ones
+        pooled, argmax = cupy.empty((batch, C, 14, 14), dtype), cupy.empty((batch, C, 14, 14), cupy.uint8)
+        running = cupy.zeros(C, cupy.float32), cupy.ones(C, cupy.float32)
+        conv1.forward(x, w, False, moments, ref.BN_EPS, ref.BN_MOMENTUM, mean, invstd, *running, gamma, beta, batch, C,
+                      pooled, argmax, per_block=per_block)  # fmt: skip
+        outs[np.dtype(dtype)] = pooled.get(), argmax.get()
+    (f32, f32_at), (b16, b16_at) = outs[np.dtype(np.float32)], outs[np.dtype(BF16)]
+    assert np.array_equal(b16, kc.round_bf16_bits(f32)) and np.array_equal(b16_at, f32_at)

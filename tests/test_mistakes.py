@@ -361,7 +361,7 @@ def test_the_device_estimate_covers_what_the_nets_allocate(monkeypatch):
             ("fast", 4096, (8, 16), 33, "fp32"),
             ("naive", 512, (32, 64), 128, "fp32"),
             ("fast", 2048, (32, 64), 128, "fp32"),
-            ("fast", 64, (32, 64), 128, "bf16"),  # conv2's output and its gradient as bf16
+            ("fast", 64, (32, 64), 128, "bf16"),  # conv2's input, its output and the output's gradient as bf16
             ("fast", 4096, (32, 64), 128, "bf16"),
         ):
             fake.allocated = 0
@@ -370,7 +370,8 @@ def test_the_device_estimate_covers_what_the_nets_allocate(monkeypatch):
             estimate = sizes.device_bytes(
                 channels, hidden, batch, kernels, 132, precision, momentum=False, augment=False
             )
-            assert fake.allocated + step_inputs <= estimate <= 1.1 * (fake.allocated + step_inputs) + (1 << 20), (
+            # within 2% (and a MiB): a buffer counted at the wrong element size is several % at 4096
+            assert fake.allocated + step_inputs <= estimate <= 1.02 * (fake.allocated + step_inputs) + (1 << 20), (
                 kernels,
                 batch,
                 fake.allocated,

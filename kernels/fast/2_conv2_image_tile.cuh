@@ -61,8 +61,8 @@ struct TaskValues<Precision::Bf16, bfloat16> {
 // The block's staging of its input, a chunk of input channels at a time: the image through registers
 // (fetch_image, then stash, which splits it into its parts), the weights by cp.async (fetch_weights).
 // in_next, the registers, belongs to conv3x3_image_tile, which the staging refers to: as a member of the
-// struct the same code compiles to other instructions. In: the image's type (float, or bfloat16: the input
-// gradient's dy in Bf16).
+// struct the same code compiles to other instructions. In: the image's type (float, or bfloat16: the forward's x
+// and the input gradient's dy in Bf16).
 template <Precision PR, TileForm FORM, class In>
 struct ImageTileStaging {
     const In* x;                // the block's image, [Cin][14][14]
