@@ -271,3 +271,60 @@ def test_the_command_checks_and_times_every_rung(tmp_path):
     )
     assert all(row["us"] > 0 and 0 < row["fraction_of_floor"] < 1 for row in result["timings"])
     assert result["timings"][0]["speedup"] is None and all(row["speedup"] for row in result["timings"][1:])
+
+
+# ---- the timing tables in the docs -----------------------------------------------------------------------------
+
+
+def _timing_rows(text: str, first_number: int) -> dict[str, list[str]]:
+    """The rows of the ladder timing tables in text: rung -> its cells from the first timing (us at 64) on."""
+    rows = {}
+    for line in text.split("\n"):
+        m = re.match(r"\| `(\d\d_\w+)` \|", line)
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if m and len(cells) > first_number + 3 and re.fullmatch(r"[\d,]+\.\d+", cells[first_number]):
+            rows[m.group(1)] = cells[first_number:]
+    return rows
+
+
+def _shown(cell: str, value: float) -> bool:
+    """Whether a table cell shows value, rounded to the cell's decimals."""
+    decimals = len(cell.split(".")[1]) if "." in cell else 0
+    return float(cell.replace(",", "")) == round(value, decimals)
+
+
+@pytest.mark.parametrize("op", sorted(ladder.OPS))
+def test_the_docs_show_the_committed_ladder_timings(op):
+    """Each ladder README's timing table and docs/kernels.md's table for the op show every rung of the committed
+    result (benchmarks/results/ladder-h200-OP.json) with its times at 64, 512 and 4096 and its speed-up at 512, so a
+    re-timing cannot leave a stale figure behind."""
+    result = json.loads((REPO / "benchmarks" / "results" / f"ladder-h200-{op}.json").read_text())
+    timings = {}
+    for t in result["timings"]:
+        timings.setdefault(t["rung"], {})[t["batch"]] = t
+    tour = (REPO / "docs" / "kernels.md").read_text()
+    section = re.search(rf"^### 3\.\d+ {op}:.*?(?=^### |\Z)", tour, re.S | re.M)
+    assert section, f"docs/kernels.md has no section for {op}"
+    for where, rows in (
+        (f"dev/ladder/{op}/README.md", _timing_rows((REPO / "dev" / "ladder" / op / "README.md").read_text(), 1)),
+        ("docs/kernels.md", _timing_rows(section.group(0), 2)),
+    ):
+        assert set(rows) == set(timings), (where, sorted(rows), sorted(timings))
+        for rung, cells in rows.items():
+            t = timings[rung]
+            for cell, batch in zip(cells[:3], (64, 512, 4096)):
+                assert _shown(cell, t[batch]["us"]), (where, rung, batch, cell, t[batch]["us"])
+            speedup = t[512]["speedup"]
+            assert cells[4] in ("-", "--") if speedup is None else _shown(cells[4].rstrip("x"), speedup), (where, rung)
+    # each rung's own subsection in docs/kernels.md ("#### NN ...") opens with its figures at 512
+    rung = None
+    for line in section.group(0).split("\n"):
+        heading = re.match(r"#### (\d\d) ", line)
+        if heading:
+            rung = next((r for r in timings if r.startswith(heading.group(1) + "_")), None)
+        figures = re.match(r"\*?H200, batch 512: (?:\*\*)?([\d,]+\.\d+) us", line)
+        if figures and rung:
+            assert _shown(figures.group(1), timings[rung][512]["us"]), ("docs/kernels.md", rung, line)
+            speedup = re.search(r", ([\d.]+)x (?:over|the rung below)", line)
+            if speedup:
+                assert _shown(speedup.group(1), timings[rung][512]["speedup"]), ("docs/kernels.md", rung, line)
