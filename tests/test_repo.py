@@ -112,3 +112,35 @@ def test_results_table_reports_a_bad_file_in_one_line(tmp_path):
         [sys.executable, str(REPO / "scripts" / "results_table.py"), str(bad)], capture_output=True, text=True
     )
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "not a compare_pytorch.py result" in r.stderr
+
+
+def test_performance_docs_show_the_committed_step_times():
+    """docs/performance.md's table of current whole-step figures (section 2) shows, for each batch size, our step in
+    each precision, PyTorch's fastest and the ratios of the committed comparison results
+    (benchmarks/results/compare-h200-P-B.json), so a new comparison cannot leave a stale figure there."""
+    import json
+    import re
+
+    text = (REPO / "docs" / "performance.md").read_text()
+    rows = {}
+    for line in text.split("\n"):
+        m = re.match(r"\| (64|512|4096) \| ([\d,.]+) us \| ([\d,.]+) us \| ([\d,.]+) us \| (.+) us \| (.+) \|$", line)
+        if m:
+            rows[int(m.group(1))] = m.groups()[1:]
+    assert set(rows) == {64, 512, 4096}
+
+    def shown(cell: str, value: float) -> bool:
+        cell = cell.strip().rstrip("x").replace(",", "")
+        decimals = len(cell.split(".")[1]) if "." in cell else 0
+        return float(cell) == round(value, decimals)
+
+    for batch, (fp32, tf32, bf16, torch_cells, ratio_cells) in rows.items():
+        torch_cells, ratio_cells = torch_cells.split(" / "), ratio_cells.split(" / ")
+        for i, (precision, ours_cell) in enumerate((("fp32", fp32), ("tf32", tf32), ("bf16", bf16))):
+            path = REPO / "benchmarks" / "results" / f"compare-h200-{precision}-{batch}.json"
+            result = json.loads(path.read_text())["batch_sizes"][str(batch)]
+            ours = result["ours"]["modes"]["graph"]["median_us"]
+            fastest = min(m["median_us"] for mode, m in result["torch"]["modes"].items() if mode != "eager")
+            assert shown(ours_cell, ours), (batch, precision, ours_cell, ours)
+            assert shown(torch_cells[i], fastest), (batch, precision, torch_cells[i], fastest)
+            assert shown(ratio_cells[i], fastest / ours), (batch, precision, ratio_cells[i], fastest / ours)
