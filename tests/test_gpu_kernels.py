@@ -95,6 +95,31 @@ def test_conv2_products_with_several_channel_tiles(case):
     _check_against_reference(case, kc.Dims(6, 40, 72, 33))
 
 
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("n,c,k", [(1, 32, 64), (3, 5, 7), (65, 32, 64), (300, 48, 64), (7, 40, 80), (33, 16, 130)])
+def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c, k, precision):
+    """The forward's persistent form sums each output in the block-per-tile form's order: the same bits, at one
+    and several chunks, partial channel tiles and several of them, and fewer tiles than the grid's slots."""
+    import cupy
+    import numpy as np
+
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
+    rng, stored = np.random.default_rng(n + c + k), conv2.stored_dtype(precision)
+    x = rng.standard_normal((n, c, 14, 14), np.float32)
+    x = cupy.asarray(kc.round_bf16_bits(x) if precision == "bf16" else x)  # as conv2 stores its input
+    w = cupy.asarray(rng.standard_normal((k, c, 3, 3), np.float32) / 17)
+    quads = cupy.empty((conv2.weight_quads(c, k, precision, "forward"), 4), cupy.float32)
+    unused = cupy.empty((conv2.weight_quads(k, c, precision, "backward_input"), 4), cupy.float32)
+    conv2.stage_weights(w, c, k, quads, unused, precision)
+    outs = []
+    for persistent in (False, True):
+        y = cupy.full((n, k, 14, 14), 7, stored)  # poisoned: every value must be written
+        conv2.forward(x, quads, y, n, c, k, precision, persistent=persistent)
+        outs.append(y.get())
+    assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8))
+
+
 @pytest.mark.parametrize("per_block", [8, 32])
 @pytest.mark.parametrize("batch", [3, 65])
 def test_conv1_stores_bf16_as_its_float_output_rounded(batch, per_block):

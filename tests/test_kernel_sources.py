@@ -297,6 +297,34 @@ def test_conv2_forward_form_by_batch():
         conv2.forward(None, None, None, 1, 32, 64, "fp32", "backward_input")
 
 
+def test_conv2_persistent_forward_by_batch_precision_and_models():
+    """The forward's persistent form is taken in plain TF32 and bf16 from PERSISTENT_FORWARD_MIN_BATCH images, for
+    one model; never in fp32, for the input gradient or for several models, where asking for it is refused in one
+    line before any launch. Its block needs the output's region of shared memory besides the tile's."""
+    import numpy as np
+
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
+    limit = conv2.PERSISTENT_FORWARD_MIN_BATCH
+    for precision in conv2.PERSISTENT_PRECISIONS:
+        assert conv2.persistent_tiles("forward", precision, limit)
+        assert not conv2.persistent_tiles("forward", precision, limit - 1)
+        assert not conv2.persistent_tiles("forward", precision, limit, models=2)
+        assert not conv2.persistent_tiles("backward_input", precision, limit)
+        region = 32 * (conv2.CONV_ROWS * 16 + 8) * 4
+        plain = conv2.image_tile_shared_bytes("forward", precision)
+        assert conv2.image_tile_shared_bytes("forward", precision, persistent=True) == plain + region
+        assert 3 * (plain + region + 1024) <= 227 * 1024 < 4 * (plain + region + 1024)  # three blocks per SM
+    assert not conv2.persistent_tiles("forward", "fp32", 4096)
+    quads = np.empty((conv2.weight_quads(32, 64, "fp32", "forward"), 4), np.float32)
+    x, y = np.empty((1, 32, 14, 14), np.float32), np.empty((1, 64, 14, 14), np.float32)
+    with pytest.raises(ValueError, match="persistent form in"):
+        conv2.forward(x, quads, y, 1, 32, 64, "fp32", persistent=True)
+    quads = np.empty((2 * conv2.weight_quads(32, 64, "tf32", "forward"), 4), np.float32)
+    with pytest.raises(ValueError, match="for one model"):
+        conv2.forward(x, quads, y, 1, 32, 64, "tf32", models=2, persistent=True)
+
+
 def test_conv2_input_grad_form_by_batch():
     """conv2's 3xTF32 input gradient is stacked below PAIRED_INPUT_GRAD_MIN_BATCH and paired from it on (the same
     32 output channels per block and the same staged size, in another layout); tf32 and bf16 have one form; the

@@ -85,10 +85,12 @@ struct ImageTileStaging {
         }
     }
 
-    // The chunk's weights, as conv2_stage_weights_fast laid them out, straight into their buffer.
-    __device__ __forceinline__ void fetch_weights(int chunk) {
+    // The chunk's weights, as conv2_stage_weights_fast laid them out, straight into their buffer (chunk % the
+    // buffers; the persistent tiles name it).
+    __device__ __forceinline__ void fetch_weights(int chunk) { fetch_weights(chunk, chunk % weight_buffers<FORM>); }
+    __device__ __forceinline__ void fetch_weights(int chunk, int weight_buffer) {
         constexpr int QUADS = chunk_quads<FORM>;
-        float4* dst = w_s + chunk % weight_buffers<FORM> * QUADS;
+        float4* dst = w_s + weight_buffer * QUADS;
         for (int e = tid; e < QUADS; e += CONV_THREADS)
             cp_async16(reinterpret_cast<float*>(dst + e),
                        reinterpret_cast<const float*>(block_quads + chunk * QUADS + e));
@@ -126,7 +128,8 @@ template <TileForm FORM>
 using TileAccumulators = float[accumulator_sets<FORM>][tile_columns / 2];
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// A chunk's products (the chunk in buffer `buffer` of the image and its weights' buffer), each one warpgroup
+// A chunk's products (the chunk in buffer `buffer` of the image and its weights in buffer chunk % weight_buffers:
+// the persistent tiles pass that buffer as the chunk), each one warpgroup
 // MMA of 64 rows x all tile_columns columns x 8 k, both operands read by the tensor cores from shared memory:
 // a chunk is 9, 15, 18 or 27 instructions with nothing between them. They run asynchronously, so the block
 // stages the next chunk before wait_chunk_products.
@@ -226,29 +229,51 @@ __device__ __forceinline__ void merge_paired_set(float (&acc)[2][tile_columns / 
     }
 }
 
-// The block's output channels n0.. of image rows r0.. through shared memory (acc_s, the staging buffers, free
-// once every product is done), then out coalesced into out [img][Cout][14][14]. In the stacked and paired
-// forms rows c and c + 32 both hold parts of channel c's sums and are added here; in the others row c is alone.
-// Out: float, or bfloat16 (the forward's y in Bf16).
-template <TileForm FORM, class Out>
+// The block's output channels n0.. of image rows r0.. through shared memory (acc_s: the staging buffers, free
+// once every product is done, or a region of its own), then out into out [img][Cout][14][14]: a warp per channel
+// at a time, each lane two adjacent pixels of it (a 4- or 8-byte store), so a warp's store is a run of the
+// channel's 98 consecutive pixels. The lane's pixels, and so their columns, are the same for every channel: the
+// index arithmetic is done once, not per value. In the stacked and paired forms rows c and c + 32 both hold parts
+// of channel c's sums and are added here; in the others row c is alone, and with HALVES = 2 the rows pass in two
+// halves (warps 0-1, then 2-3), so acc_s needs room for 32 rows only. Out: float, or bfloat16 (the forward's y in
+// Bf16). (Stores straight from the accumulators, 8 channels per store, measured slower in the forward at 512 and
+// 4096: docs/performance.md.)
+template <TileForm FORM, int HALVES, class Out>
 __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& acc, float* acc_s, Out* out, int Cout,
                                                  int img, int n0, int r0, int tid, int warp, int g, int t) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = tile_columns;
-    constexpr int TILE = tile_channels<FORM>, STRIDE = output_row_stride;
-    __syncthreads();  // every product is done: the staging slots are free
+    constexpr int TILE = tile_channels<FORM>, STRIDE = output_row_stride, PAIRS = ROWS * S / 2;
+    constexpr int WARPS = CONV_THREADS / 32, HALF_ROWS = 64 / HALVES;
+    static_assert(HALVES == 1 || TILE == 64, "a channel's rows pass together");
 #pragma unroll
-    for (int j = 0; j < N / 8; j++)
+    for (int half = 0; half < HALVES; half++) {
+        __syncthreads();  // every product is done, and acc_s is free
+        if (HALVES == 1 || warp / 2 == half) {
 #pragma unroll
-        for (int h = 0; h < 2; h++)
-            *reinterpret_cast<float2*>(&acc_s[(16 * warp + g + 8 * h) * STRIDE + 8 * j + 2 * t]) =
-                make_float2(acc[0][4 * j + 2 * h], acc[0][4 * j + 2 * h + 1]);
-    __syncthreads();
-    Out* y = out + (size_t)img * Cout * SS + r0 * S;
-    for (int e = tid; e < TILE * ROWS * S; e += CONV_THREADS) {
-        const int c = e / (ROWS * S), p = e % (ROWS * S), column = (p / S) * P + p % S;
-        if (n0 + c >= Cout) continue;
-        const float* d = acc_s + column;
-        store_value(y + (n0 + c) * SS + p, TILE == 32 ? d[c * STRIDE] + d[(c + 32) * STRIDE] : d[c * STRIDE]);
+            for (int j = 0; j < N / 8; j++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    *reinterpret_cast<float2*>(
+                        &acc_s[(16 * warp + g + 8 * h - half * HALF_ROWS) * STRIDE + 8 * j + 2 * t]) =
+                        make_float2(acc[0][4 * j + 2 * h], acc[0][4 * j + 2 * h + 1]);
+        }
+        __syncthreads();
+        Out* y = out + (size_t)img * Cout * SS + r0 * S;
+        const int first = n0 + half * HALF_ROWS, channels = min(TILE / HALVES, Cout - first);
+#pragma unroll
+        for (int k = 0; k < CEIL_DIV(PAIRS, 32); k++) {
+            const int q = tid % 32 + 32 * k;  // the lane's pixels 2q, 2q + 1 of the block's rows
+            if (q >= PAIRS) break;
+            const float* d = acc_s + (q / (S / 2)) * P + 2 * (q % (S / 2));
+            for (int c = warp; c < channels; c += WARPS) {
+                float2 v = *reinterpret_cast<const float2*>(d + c * STRIDE);
+                if constexpr (TILE == 32) {
+                    const float2 u = *reinterpret_cast<const float2*>(d + (c + 32) * STRIDE);
+                    v = make_float2(v.x + u.x, v.y + u.y);
+                }
+                store_pair(y + (first + c) * SS + 2 * q, v.x, v.y);
+            }
+        }
     }
 }
 
@@ -301,5 +326,71 @@ __device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* q
     }
 
     if constexpr (FORM == TileForm::Paired) merge_paired_set(acc, tid, warp, t);
-    store_image_tile<FORM>(acc, in_s, out, Cout, img, n0, r0, tid, warp, g, t);
+    store_image_tile<FORM, 1>(acc, in_s, out, Cout, img, n0, r0, tid, warp, g, t);
+}
+
+// The persistent image tiles (one model; forms with a row per output channel and two weight buffers): a block
+// takes tiles t = blockIdx.x, blockIdx.x + gridDim.x, .. of the batch (tile t: image t / 2, image rows
+// (t % 2) * CONV_ROWS..), output channels n0 = blockIdx.y * tile_channels.., and runs the chunks of all its
+// tiles as one stream: while the tensor cores multiply a chunk, the block stages the next, the next tile's first
+// chunk included. Only its first tile waits for its loads, where a block per tile waits for every tile's first
+// chunk (a third of conv3x3_image_tile's stalls in bf16 at batch 4096: docs/performance.md). The weights' buffers
+// alternate with the stream; with at most two chunks they hold every chunk and are staged once. The output passes
+// through a region of its own (acc_s, after the weights), 32 rows at a time, so the next tile's staging goes on beside
+// it. The sums are conv3x3_image_tile's, in the same order: the same bits.
+template <Precision PR, TileForm FORM, class In, class Out>
+__device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, const float4* quads, Out* out, int N,
+                                                               int Cin, int Cout) {
+    static_assert(FORM == TileForm::OnePart && weight_buffers<FORM> == 2, "a row per channel, two weight buffers");
+    constexpr int PLANE = staged_plane_floats, QUADS = chunk_quads<FORM>, CHUNK = chunk_channels<PR>;
+    constexpr int SS = CONV2_SIZE * CONV2_SIZE, TILES_PER_IMAGE = CONV2_SIZE / CONV_ROWS;
+    extern __shared__ float4 conv_shared[];
+    float* in_s = reinterpret_cast<float*>(conv_shared);       // [buffer][part][quad][pixel][4]
+    float4* w_s = conv_shared + 2 * 4 * PLANE / 4;             // [2][QUADS]
+    float* acc_s = reinterpret_cast<float*>(w_s + 2 * QUADS);  // 32 rows of output_row_stride
+    const int tiles = N * TILES_PER_IMAGE, chunks = CEIL_DIV(Cin, CHUNK), n0 = blockIdx.y * tile_channels<FORM>;
+    const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
+    const bool resident = chunks <= 2;  // every chunk's weights in a buffer of their own, staged once
+    if ((int)blockIdx.x >= tiles) return;
+
+    for (int i = tid; i < 2 * PLANE; i += CONV_THREADS)  // both buffers; the border stays zero
+        conv_shared[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+
+    TaskValues<PR, In> in_next[input_tasks_per_thread];
+    const float4* block_quads = quads + (size_t)blockIdx.y * chunks * QUADS;
+    // tile t: image t / TILES_PER_IMAGE, its rows from first_row(t)
+    const auto image = [&](int t) { return in + (size_t)(t / TILES_PER_IMAGE) * Cin * SS; };
+    const auto first_row = [](int t) { return t % TILES_PER_IMAGE * CONV_ROWS; };
+    int tile = blockIdx.x;
+    ImageTileStaging<PR, FORM, In> staging{image(tile), block_quads, in_s, w_s, Cin, first_row(tile), tid, in_next};
+    TileAccumulators<FORM> acc = {};
+    staging.fetch_image(0);
+    staging.fetch_weights(0, 0);
+    __syncthreads();  // the zeros are written before any stash
+    staging.stash(0);
+    for (int stage = 0; tile < tiles; tile += gridDim.x) {
+        const int img = tile / TILES_PER_IMAGE, r0 = first_row(tile), next = tile + gridDim.x;
+        for (int chunk = 0; chunk < chunks; chunk++, stage++) {
+            const int buffer = stage % 2, weights = resident ? chunk : buffer;
+            cp_async_wait_all();
+            fence_proxy_async();
+            __syncthreads();  // this chunk is staged; everyone is done with the other buffers
+            issue_chunk_products<PR, FORM>(acc, in_s, w_s, weights, buffer, tid, warp);
+            if (chunk + 1 < chunks) {
+                staging.fetch_image(chunk + 1);
+                if (!resident || tile == (int)blockIdx.x) staging.fetch_weights(chunk + 1, 1 - weights);
+                staging.stash(1 - buffer);
+            } else if (next < tiles) {  // the next tile's first chunk
+                staging.x = image(next);
+                staging.r0 = first_row(next);
+                staging.fetch_image(0);
+                if (!resident) staging.fetch_weights(0, 1 - buffer);
+                staging.stash(1 - buffer);
+            }
+            wait_chunk_products();
+        }
+        store_image_tile<FORM, 2>(acc, acc_s, out, Cout, img, n0, r0, tid, warp, g, t);
+#pragma unroll
+        for (int e = 0; e < tile_columns / 2; e++) acc[0][e] = 0.0f;
+    }
 }

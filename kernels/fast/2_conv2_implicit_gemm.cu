@@ -76,6 +76,17 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per
     conv3x3_image_tile<Precision::Fp32, TileForm::Paired>(dy, input_grad_quads, dx, K, C, images_per_model);
 }
 
+// The forward's persistent form (conv3x3_image_tiles_persistent), in plain TF32 and bf16, for one model: grid (at
+// most N * CONV2_SIZE / CONV_ROWS, ceil(K / tile channels)), CONV_THREADS threads, three blocks per SM (the
+// output's own region of shared memory makes a block too large for four).
+constexpr int persistent_blocks_per_sm = 3;
+template <Precision P>
+__global__ void __launch_bounds__(CONV_THREADS, persistent_blocks_per_sm)
+    conv2_forward_persistent_fast(const conv2_stored<P>* x, const float4* forward_quads, conv2_stored<P>* y, int N,
+                                  int C, int K) {
+    conv3x3_image_tiles_persistent<P, tile_form<P, false>>(x, forward_quads, y, N, C, K);
+}
+
 // grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
 // memory; N: one model's batch; x, dy: [models][N][..]; partial [models][parts][K][C][3][3] (with one part and
 // one model: dw itself); x and dy in conv2_stored<P>

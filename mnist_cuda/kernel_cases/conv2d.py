@@ -115,9 +115,11 @@ def conv_stage_weights_case(precision="fp32", forward="forward", input_grad="bac
     return Case(f"conv2_stage_weights_fast<{precision}>[conv2]{suffix}", make, ops=("conv2d",))
 
 
-def conv_forward_case(layer, version="naive", forward="forward"):
+def conv_forward_case(layer, version="naive", forward="forward", persistent=False):
     """conv2d_forward_naive (layer 1 or 2), or conv2's fast forward `forward` ("forward": conv2_forward_fast, or
-    "forward_stacked": conv2_forward_stacked_fast, fp32 only) at precision `version` (layer 2)."""
+    "forward_stacked": conv2_forward_stacked_fast, fp32 only) at precision `version` (layer 2); persistent: the
+    forward's persistent form, conv2_forward_persistent_fast (conv2_implicit_gemm.PERSISTENT_PRECISIONS), at every
+    batch size."""
     if version != "naive":
         _check_precision(version)
         assert layer == 2, "the implicit-GEMM products are conv2's"
@@ -131,7 +133,7 @@ def conv_forward_case(layer, version="naive", forward="forward"):
             run = lambda: naive.conv2d_forward(xd, wd, y, N, C, K, S)
         else:
             forward_quads, _ = _weight_quads(wd, C, K, version, forward)
-            run = lambda: conv2.forward(xd, forward_quads, y, N, C, K, version, forward)
+            run = lambda: conv2.forward(xd, forward_quads, y, N, C, K, version, forward, persistent=persistent)
         return Prepared(
             run, {"y": y}, {"y": ref.conv2d_forward(x.astype(np.float64), w)}, (2.0 * y.size * C * 9, _bytes(xd, w, y))
         )
@@ -141,6 +143,8 @@ def conv_forward_case(layer, version="naive", forward="forward"):
         if version == "naive"
         else "conv2_forward_stacked_fast"
         if forward == "forward_stacked"
+        else f"conv2_forward_persistent_fast<{version}>"
+        if persistent
         else f"conv2_forward_fast<{version}>"
     )
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
@@ -215,10 +219,12 @@ def conv2_product_cases(version: str) -> list[Case]:
     """conv2's three products at precision `version` (conv2_implicit_gemm.KERNEL_PRECISION): "fp32" (3xTF32),
     "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
     stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
+    persistent = [conv_forward_case(2, version, persistent=True)] if version in conv2.PERSISTENT_PRECISIONS else []
     paired = [conv_backward_input_case(version, "backward_input_paired")] if version == "fp32" else []
     return (
         [conv_forward_case(2, version)]
         + stacked
+        + persistent
         + [conv_backward_input_case(version)]
         + paired
         + [conv_backward_weight_case(2, version)]

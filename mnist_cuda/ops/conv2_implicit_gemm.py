@@ -48,6 +48,13 @@ STACKED_FORWARD_MAX_BATCH = 96
 # bytes read from shared memory, but three blocks per SM instead of four; below it the step measured the same or
 # slower (docs/performance.md)
 PAIRED_INPUT_GRAD_MIN_BATCH = 2048
+# The forward's persistent form (plain TF32 and bf16, one model): each block runs many tiles' chunks as one stream,
+# PERSISTENT_BLOCKS_PER_SM blocks to an SM (the kernel's launch bounds), the output through shared memory of its own,
+# 32 rows of a tile at a time. It pays from PERSISTENT_FORWARD_MIN_BATCH images on, where each block has enough
+# tiles to hide its first one's loads behind (docs/performance.md)
+PERSISTENT_PRECISIONS = ("tf32", "bf16")
+PERSISTENT_BLOCKS_PER_SM = 3
+PERSISTENT_FORWARD_MIN_BATCH = 1024
 # weight gradient: WGRAD_THREADS threads (three warpgroups) per block of WGRAD_OUT output and WGRAD_CHANNELS
 # input channels; k runs over pixels x WGRAD_IMAGES images (twice as many in bf16); WGRAD_X_SLOTS staged
 # rows of x
@@ -72,6 +79,9 @@ _src = source(
 _kernel = precision_kernels(
     _src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"), KERNEL_PRECISION
 )
+_persistent_forward = {
+    p: _src.kernel(f"conv2_forward_persistent_fast<{KERNEL_PRECISION[p]}>") for p in PERSISTENT_PRECISIONS
+}
 # the 3xTF32 forms that have a kernel of their own, and the product they are a form of
 _FP32_FORMS = {
     "forward_stacked": ("forward", _src.kernel("conv2_forward_stacked_fast")),
@@ -161,13 +171,27 @@ def weight_quads(c_in: int, c_out: int, precision: str, product: str) -> int:
     )
 
 
-def image_tile_shared_bytes(product: str, precision: str) -> int:
+def image_tile_shared_bytes(product: str, precision: str, persistent: bool = False) -> int:
     """Dynamic shared memory of a forward / input-gradient block: two buffers of the staged image (2 TF32
     parts x 2 channel quads x CONV_STAGED_PIXELS x 16 bytes) and of a chunk's weights (one buffer in the
-    forward's fp32 form, whose chunks are twice as large)."""
+    forward's fp32 form, whose chunks are twice as large); the persistent form's output region after them (32
+    rows of the tile's columns and 8 more, float32)."""
     quads = chunk_quads(product, precision)
     weight_buffers = 1 if quads > CONV_CHUNK_QUADS else 2
-    return 2 * 4 * CONV_STAGED_PIXELS * 16 + weight_buffers * quads * 16
+    output = 32 * (CONV_ROWS * (CONV2_SIZE + 2) + 8) * 4 if persistent else 0
+    return 2 * 4 * CONV_STAGED_PIXELS * 16 + weight_buffers * quads * 16 + output
+
+
+def persistent_tiles(product: str, precision: str, batch: int, models: int = 1) -> bool:
+    """Whether the image-tile product `product` runs in its persistent form by default: the forward in
+    PERSISTENT_PRECISIONS, for one model of at least PERSISTENT_FORWARD_MIN_BATCH images."""
+    _image_tile_kernel(product, precision)
+    return (
+        product == "forward"
+        and precision in PERSISTENT_PRECISIONS
+        and models == 1
+        and batch >= PERSISTENT_FORWARD_MIN_BATCH
+    )
 
 
 def weight_grad_shared_bytes() -> int:
@@ -234,25 +258,48 @@ def stage_weights(
     )
 
 
-def _image_tiles(name, precision, n, models, out_channels, *args):
+def _image_tiles(name, precision, n, models, out_channels, persistent, *args):
     """A block per image of the models' batches (the grid's x: the kernel finds an image's model as image / n, its
-    last argument), output channel tile and half image."""
-    grid = (models * n, ceil_div(out_channels, tile_channels(name, precision)), CONV2_SIZE // CONV_ROWS)
-    _image_tile_kernel(name, precision).launch(
-        grid, CONV_THREADS, *args, I32(n), shared_mem=image_tile_shared_bytes(name, precision), models=models
+    last argument), output channel tile and half image; or, persistent (None: persistent_tiles), a block per SM
+    slot and output channel tile, each taking every gridDim.x-th half image."""
+    if persistent is None:
+        persistent = persistent_tiles(name, precision, n, models)
+    channel_tiles = ceil_div(out_channels, tile_channels(name, precision))
+    if not persistent:
+        grid = (models * n, channel_tiles, CONV2_SIZE // CONV_ROWS)
+        _image_tile_kernel(name, precision).launch(
+            grid, CONV_THREADS, *args, I32(n), shared_mem=image_tile_shared_bytes(name, precision), models=models
+        )
+        return
+    if name != "forward" or precision not in PERSISTENT_PRECISIONS or models != 1:
+        raise ValueError(f"the forward has a persistent form in {PERSISTENT_PRECISIONS} for one model; not {name}")
+    tiles = n * (CONV2_SIZE // CONV_ROWS)
+    grid = (min(tiles, ceil_div(PERSISTENT_BLOCKS_PER_SM * sm_count(), channel_tiles)), channel_tiles, 1)
+    _persistent_forward[precision].launch(
+        grid, CONV_THREADS, *args, shared_mem=image_tile_shared_bytes(name, precision, persistent=True)
     )
 
 
 def forward(
-    x, forward_quads, y, n: int, c_in: int, c_out: int, precision: str, product: str = "forward", models: int = 1
+    x,
+    forward_quads,
+    y,
+    n: int,
+    c_in: int,
+    c_out: int,
+    precision: str,
+    product: str = "forward",
+    models: int = 1,
+    persistent: bool | None = None,
 ):
     """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
-    weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model."""
+    weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model.
+    persistent: its persistent form or not (None: persistent_tiles), the same bits either way."""
     _check_form(product, "forward")
     _check_quads(forward_quads, c_in, c_out, precision, product, models)
     _check_stored(x, "x", precision)
     _check_stored(y, "y", precision)
-    _image_tiles(product, precision, n, models, c_out, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
+    _image_tiles(product, precision, n, models, c_out, persistent, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
 
 
 def backward_input(
@@ -272,7 +319,7 @@ def backward_input(
     _check_form(product, "backward_input")
     _check_quads(input_grad_quads, c_out, c_in, precision, product, models)
     _check_stored(dy, "dy", precision)
-    _image_tiles(product, precision, n, models, c_in, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
+    _image_tiles(product, precision, n, models, c_in, False, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
 
 
 def weight_grad_partial_size(c_in: int, c_out: int) -> int:

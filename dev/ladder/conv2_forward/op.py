@@ -109,10 +109,11 @@ def prepare_product(s: Conv, x, w, y):
     return lambda: conv2.forward(x, forward_quads, y, s.n, s.c, s.k, "fp32", product)
 
 
-def prepare_product_bf16(s: Conv, x, w, y):
+def prepare_product_bf16(s: Conv, x, w, y, persistent: bool = False):
     """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, x read and y written as bf16, as
     the step stores conv2's input and output there (x rounded here, untimed: the product would round it to the same
-    values); y put into the float32 output after the launch (untimed)."""
+    values); y put into the float32 output after the launch (untimed). A block per tile at every batch size, or
+    persistent (rung 11)."""
     import cupy
 
     product = conv2.forward_product(s.n, "bf16")
@@ -120,8 +121,18 @@ def prepare_product_bf16(s: Conv, x, w, y):
     input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "bf16", "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", product)
     x_bits, y_bits = to_bf16(x), cupy.empty(y.shape, cupy.uint16)
-    run = lambda: conv2.forward(x_bits, forward_quads, y_bits, s.n, s.c, s.k, "bf16", product)  # noqa: E731
+
+    def run():
+        conv2.forward(x_bits, forward_quads, y_bits, s.n, s.c, s.k, "bf16", product, persistent=persistent)
+
     return run, lambda: from_bf16(y_bits, y)
+
+
+def prepare_product_bf16_persistent(s: Conv, x, w, y):
+    """Rung 11: rung 10's product in its persistent form at every batch size (the step takes it from
+    conv2_implicit_gemm.PERSISTENT_FORWARD_MIN_BATCH images on): a block per SM slot runs its tiles' chunks as one
+    stream, the next tile's first chunk staged while the last one's products run; the same bits as rung 10."""
+    return prepare_product_bf16(s, x, w, y, persistent=True)
 
 
 def _work_bf16(s: Conv) -> tuple[float, float]:
@@ -161,6 +172,16 @@ OP = Op(
             "fast/2_conv2_implicit_gemm.cu",
             "conv2_forward_fast<Precision::Bf16>",
             prepare_product_bf16,
+            is_conv2,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
+        ),
+        ProductRung(
+            "11_product_bf16_persistent",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_forward_persistent_fast<Precision::Bf16>",
+            prepare_product_bf16_persistent,
             is_conv2,
             unit="bf16",
             tolerance=BF16_TOL,
