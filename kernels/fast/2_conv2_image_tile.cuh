@@ -334,7 +334,7 @@ __device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* q
 // (t % 2) * CONV_ROWS..), output channels n0 = blockIdx.y * tile_channels.., and runs the chunks of all its
 // tiles as one stream: while the tensor cores multiply a chunk, the block stages the next, the next tile's first
 // chunk included. Only its first tile waits for its loads, where a block per tile waits for every tile's first
-// chunk (a third of conv3x3_image_tile's stalls in bf16 at batch 4096: docs/performance.md). The weights' buffers
+// chunk (in bf16 the largest of conv3x3_image_tile's stalls: docs/performance.md). The weights' buffers
 // alternate with the stream; with at most two chunks they hold every chunk and are staged once. The output passes
 // through a region of its own (acc_s, after the weights), 32 rows at a time, so the next tile's staging goes on beside
 // it. The sums are conv3x3_image_tile's, in the same order: the same bits.
