@@ -65,7 +65,7 @@ class ProductRung:
 
     name: str  # NN_product, NN_product_bf16 or NN_product_bf16_persistent
     path: str  # the product's kernel file, under kernels/
-    kernel: str  # the kernel the step launches (its form at the network's geometry)
+    kernel: str  # the kernel the rung launches (the step's, in its form at the network's geometry)
     prepare: Callable
     accepts: Callable
     unit: str = "3xtf32"
@@ -79,7 +79,7 @@ class ProductRung:
 
 @dataclasses.dataclass(frozen=True)
 class Op:
-    rungs: tuple  # Rung ..., then at most one ProductRung, last
+    rungs: tuple  # Rung ..., then the ProductRungs (the product and its bf16 forms), last
     geometry: str  # the network's shapes, in words
     check_shapes: tuple  # the shapes every rung is checked at (those it accepts)
     network_shape: Callable  # network_shape(batch): the shape it is timed at

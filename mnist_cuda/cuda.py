@@ -72,6 +72,11 @@ def sm_count() -> int:
     return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
 
 
+def shared_memory_per_sm() -> int:
+    """Bytes of shared memory an SM holds for its resident blocks."""
+    return int(require_gpu().cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"])
+
+
 def pinned_empty(shape, dtype) -> np.ndarray:
     """A NumPy array in page-locked host memory (fast, truly asynchronous host-to-device copies)."""
     cupy = require_gpu()

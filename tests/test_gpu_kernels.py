@@ -95,11 +95,18 @@ def test_conv2_products_with_several_channel_tiles(case):
     _check_against_reference(case, kc.Dims(6, 40, 72, 33))
 
 
+# (images, input channels, output channels) for the persistent forward
+PERSISTENT_SHAPES = [(1, 32, 64), (3, 5, 7), (65, 32, 64), (300, 48, 64), (7, 40, 80), (33, 16, 130)]
+PERSISTENT_SHAPES += [(512, 32, 64), (400, 16, 64), (1000, 64, 32)]
+
+
 @pytest.mark.parametrize("precision", ["tf32", "bf16"])
-@pytest.mark.parametrize("n,c,k", [(1, 32, 64), (3, 5, 7), (65, 32, 64), (300, 48, 64), (7, 40, 80), (33, 16, 130)])
+@pytest.mark.parametrize("n,c,k", PERSISTENT_SHAPES)
 def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c, k, precision):
     """The forward's persistent form sums each output in the block-per-tile form's order: the same bits, at one
-    and several chunks, partial channel tiles and several of them, and fewer tiles than the grid's slots."""
+    and several chunks (weights staged once, or again for every tile), partial channel tiles and several of them,
+    fewer tiles than the grid's slots, and several tiles per block (from 512 images; at 32 input channels in bf16,
+    the step's path, with the weights staged once)."""
     import cupy
     import numpy as np
 

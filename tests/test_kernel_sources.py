@@ -311,14 +311,21 @@ def test_conv2_persistent_forward_by_batch_precision_and_models():
         assert not conv2.persistent_tiles("forward", precision, limit - 1)
         assert not conv2.persistent_tiles("forward", precision, limit, models=2)
         assert not conv2.persistent_tiles("backward_input", precision, limit)
-        region = 32 * (conv2.CONV_ROWS * 16 + 8) * 4
+        region = conv2.PERSISTENT_OUTPUT_BYTES  # the kernel's static_assert holds it to its 32 rows
         plain = conv2.image_tile_shared_bytes("forward", precision)
         assert conv2.image_tile_shared_bytes("forward", precision, persistent=True) == plain + region
         assert 3 * (plain + region + 1024) <= 227 * 1024 < 4 * (plain + region + 1024)  # three blocks per SM
     assert not conv2.persistent_tiles("forward", "fp32", 4096)
+    # the grid: as many blocks as the SMs hold at once across the channel tiles, at most one per half image
+    assert conv2.persistent_grid(4096, 1, 132, 3) == (396, 1, 1)
+    assert conv2.persistent_grid(4096, 5, 132, 3) == (79, 5, 1)  # 395 blocks, not 400: no second wave
+    assert conv2.persistent_grid(4096, 1, 108, 2) == (216, 1, 1)  # an SM whose shared memory holds two
+    assert conv2.persistent_grid(4096, 1, 132, 7) == (396, 1, 1)  # the launch bounds' three at most
+    assert conv2.persistent_grid(100, 1, 132, 3) == (200, 1, 1)
+    assert conv2.persistent_grid(4096, 500, 132, 3) == (1, 500, 1)
     quads = np.empty((conv2.weight_quads(32, 64, "fp32", "forward"), 4), np.float32)
     x, y = np.empty((1, 32, 14, 14), np.float32), np.empty((1, 64, 14, 14), np.float32)
-    with pytest.raises(ValueError, match="persistent form in"):
+    with pytest.raises(ValueError, match="only the forward has a persistent form"):
         conv2.forward(x, quads, y, 1, 32, 64, "fp32", persistent=True)
     quads = np.empty((2 * conv2.weight_quads(32, 64, "tf32", "forward"), 4), np.float32)
     with pytest.raises(ValueError, match="for one model"):

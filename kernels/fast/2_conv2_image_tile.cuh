@@ -4,7 +4,9 @@
 //
 // A block stages its input a chunk of channels at a time (ImageTileStaging), multiplies each chunk
 // (issue_chunk_products: wgmma on sm_90a, mma.sync elsewhere) while it stages the next, and writes its
-// output channels out through shared memory (merge_paired_set in the paired form, store_image_tile).
+// output channels out through shared memory (merge_paired_set in the paired form, store_image_tile). A block
+// takes one tile (conv3x3_image_tile), or, in the forward's persistent form, a run of tiles whose chunks it
+// stages and multiplies as one stream (conv3x3_image_tiles_persistent).
 #pragma once
 #include "common.cuh"
 #include "2_conv2_tile_forms.cuh"
@@ -60,16 +62,16 @@ struct TaskValues<Precision::Bf16, bfloat16> {
 
 // The block's staging of its input, a chunk of input channels at a time: the image through registers
 // (fetch_image, then stash, which splits it into its parts), the weights by cp.async (fetch_weights).
-// in_next, the registers, belongs to conv3x3_image_tile, which the staging refers to: as a member of the
-// struct the same code compiles to other instructions. In: the image's type (float, or bfloat16: the forward's x
-// and the input gradient's dy in Bf16).
+// in_next, the registers, belongs to conv3x3_image_tile (or conv3x3_image_tiles_persistent, which moves x and r0
+// on to each next tile), which the staging refers to: as a member of the struct the same code compiles to other
+// instructions. In: the image's type (float, or bfloat16: the forward's x and the input gradient's dy in Bf16).
 template <Precision PR, TileForm FORM, class In>
 struct ImageTileStaging {
-    const In* x;                // the block's image, [Cin][14][14]
+    const In* x;                // the image of the tile being staged, [Cin][14][14]
     const float4* block_quads;  // the weights of the block's output channels, per chunk
     float* in_s;                // the image's two buffers, planes [part][channel quad][pixel][4] each
     float4* w_s;                // the weights' buffers (weight_buffers<FORM>)
-    int Cin, r0, tid;           // r0: the block's first image row
+    int Cin, r0, tid;           // r0: that tile's first image row
     // in_next[r]: task e = tid + r * CONV_THREADS = quad * input_pixels + p, channels VALUES * quad ..
     // + VALUES - 1 of the chunk at pixel p of the block's input rows (image rows r0 - 1 .. r0 + CONV_ROWS)
     TaskValues<PR, In> (&in_next)[input_tasks_per_thread];
@@ -348,6 +350,7 @@ __device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, con
     float* in_s = reinterpret_cast<float*>(conv_shared);       // [buffer][part][quad][pixel][4]
     float4* w_s = conv_shared + 2 * 4 * PLANE / 4;             // [2][QUADS]
     float* acc_s = reinterpret_cast<float*>(w_s + 2 * QUADS);  // 32 rows of output_row_stride
+    static_assert(32 * output_row_stride * 4 == CONV_PERSISTENT_OUTPUT_BYTES, "the ops module sizes the region");
     const int tiles = N * TILES_PER_IMAGE, chunks = CEIL_DIV(Cin, CHUNK), n0 = blockIdx.y * tile_channels<FORM>;
     const int tid = threadIdx.x, warp = tid / 32, g = tid % 32 / 4, t = tid % 4;
     const bool resident = chunks <= 2;  // every chunk's weights in a buffer of their own, staged once

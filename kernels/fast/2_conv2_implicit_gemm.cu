@@ -8,7 +8,8 @@
 //   2_conv2_stage_weights.cuh  conv2_stage_weights_fast's work: the weights as those products read them
 //   2_conv2_image_tile.cuh     conv3x3_image_tile, the forward and the input gradient (conv2_forward_fast,
 //                              conv2_backward_input_fast and their 3xTF32 forms): conv2d_forward_naive and
-//                              conv2d_backward_input_naive
+//                              conv2d_backward_input_naive; conv3x3_image_tiles_persistent, the forward's
+//                              persistent form for large batches (conv2_forward_persistent_fast)
 //   2_conv2_weight_grad.cuh    conv3x3_weight_grad_rows, the weight gradient in split parts
 //                              (conv2_backward_weight_fast): conv2d_backward_weight_naive
 #include "common.cuh"
@@ -77,11 +78,14 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per
 }
 
 // The forward's persistent form (conv3x3_image_tiles_persistent), in plain TF32 and bf16, for one model: grid (at
-// most N * CONV2_SIZE / CONV_ROWS, ceil(K / tile channels)), CONV_THREADS threads, three blocks per SM (the
-// output's own region of shared memory makes a block too large for four).
-constexpr int persistent_blocks_per_sm = 3;
+// most N * CONV2_SIZE / CONV_ROWS, ceil(K / tile channels)), CONV_THREADS threads, CONV_PERSISTENT_BLOCKS_PER_SM
+// blocks per SM (three: the output's own region of shared memory makes a block too large for four); the ops module
+// sizes the grid with it.
+#if !defined(CONV_PERSISTENT_BLOCKS_PER_SM)
+#error "compile through mnist_cuda.ops, which passes the persistent blocks per SM as a -D option"
+#endif
 template <Precision P>
-__global__ void __launch_bounds__(CONV_THREADS, persistent_blocks_per_sm)
+__global__ void __launch_bounds__(CONV_THREADS, CONV_PERSISTENT_BLOCKS_PER_SM)
     conv2_forward_persistent_fast(const conv2_stored<P>* x, const float4* forward_quads, conv2_stored<P>* y, int N,
                                   int C, int K) {
     conv3x3_image_tiles_persistent<P, tile_form<P, false>>(x, forward_quads, y, N, C, K);

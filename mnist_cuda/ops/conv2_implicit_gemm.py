@@ -20,7 +20,7 @@ import functools
 
 import numpy as np
 
-from ..cuda import ceil_div, sm_count
+from ..cuda import ceil_div, shared_memory_per_sm, sm_count
 from .common import BF16, I32, precision_kernels, source
 
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS)
@@ -54,7 +54,10 @@ PAIRED_INPUT_GRAD_MIN_BATCH = 2048
 # tiles to hide its first one's loads behind (docs/performance.md)
 PERSISTENT_PRECISIONS = ("tf32", "bf16")
 PERSISTENT_BLOCKS_PER_SM = 3
+PERSISTENT_OUTPUT_BYTES = 32 * (CONV_ROWS * (CONV2_SIZE + 2) + 8) * 4  # 32 rows of the tile's columns and 8 more
 PERSISTENT_FORWARD_MIN_BATCH = 1024
+# shared memory the driver reserves for each resident block
+SHARED_RESERVED_BYTES = 1024
 # weight gradient: WGRAD_THREADS threads (three warpgroups) per block of WGRAD_OUT output and WGRAD_CHANNELS
 # input channels; k runs over pixels x WGRAD_IMAGES images (twice as many in bf16); WGRAD_X_SLOTS staged
 # rows of x
@@ -70,6 +73,8 @@ _src = source(
     CONV_CHUNK_QUADS=CONV_CHUNK_QUADS,
     CONV_ROWS=CONV_ROWS,
     CONV_STAGED_PIXELS=CONV_STAGED_PIXELS,
+    CONV_PERSISTENT_BLOCKS_PER_SM=PERSISTENT_BLOCKS_PER_SM,
+    CONV_PERSISTENT_OUTPUT_BYTES=PERSISTENT_OUTPUT_BYTES,
     WGRAD_THREADS=WGRAD_THREADS,
     WGRAD_OUT=WGRAD_OUT,
     WGRAD_CHANNELS=WGRAD_CHANNELS,
@@ -178,7 +183,7 @@ def image_tile_shared_bytes(product: str, precision: str, persistent: bool = Fal
     rows of the tile's columns and 8 more, float32)."""
     quads = chunk_quads(product, precision)
     weight_buffers = 1 if quads > CONV_CHUNK_QUADS else 2
-    output = 32 * (CONV_ROWS * (CONV2_SIZE + 2) + 8) * 4 if persistent else 0
+    output = PERSISTENT_OUTPUT_BYTES if persistent else 0
     return 2 * 4 * CONV_STAGED_PIXELS * 16 + weight_buffers * quads * 16 + output
 
 
@@ -272,12 +277,22 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args):
         )
         return
     if name != "forward" or precision not in PERSISTENT_PRECISIONS or models != 1:
-        raise ValueError(f"the forward has a persistent form in {PERSISTENT_PRECISIONS} for one model; not {name}")
-    tiles = n * (CONV2_SIZE // CONV_ROWS)
-    grid = (min(tiles, ceil_div(PERSISTENT_BLOCKS_PER_SM * sm_count(), channel_tiles)), channel_tiles, 1)
-    _persistent_forward[precision].launch(
-        grid, CONV_THREADS, *args, shared_mem=image_tile_shared_bytes(name, precision, persistent=True)
-    )
+        raise ValueError(
+            f"only the forward has a persistent form, in {PERSISTENT_PRECISIONS}, for one model; "
+            f"got {name} in {precision} for {models} model(s)"
+        )
+    shared = image_tile_shared_bytes(name, precision, persistent=True)
+    grid = persistent_grid(n, channel_tiles, sm_count(), shared_memory_per_sm() // (shared + SHARED_RESERVED_BYTES))
+    _persistent_forward[precision].launch(grid, CONV_THREADS, *args, shared_mem=shared)
+
+
+def persistent_grid(n: int, channel_tiles: int, sms: int, fit_per_sm: int) -> tuple[int, int, int]:
+    """The persistent forward's grid for n images: channel_tiles in y, and in x as many blocks as the SMs hold at once
+    across the channel tiles (PERSISTENT_BLOCKS_PER_SM each, the kernel's launch bounds, or fit_per_sm, the blocks an
+    SM's shared memory holds, if fewer), at most one per half image: a block more than they hold would wait for a
+    whole block's run of tiles."""
+    per_sm = max(1, min(PERSISTENT_BLOCKS_PER_SM, fit_per_sm))
+    return (min(n * (CONV2_SIZE // CONV_ROWS), max(1, per_sm * sms // channel_tiles)), channel_tiles, 1)
 
 
 def forward(
