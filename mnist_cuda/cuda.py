@@ -72,6 +72,7 @@ def sm_count() -> int:
     return int(require_gpu().cuda.Device().attributes["MultiProcessorCount"])
 
 
+@functools.cache
 def shared_memory_per_sm() -> int:
     """Bytes of shared memory an SM holds for its resident blocks."""
     return int(require_gpu().cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"])
