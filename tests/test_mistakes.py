@@ -39,7 +39,7 @@ FAR = "1" + "0" * 40  # far beyond any size, count or seed
 MEMORY_LIMIT = 4 << 30  # the address space a refused command may take: a real allocation of a size fails fast
 PEAK_RSS_LIMIT = 200 << 20  # a refused command imports its modules and parses; it allocates nothing large
 CPU_SECONDS = 1.0  # a refusal's own CPU time: a machine shared with other work stretches its wall clock, not this
-WALL_SECONDS = 5.0  # and its wall clock, generously: a refusal that waits (on the network, a lock) still fails
+WALL_SECONDS = 5.0  # and its wall clock, generously: a refusal that waits 5 s or more (on the network, a lock) fails
 
 
 # ---- the commands ----------------------------------------------------------------------------------------
