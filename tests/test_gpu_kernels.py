@@ -127,7 +127,7 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
     assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8))
 
 
-@pytest.mark.parametrize("per_block", [8, 32])
+@pytest.mark.parametrize("per_block", [8, 32, "tensor_cores"])
 @pytest.mark.parametrize("batch", [3, 65])
 def test_conv1_stores_bf16_as_its_float_output_rounded(batch, per_block):
     """conv1's block forward with pooled as bf16 (conv2's input in --precision bf16) writes its float32 output
@@ -140,7 +140,8 @@ def test_conv1_stores_bf16_as_its_float_output_rounded(batch, per_block):
     from mnist_cuda.ops import conv1_bn_relu_pool as conv1
     from mnist_cuda.ops.common import BF16
 
-    rng, C = np.random.default_rng(batch + per_block), 32
+    rng, C = np.random.default_rng(batch), 32
+    form = {"tensor_cores": True} if per_block == "tensor_cores" else {"per_block": per_block, "tensor_cores": False}
     x = cupy.asarray(rng.integers(0, 256, (batch, 1, 28, 28), dtype=np.uint8))
     w, gamma, beta = (
         cupy.asarray((rng.standard_normal(n) * s).astype(np.float32)) for n, s in ((9 * C, 0.3), (C, 1), (C, 0.5))
@@ -152,7 +153,7 @@ def test_conv1_stores_bf16_as_its_float_output_rounded(batch, per_block):
         pooled, argmax = cupy.empty((batch, C, 14, 14), dtype), cupy.empty((batch, C, 14, 14), cupy.uint8)
         running = cupy.zeros(C, cupy.float32), cupy.ones(C, cupy.float32)
         conv1.forward(x, w, False, moments, ref.BN_EPS, ref.BN_MOMENTUM, mean, invstd, *running, gamma, beta, batch, C,
-                      pooled, argmax, per_block=per_block)  # fmt: skip
+                      pooled, argmax, **form)  # fmt: skip
         outs[np.dtype(dtype)] = pooled.get(), argmax.get()
     (f32, f32_at), (b16, b16_at) = outs[np.dtype(np.float32)], outs[np.dtype(BF16)]
     assert np.array_equal(b16, kc.round_bf16_bits(f32)) and np.array_equal(b16_at, f32_at)

@@ -130,13 +130,15 @@ def test_image_moments_of_models_match_single_launches(batch):
 # ---- the forward ------------------------------------------------------------------------------------
 
 
-def _forward(b: dict, models: int, B: int, C: int, lay: dict, train: bool, per_block) -> None:
+def _forward(b: dict, models: int, B: int, C: int, lay: dict, train: bool, per_block, tensor_cores=None) -> None:
     """conv1's forward as the nets launch it: one model's launch as today's (no strides; its own choice of
-    channels per block), several with their strides and per_block (None: the launch's choice)."""
+    channels per block), several with their strides and per_block (None: the launch's choice); tensor_cores in
+    both (None: the launches' choice)."""
     p, r = b["params"], b["running"]
     kw = {} if models == 1 else {"models": models, "param_stride": lay["P"], "running_stride": lay["R"]}
     if models > 1:
         kw["per_block"] = per_block
+    kw["tensor_cores"] = tensor_cores
     conv1.forward(
         b["x"], p[lay["w"] :], train, b["moments"], EPS, MOMENTUM, b["mean"], b["invstd"], r[lay["mean"] :],
         r[lay["var"] :], p[lay["gamma"] :], p[lay["beta"] :], B, C, b["pooled"], b["argmax"], **kw,
@@ -153,13 +155,23 @@ def test_forward_of_models_matches_single_launches(batch, channels, train, per_b
 
 
 @pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("channels", CHANNELS)
+@pytest.mark.parametrize("batch", BATCHES)
+def test_forward_on_tensor_cores_of_models_matches_single_launches(batch, channels, train):
+    lay, per_model = _models(batch, channels, train)
+    _stacked_vs_single(per_model, lambda b, models: _forward(b, models, batch, channels, lay, train, None, True))
+
+
+@pytest.mark.parametrize("train", [True, False], ids=["train", "eval"])
 def test_forward_of_models_chooses_channels_per_block_from_all_images(train):
-    """At a batch where the models' images together take more channels per block than one model's, the
-    K-model forward's own choice still gives each model its single launch's bits."""
+    """At a batch where the models' images together take more channels per block than one model's, and would take
+    the tensor cores, the K-model forward's own choice still gives each model its single launch's bits."""
     from mnist_cuda.cuda import sm_count
 
     batch = -(-2 * sm_count() // K)  # K models' images give every SM two blocks of 32 channels; one model's not
     assert conv1.forward_channels_per_block(K * batch, 32) != conv1.forward_channels_per_block(batch, 32)
+    # ... and the tensor cores, which round conv1 otherwise, where one model's would not take them
+    assert conv1.forward_tensor_cores(K * batch, 32) and not conv1.forward_tensor_cores(batch, 32)
     lay, per_model = _models(batch, 32, train)
     _stacked_vs_single(per_model, lambda b, models: _forward(b, models, batch, 32, lay, train, None))
 

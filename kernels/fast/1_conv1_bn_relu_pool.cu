@@ -102,41 +102,73 @@ __global__ void __launch_bounds__(CONV1_THREADS, 4)
     __shared__ float4 ws[CHANNELS][3];
     __shared__ float4 bn[CHANNELS];  // mean, invstd, gamma, beta
     __shared__ double mom[CONV1_MOMENTS];
-    const int model = model_index();
-    x = model_part(x, (size_t)N * S1 * S1, model);
-    w = model_part(w, (size_t)param_stride, model);
-    gamma = model_part(gamma, (size_t)param_stride, model);
-    beta = model_part(beta, (size_t)param_stride, model);
-    moments = model_part(moments, CONV1_MOMENTS, model);
-    mean = model_part(mean, C, model);
-    invstd = model_part(invstd, C, model);
-    running_mean = model_part(running_mean, (size_t)running_stride, model);
-    running_var = model_part(running_var, (size_t)running_stride, model);
-    pooled = model_part(pooled, (size_t)N * C * WINDOWS, model);
-    argmax = model_part(argmax, (size_t)N * C * WINDOWS, model);
+    forward_model_parts(N, C, param_stride, running_stride, x, w, gamma, beta, moments, mean, invstd, running_mean,
+                        running_var, pooled, argmax);
     const int c0 = blockIdx.y * CHANNELS;
     load_channel_weights<CHANNELS>(w, C, c0, ws);
     const auto statistics = [&] {  // while the image is on its way
-        const int cl = threadIdx.x, c = c0 + cl;
-        if (train && threadIdx.x < CONV1_MOMENTS) mom[threadIdx.x] = moments[threadIdx.x];
-        __syncthreads();  // (every thread calls setup)
-        if (cl >= CHANNELS || c >= C) return;
-        if (!train) {
-            bn[cl] = make_float4(mean[c], invstd[c], gamma[c], beta[c]);
-            return;
-        }
-        const double count = (double)N * S1 * S1;
-        float m, var;
-        channel_stats(mom, ws[cl], count, &m, &var);
-        bn[cl] = make_float4(m, rsqrtf(var + eps), gamma[c], beta[c]);  // invstd as batchnorm_finalize computes it
-        if (blockIdx.x == 0)
-            batchnorm_finalize(c, m, var, (float)count, eps, momentum, mean, invstd, running_mean, running_var);
+        channel_batchnorm<CHANNELS>(train, moments, mom, ws, N, C, c0, eps, momentum, mean, invstd, running_mean,
+                                    running_var, gamma, beta, bn);
     };
     for_each_staged_image<CONV1_THREADS>(
         x, blockIdx.x, blockIdx.x + 1, img, statistics, [&](int n, const float* image) {
             for (int item = threadIdx.x; item < WINDOWS * (CHANNELS / GROUP_CHANNELS); item += CONV1_THREADS)
                 pool_item<CHANNELS, Out>(item, n, image, C, c0, ws, bn, pooled, argmax);
         });
+}
+
+// conv1_bn_relu_pool_fast's work with conv1 on the tensor cores (conv1_window_group, 1_conv1_forward.cuh): a warp
+// takes groups of MMA_WINDOWS windows in all MMA_CHANNELS channels of the block, where a thread of
+// conv1_bn_relu_pool_fast takes a window in four. The block's pooled values and positions, one contiguous run of
+// each in [N, C, 14, 14], are gathered in shared memory and then written out in whole lines. The outputs differ
+// from conv1_bn_relu_pool_fast's only in conv1's rounding (3xTF32, tap 8 last).
+// The same grid and arguments as conv1_bn_relu_pool_fast's, a block per image and group of MMA_CHANNELS channels,
+// CONV1_MMA_THREADS threads.
+template <class Out>
+__global__ void __launch_bounds__(CONV1_MMA_THREADS, CONV1_MMA_BLOCKS)
+    conv1_mma_bn_relu_pool_fast(const unsigned char* x, const float* w, int train, const double* moments, float eps,
+                                float momentum, float* mean, float* invstd, float* running_mean, float* running_var,
+                                const float* gamma, const float* beta, int N, int C, Out* pooled, unsigned char* argmax,
+                                int param_stride, int running_stride) {
+    static_assert(CONV1_MMA_THREADS % 32 == 0 && CONV1_MMA_THREADS >= CONV1_MOMENTS, "whole warps; a thread a moment");
+    __shared__ __align__(16) float img[2][P1 * P1];
+    __shared__ float4 ws[MMA_CHANNELS][3];
+    __shared__ float4 bn[MMA_CHANNELS];  // mean, invstd, gamma, beta
+    __shared__ double mom[CONV1_MOMENTS];
+    __shared__ __align__(16) Out values[MMA_CHANNELS * WINDOWS];
+    __shared__ __align__(16) unsigned char positions[MMA_CHANNELS * WINDOWS];
+    __shared__ bool finite;  // channel_finite for all the block's channels
+    forward_model_parts(N, C, param_stride, running_stride, x, w, gamma, beta, moments, mean, invstd, running_mean,
+                        running_var, pooled, argmax);
+    const int c0 = blockIdx.y * MMA_CHANNELS, warp = threadIdx.x / 32, channels = min(MMA_CHANNELS, C - c0);
+    load_channel_weights<MMA_CHANNELS>(w, C, c0, ws);
+    const auto setup = [&] {  // while the image is on its way
+        channel_batchnorm<MMA_CHANNELS>(train, moments, mom, ws, N, C, c0, eps, momentum, mean, invstd, running_mean,
+                                        running_var, gamma, beta, bn);
+        if (warp == 0) {
+            const bool all = __all_sync(0xffffffffu, threadIdx.x >= channels || channel_finite(ws, bn, threadIdx.x));
+            if (threadIdx.x == 0) finite = all;
+        }
+    };
+    for_each_staged_image<CONV1_MMA_THREADS>(x, blockIdx.x, blockIdx.x + 1, img, setup, [&](int n, const float* image) {
+        Conv1MmaWeights cw;
+        conv1_mma_weights(ws, cw);
+        for (int group = warp; group < MMA_GROUPS; group += CONV1_MMA_THREADS / 32) {
+            const int window0 = group * MMA_WINDOWS;
+            float acc[2][4][4];
+            conv1_window_group(image, window0, cw, acc);
+            if (channels == MMA_CHANNELS && finite)
+                pool_window_group<true, true>(acc, window0, C, c0, bn, values, positions);
+            else if (channels == MMA_CHANNELS)
+                pool_window_group<true, false>(acc, window0, C, c0, bn, values, positions);
+            else
+                pool_window_group<false, false>(acc, window0, C, c0, bn, values, positions);
+        }
+        __syncthreads();
+        const size_t first = ((size_t)n * C + c0) * WINDOWS;
+        copy_words<CONV1_MMA_THREADS>(values, pooled + first, channels * WINDOWS * (int)sizeof(Out));
+        copy_words<CONV1_MMA_THREADS>(positions, argmax + first, channels * WINDOWS);
+    });
 }
 
 // conv1's whole backward from the pooled gradient, by the moments (see the top of this file). dz, the

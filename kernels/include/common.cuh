@@ -140,6 +140,22 @@ __device__ __forceinline__ unsigned char pool_position(float pooled, int at) {
     return pooled > 0.0f ? (unsigned char)at : (unsigned char)NO_POSITION;
 }
 
+// relu_max4 (below) where no value is NaN and their sum does not overflow: its fast path alone.
+__device__ __forceinline__ float relu_max4_finite(float top_left, float top_right, float bottom_left,
+                                                  float bottom_right, int* at) {
+    const float v[4] = {top_left, top_right, bottom_left, bottom_right};
+    float best = v[0];
+    int best_at = 0;
+#pragma unroll
+    for (int p = 1; p < 4; p++)
+        if (v[p] > best) {
+            best = v[p];
+            best_at = p;
+        }
+    *at = best > 0.0f ? best_at : 0;
+    return best > 0.0f ? best : 0.0f;
+}
+
 // relu then 2x2 max pool of four values in window order (0,0),(0,1),(1,0),(1,1): the first maximum
 // wins, like PyTorch, and a NaN wins over numbers. Returns the pooled value; *at gets the position 0..3.
 // Without a NaN the ReLU commutes with the maximum: the first maximum of the values themselves is the
@@ -150,10 +166,9 @@ __device__ __forceinline__ unsigned char pool_position(float pooled, int at) {
 __device__ __forceinline__ float relu_max4(float top_left, float top_right, float bottom_left, float bottom_right,
                                            int* at) {
     const float v[4] = {top_left, top_right, bottom_left, bottom_right};
-    float best = v[0];
-    int best_at = 0;
     if (isnan((v[0] + v[1]) + (v[2] + v[3]))) {
-        best = relu(v[0]);
+        float best = relu(v[0]);
+        int best_at = 0;
 #pragma unroll
         for (int p = 1; p < 4; p++) {
             const float r = relu(v[p]);
@@ -165,14 +180,7 @@ __device__ __forceinline__ float relu_max4(float top_left, float top_right, floa
         *at = best_at;
         return best;
     }
-#pragma unroll
-    for (int p = 1; p < 4; p++)
-        if (v[p] > best) {
-            best = v[p];
-            best_at = p;
-        }
-    *at = best > 0.0f ? best_at : 0;
-    return best > 0.0f ? best : 0.0f;
+    return relu_max4_finite(top_left, top_right, bottom_left, bottom_right, at);
 }
 
 // sum over b < count of p[b * stride], added in the order b = 0, 1, ... (deterministic). The loads go

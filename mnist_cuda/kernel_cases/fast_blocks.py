@@ -181,11 +181,11 @@ def bn_eval_stats_fast_case():
     return Case("batchnorm_eval_stats_fast[bn2]", make, ops=("batchnorm",))
 
 
-def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
-    """conv1_bn_relu_pool_fast (layer 1, per_block channels per block, pooled stored as `stored`, "float" or
-    "bfloat16") or batchnorm_relu_maxpool_fast (a stored as `stored`): pooled = maxpool(relu(bn(a))) with given
-    statistics; for layer 1 in training (train=True) with the batch's own, from its image moments (the kernel also
-    saves them and updates the running statistics)."""
+def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float", tensor_cores=False):
+    """conv1_bn_relu_pool_fast (layer 1, per_block channels per block; conv1_mma_bn_relu_pool_fast with
+    tensor_cores; pooled stored as `stored`, "float" or "bfloat16") or batchnorm_relu_maxpool_fast (a stored as
+    `stored`): pooled = maxpool(relu(bn(a))) with given statistics; for layer 1 in training (train=True) with the
+    batch's own, from its image moments (the kernel also saves them and updates the running statistics)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
@@ -232,6 +232,7 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
                 y,
                 am,
                 per_block=per_block,
+                tensor_cores=tensor_cores,
             )
             work = (2.0 * a.size * 9, _bytes(xd, y, am))
             # with pooled as bf16 the case's tolerance is bf16's; the statistics are float32's still
@@ -254,7 +255,9 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float"):
     mode = "[train]" if train else "[eval]"
     if layer == 1:
         tol = BF16_TOL if stored == "bfloat16" else FP32_TOL
-        return Case(f"conv1_bn_relu_pool_fast<{per_block}, {stored}>[block1]{mode}", make, tol, ops=BLOCK1_OPS)
+        name = f"conv1_bn_relu_pool_fast<{per_block}, {stored}>"
+        name = f"conv1_mma_bn_relu_pool_fast<{stored}>" if tensor_cores else name
+        return Case(f"{name}[block1]{mode}", make, tol, ops=BLOCK1_OPS)
     assert not train, "block 2's statistics come from batchnorm_stats_fast"
     return Case(f"batchnorm_relu_maxpool_fast<{stored}>[block2]", make, ops=BLOCK2_OPS)
 

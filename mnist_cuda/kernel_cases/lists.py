@@ -51,6 +51,11 @@ def fast_cases() -> list[Case]:
             for per_block in conv1.FORWARD_CHANNELS
             for stored in STORED
         ]
+        + [
+            bn_relu_pool_fast_case(1, train, stored=stored, tensor_cores=True)
+            for train in (True, False)
+            for stored in STORED
+        ]
         + [bn_relu_pool_fast_case(2, stored=stored) for stored in STORED]
         + [block_backward_fast_case(1, per_block) for per_block in conv1.BACKWARD_CHANNELS]
         + [block_backward_fast_case(2, stored=stored) for stored in STORED]

@@ -8,6 +8,9 @@ from .common import F32, I32, source, stored_kernel, stored_kernels
 
 FORWARD_CHANNELS = (8, 32)  # the forward's choices of channels per block (forward_channels_per_block)
 CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output (forward, moments)
+# the forward on the tensor cores: a block per image and MMA_CHANNELS channels, 5 warps that take 5 of the image's 25
+# groups of 8 windows each, MMA_BLOCKS_PER_SM blocks per SM (its launch bounds)
+CONV1_MMA_THREADS, MMA_CHANNELS, MMA_BLOCKS_PER_SM = 160, 32, 4
 CONV1_MOMENTS = 54  # the image moments: 9 sums S_t and 45 products G_tu (t <= u), in double
 # the backward: a block takes per_block channels (one of BACKWARD_CHANNELS) of a part of the batch, a thread
 # one of them in the windows of one of the CONV1_GRAD_ROWS pooled rows, and an SM as many blocks as make
@@ -22,6 +25,8 @@ CONV1_GRAD_CHANNEL_BYTES = 196 * 5  # a channel's part of a ring stage: 196 floa
 _src = source(
     "fast/1_conv1_bn_relu_pool.cu",
     CONV1_THREADS=CONV1_THREADS,
+    CONV1_MMA_THREADS=CONV1_MMA_THREADS,
+    CONV1_MMA_BLOCKS=MMA_BLOCKS_PER_SM,
     CONV1_MOMENTS=CONV1_MOMENTS,
     CONV1_GRAD_ROWS=CONV1_GRAD_ROWS,
     CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS,
@@ -32,6 +37,7 @@ _src = source(
 _moments = _src.kernel("conv1_image_moments_fast")
 # per channels per block, pooled's type: float32, or bf16 (conv2's input in --precision bf16)
 _forward = {c: stored_kernels(_src, "conv1_bn_relu_pool_fast", c) for c in FORWARD_CHANNELS}
+_forward_mma = stored_kernels(_src, "conv1_mma_bn_relu_pool_fast")
 _backward = {c: _src.kernel(f"conv1_backward_fast<{c}>") for c in BACKWARD_CHANNELS}
 
 
@@ -85,6 +91,14 @@ def _most_channels(choices, n: int, channels: int, blocks: int) -> int:
     return min(choices)
 
 
+def forward_tensor_cores(n: int, channels: int) -> bool:
+    """Whether the forward takes conv1 on the tensor cores (conv1_mma_bn_relu_pool_fast) for a batch of n images: where
+    its blocks, an image and 32 channels each, give every SM two at least. Below that the CUDA cores' form, whose
+    smaller blocks fill more SMs, is faster (docs/performance.md). The two round conv1 differently, so the choice is
+    made from one model's batch in a launch of several (each model's bits those of its own launch)."""
+    return n * ceil_div(channels, MMA_CHANNELS) >= 2 * sm_count()
+
+
 def forward_channels_per_block(n: int, channels: int) -> int:
     """The most channels per block of the forward that still give every SM two blocks, else the fewest:
     a block stages its image and computes its statistics once for all its channels, which pays where
@@ -114,6 +128,7 @@ def forward(
     models: int = 1,
     param_stride: int = 0,
     running_stride: int = 0,
+    tensor_cores: bool | None = None,
 ):
     """pooled, argmax [n, channels, 14, 14] = maxpool(relu(bn(conv1(normalize(x))))), argmax the window position
     0..3, or NO_POSITION where the ReLU blocked the window (pooled <= 0: what backward reads). pooled is float32, or
@@ -121,15 +136,22 @@ def forward(
     from). In training BatchNorm's
     statistics come from `moments` (saved in mean, invstd; the running ones updated); in evaluation mean and
     invstd must hold the running statistics' (bn_relu_pool.eval_stats). per_block: channels per block, one
-    of FORWARD_CHANNELS (None: forward_channels_per_block's choice).
+    of FORWARD_CHANNELS (None: forward_channels_per_block's choice), for conv1 on the CUDA cores. tensor_cores: conv1
+    on the tensor cores, in 3xTF32 (None: forward_tensor_cores's choice); per_block is then not used.
     models: how many models' batches of n images at once; x, moments, mean, invstd, pooled and argmax are
     [models][one model's], each model's w, gamma and beta param_stride floats after the previous model's, its
     running statistics running_stride. The choice of per_block changes no bits, so it is made from all the
-    models' images (more blocks)."""
-    per_block = per_block or forward_channels_per_block(models * n, channels)
-    stored_kernel(_forward[per_block], "pooled", pooled).launch(
+    models' images (more blocks); that of tensor_cores does, so it is made from one model's."""
+    if tensor_cores is None:
+        tensor_cores = forward_tensor_cores(n, channels)
+    if tensor_cores:
+        kernel, per_block, threads = stored_kernel(_forward_mma, "pooled", pooled), MMA_CHANNELS, CONV1_MMA_THREADS
+    else:
+        per_block = per_block or forward_channels_per_block(models * n, channels)
+        kernel, threads = stored_kernel(_forward[per_block], "pooled", pooled), CONV1_THREADS
+    kernel.launch(
         _models_grid((n, ceil_div(channels, per_block)), models),
-        CONV1_THREADS,
+        threads,
         x,
         w,
         I32(train),

@@ -165,10 +165,19 @@ def launch_image_moments(
     _forward(forward, t, s, x, w, gamma, beta, pooled, mean, invstd, argmax)
 
 
+def prepare_product_cuda_cores(
+    s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, *scratch
+):
+    """Rung 08: the product's forward with conv1 on the CUDA cores at every batch (tensor_cores=False), the form
+    FastNet.forward takes below two blocks per SM."""
+    return _product(s, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, False)
+
+
 def prepare_product(s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, *scratch):
-    """Rung 09: conv1_bn_relu_pool's forward in training as FastNet.forward launches it, with the batch's image
-    moments taken beforehand (untimed) by conv1_image_moments_fast, as FastNet.prepare_batch takes them when the batch
-    is loaded. argmax gets the window positions as bytes (NO_POSITION where the ReLU blocked the window)."""
+    """Rung 09: conv1_bn_relu_pool's forward in training as FastNet.forward launches it (conv1 on the tensor cores
+    from two blocks per SM), with the batch's image moments taken beforehand (untimed) by conv1_image_moments_fast,
+    as FastNet.prepare_batch takes them when the batch is loaded. argmax gets the window positions as bytes
+    (NO_POSITION where the ReLU blocked the window)."""
     return _product(s, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax)
 
 
@@ -182,8 +191,9 @@ def prepare_product_bf16(s: Conv, x, w, gamma, beta, pooled, mean, invstd, runni
     return run, lambda: from_bf16(bits, pooled)
 
 
-def _product(s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax):
-    """The product's launch into pooled (float32, or bf16 bits)."""
+def _product(s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, running_var, argmax, tensor_cores=None):
+    """The product's launch into pooled (float32, or bf16 bits); tensor_cores as conv1_bn_relu_pool.forward takes
+    it (None: its choice)."""
     import cupy
 
     moment_partial = cupy.empty(conv1.moment_partial_shape(), cupy.float64)
@@ -209,6 +219,7 @@ def _product(s: Conv, x, w, gamma, beta, pooled, mean, invstd, running_mean, run
             s.k,
             pooled,
             argmax,
+            tensor_cores=tensor_cores,
         )
 
     return run
@@ -310,9 +321,17 @@ OP = Op(
             IMAGE_MOMENTS,
         ),
         ProductRung(
-            "09_product",
+            "08_product_cuda_cores",
             "fast/1_conv1_bn_relu_pool.cu",
             "conv1_bn_relu_pool_fast<32, float> (two blocks per SM or more), else conv1_bn_relu_pool_fast<8, float>",
+            prepare_product_cuda_cores,
+            is_block1,
+            unit="fp32",
+        ),
+        ProductRung(
+            "09_product",
+            "fast/1_conv1_bn_relu_pool.cu",
+            "conv1_mma_bn_relu_pool_fast<float> (two blocks per SM or more), else conv1_bn_relu_pool_fast<8, float>",
             prepare_product,
             is_block1,
             unit="fp32",
@@ -320,7 +339,7 @@ OP = Op(
         ProductRung(
             "10_product_bf16",
             "fast/1_conv1_bn_relu_pool.cu",
-            "conv1_bn_relu_pool_fast<32, bfloat16> (two blocks per SM or more),"
+            "conv1_mma_bn_relu_pool_fast<bfloat16> (two blocks per SM or more),"
             " else conv1_bn_relu_pool_fast<8, bfloat16>",
             prepare_product_bf16,
             is_block1,
