@@ -118,11 +118,11 @@ __global__ void __launch_bounds__(CONV1_THREADS, 4)
 }
 
 // conv1_bn_relu_pool_fast's work with conv1 on the tensor cores (conv1_window_group, 1_conv1_forward.cuh): a warp
-// takes groups of MMA_WINDOWS windows in all MMA_CHANNELS channels of the block, where a thread of
+// takes groups of MMA_WINDOWS windows in all CONV1_MMA_CHANNELS channels of the block, where a thread of
 // conv1_bn_relu_pool_fast takes a window in four. The block's pooled values and positions, one contiguous run of
 // each in [N, C, 14, 14], are gathered in shared memory and then written out in whole lines. The outputs differ
 // from conv1_bn_relu_pool_fast's only in conv1's rounding (3xTF32, tap 8 last).
-// The same grid and arguments as conv1_bn_relu_pool_fast's, a block per image and group of MMA_CHANNELS channels,
+// The same grid and arguments as conv1_bn_relu_pool_fast's, a block per image and group of CONV1_MMA_CHANNELS channels,
 // CONV1_MMA_THREADS threads.
 template <class Out>
 __global__ void __launch_bounds__(CONV1_MMA_THREADS, CONV1_MMA_BLOCKS)
@@ -132,19 +132,19 @@ __global__ void __launch_bounds__(CONV1_MMA_THREADS, CONV1_MMA_BLOCKS)
                                 int param_stride, int running_stride) {
     static_assert(CONV1_MMA_THREADS % 32 == 0 && CONV1_MMA_THREADS >= CONV1_MOMENTS, "whole warps; a thread a moment");
     __shared__ __align__(16) float img[2][P1 * P1];
-    __shared__ float4 ws[MMA_CHANNELS][3];
-    __shared__ float4 bn[MMA_CHANNELS];  // mean, invstd, gamma, beta
+    __shared__ float4 ws[CONV1_MMA_CHANNELS][3];
+    __shared__ float4 bn[CONV1_MMA_CHANNELS];  // mean, invstd, gamma, beta
     __shared__ double mom[CONV1_MOMENTS];
-    __shared__ __align__(16) Out values[MMA_CHANNELS * WINDOWS];
-    __shared__ __align__(16) unsigned char positions[MMA_CHANNELS * WINDOWS];
+    __shared__ __align__(16) Out values[CONV1_MMA_CHANNELS * WINDOWS];
+    __shared__ __align__(16) unsigned char positions[CONV1_MMA_CHANNELS * WINDOWS];
     __shared__ bool finite;  // channel_finite for all the block's channels
     forward_model_parts(N, C, param_stride, running_stride, x, w, gamma, beta, moments, mean, invstd, running_mean,
                         running_var, pooled, argmax);
-    const int c0 = blockIdx.y * MMA_CHANNELS, warp = threadIdx.x / 32, channels = min(MMA_CHANNELS, C - c0);
-    load_channel_weights<MMA_CHANNELS>(w, C, c0, ws);
+    const int c0 = blockIdx.y * CONV1_MMA_CHANNELS, warp = threadIdx.x / 32, channels = min(CONV1_MMA_CHANNELS, C - c0);
+    load_channel_weights<CONV1_MMA_CHANNELS>(w, C, c0, ws);
     const auto setup = [&] {  // while the image is on its way
-        channel_batchnorm<MMA_CHANNELS>(train, moments, mom, ws, N, C, c0, eps, momentum, mean, invstd, running_mean,
-                                        running_var, gamma, beta, bn);
+        channel_batchnorm<CONV1_MMA_CHANNELS>(train, moments, mom, ws, N, C, c0, eps, momentum, mean, invstd,
+                                              running_mean, running_var, gamma, beta, bn);
         if (warp == 0) {
             const bool all = __all_sync(0xffffffffu, threadIdx.x >= channels || channel_finite(ws, bn, threadIdx.x));
             if (threadIdx.x == 0) finite = all;
@@ -157,9 +157,9 @@ __global__ void __launch_bounds__(CONV1_MMA_THREADS, CONV1_MMA_BLOCKS)
             const int window0 = group * MMA_WINDOWS;
             float acc[2][4][4];
             conv1_window_group(image, window0, cw, acc);
-            if (channels == MMA_CHANNELS && finite)
+            if (channels == CONV1_MMA_CHANNELS && finite)
                 pool_window_group<true, true>(acc, window0, C, c0, bn, values, positions);
-            else if (channels == MMA_CHANNELS)
+            else if (channels == CONV1_MMA_CHANNELS)
                 pool_window_group<true, false>(acc, window0, C, c0, bn, values, positions);
             else
                 pool_window_group<false, false>(acc, window0, C, c0, bn, values, positions);

@@ -133,15 +133,20 @@ __device__ __forceinline__ void pool_item(int item, int n, const float* image, i
 // ---- conv1 on the tensor cores (conv1_mma_bn_relu_pool_fast) ------------------------------------------------------
 // conv1 as a product: A = the image's 3x3 patches, a row per output position and a column per tap; B = the
 // weights, a row per tap and a column per channel. A warp takes a group of MMA_WINDOWS pooled windows and all
-// MMA_CHANNELS channels: two m16 tiles, the windows' top rows of outputs, then their bottom rows, each tile's row g
-// the left output of window g and row g + 8 its right one. mma.sync's C fragment then gives lane (g, t) the whole
+// CONV1_MMA_CHANNELS channels: two m16 tiles, the windows' top rows of outputs, then their bottom rows, each tile's row
+// g the left output of window g and row g + 8 its right one. mma.sync's C fragment then gives lane (g, t) the whole
 // window g in channels 2t and 2t + 1 of each n8 tile, so it pools in registers. Taps 0..7 are one k8 step in
 // 3xTF32 (float32's accuracy, as the CUDA cores' conv1_window: the weights split once per block, the patch values
 // as they are loaded); tap 8 is one float32 multiply-add per output, which costs fewer instructions than a second
 // k8 step of seven zero taps.
 #define MMA_WINDOWS 8
 #define MMA_GROUPS CEIL_DIV(WINDOWS, MMA_WINDOWS)  // 25 groups per image, the last half empty
-#define MMA_CHANNELS 32                            // four n8 tiles: the network's channels in one block
+// From mnist_cuda/ops/conv1_bn_relu_pool.py (NVRTC -D options): CONV1_MMA_CHANNELS channels per block (four n8
+// tiles: the network's 32), CONV1_MMA_THREADS threads and CONV1_MMA_BLOCKS blocks per SM (its launch bounds).
+#if !defined(CONV1_MMA_CHANNELS) || !defined(CONV1_MMA_THREADS) || !defined(CONV1_MMA_BLOCKS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
+static_assert(CONV1_MMA_CHANNELS == 32, "four n8 tiles per warp");
 
 // This lane's part of the block's weights: the B fragments of taps 0..7 for the four n8 tiles (b[r] = B(t + 4r, g)
 // = w[8j + g, t + 4r]), split for 3xTF32, and tap 8's weight of the lane's accumulator channels 8j + 2t + h.
@@ -150,7 +155,7 @@ struct Conv1MmaWeights {
     float tap8[4][2];
 };
 
-__device__ __forceinline__ void conv1_mma_weights(const float4 (&ws)[MMA_CHANNELS][3], Conv1MmaWeights& cw) {
+__device__ __forceinline__ void conv1_mma_weights(const float4 (&ws)[CONV1_MMA_CHANNELS][3], Conv1MmaWeights& cw) {
     const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
 #pragma unroll
     for (int j = 0; j < 4; j++) {
@@ -207,11 +212,11 @@ __device__ __forceinline__ bool channel_finite(const float4 (&ws)[CHANNELS][3], 
 
 // pooled = maxpool(relu(bn(conv1))) and the position, from acc (conv1_window_group), for this lane's window in its
 // channels 8j + 2t + h of the block's, into the block's image of them: values[channel][window], positions likewise
-// (pool_item's bn). FULL: all MMA_CHANNELS channels below C, else those past C are skipped. FINITE: channel_finite
-// holds for the block, so the values are pooled without a NaN test (the same bits as relu_max4's).
+// (pool_item's bn). FULL: all CONV1_MMA_CHANNELS channels below C, else those past C are skipped. FINITE:
+// channel_finite holds for the block, so the values are pooled without a NaN test (the same bits as relu_max4's).
 template <bool FULL, bool FINITE, class Out>
 __device__ __forceinline__ void pool_window_group(const float (&acc)[2][4][4], int window0, int C, int c0,
-                                                  const float4 (&bn)[MMA_CHANNELS], Out* values,
+                                                  const float4 (&bn)[CONV1_MMA_CHANNELS], Out* values,
                                                   unsigned char* positions) {
     const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4, window = window0 + g;
     if (window >= WINDOWS) return;

@@ -8,9 +8,9 @@ from .common import F32, I32, source, stored_kernel, stored_kernels
 
 FORWARD_CHANNELS = (8, 32)  # the forward's choices of channels per block (forward_channels_per_block)
 CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output (forward, moments)
-# the forward on the tensor cores: a block per image and MMA_CHANNELS channels, 5 warps that take 5 of the image's 25
-# groups of 8 windows each, MMA_BLOCKS_PER_SM blocks per SM (its launch bounds)
-CONV1_MMA_THREADS, MMA_CHANNELS, MMA_BLOCKS_PER_SM = 160, 32, 4
+# the forward on the tensor cores: a block per image and CONV1_MMA_CHANNELS channels, 5 warps that take 5 of the
+# image's 25 groups of 8 windows each, CONV1_MMA_BLOCKS blocks per SM (its launch bounds)
+CONV1_MMA_THREADS, CONV1_MMA_CHANNELS, CONV1_MMA_BLOCKS = 160, 32, 4
 CONV1_MOMENTS = 54  # the image moments: 9 sums S_t and 45 products G_tu (t <= u), in double
 # the backward: a block takes per_block channels (one of BACKWARD_CHANNELS) of a part of the batch, a thread
 # one of them in the windows of one of the CONV1_GRAD_ROWS pooled rows, and an SM as many blocks as make
@@ -26,7 +26,8 @@ _src = source(
     "fast/1_conv1_bn_relu_pool.cu",
     CONV1_THREADS=CONV1_THREADS,
     CONV1_MMA_THREADS=CONV1_MMA_THREADS,
-    CONV1_MMA_BLOCKS=MMA_BLOCKS_PER_SM,
+    CONV1_MMA_CHANNELS=CONV1_MMA_CHANNELS,
+    CONV1_MMA_BLOCKS=CONV1_MMA_BLOCKS,
     CONV1_MOMENTS=CONV1_MOMENTS,
     CONV1_GRAD_ROWS=CONV1_GRAD_ROWS,
     CONV1_GRAD_SM_CHANNELS=CONV1_GRAD_SM_CHANNELS,
@@ -96,7 +97,7 @@ def forward_tensor_cores(n: int, channels: int) -> bool:
     its blocks, an image and 32 channels each, give every SM two at least. Below that the CUDA cores' form, whose
     smaller blocks fill more SMs, is faster (docs/performance.md). The two round conv1 differently, so the choice is
     made from one model's batch in a launch of several (each model's bits those of its own launch)."""
-    return n * ceil_div(channels, MMA_CHANNELS) >= 2 * sm_count()
+    return n * ceil_div(channels, CONV1_MMA_CHANNELS) >= 2 * sm_count()
 
 
 def forward_channels_per_block(n: int, channels: int) -> int:
@@ -145,7 +146,8 @@ def forward(
     if tensor_cores is None:
         tensor_cores = forward_tensor_cores(n, channels)
     if tensor_cores:
-        kernel, per_block, threads = stored_kernel(_forward_mma, "pooled", pooled), MMA_CHANNELS, CONV1_MMA_THREADS
+        kernel, threads = stored_kernel(_forward_mma, "pooled", pooled), CONV1_MMA_THREADS
+        per_block = CONV1_MMA_CHANNELS
     else:
         per_block = per_block or forward_channels_per_block(models * n, channels)
         kernel, threads = stored_kernel(_forward[per_block], "pooled", pooled), CONV1_THREADS
