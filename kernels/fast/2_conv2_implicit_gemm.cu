@@ -93,10 +93,11 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_PERSISTENT_BLOCKS_PER_SM)
 
 // grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
 // memory; N: one model's batch; x, dy: [models][N][..]; partial [models][parts][K][C][3][3] (with one part and
-// one model: dw itself); x and dy in conv2_stored<P>
-template <Precision P>
+// one model: dw itself); x and dy in conv2_stored<P>. L2_PREFETCH false: the staging's loads without the L2's
+// 256-byte fetch (the ladder's rung below the product)
+template <Precision P, bool L2_PREFETCH = true>
 __global__ void __launch_bounds__(WGRAD_THREADS, 1)
     conv2_backward_weight_fast(const conv2_stored<P>* x, const conv2_stored<P>* dy, float* partial, int N, int C, int K,
                                int items_per_part) {
-    conv3x3_weight_grad_rows<P>(x, dy, partial, N, C, K, items_per_part);
+    conv3x3_weight_grad_rows<P, L2_PREFETCH>(x, dy, partial, N, C, K, items_per_part);
 }

@@ -72,7 +72,8 @@ static_assert(WGRAD_OUT * sums_row_floats <= WGRAD_X_SLOTS * x_row_floats + 2 * 
 // item i + 2's loads are issued, so their latency passes behind a whole item. next belongs to
 // conv3x3_weight_grad_rows, which the staging refers to: as a member of the struct the same code compiles to
 // other instructions. In Bf16 x's and dy's rows are bf16: fetched as their bits (fetch_pair), stashed as they are.
-template <Precision PR>
+// L2_PREFETCH: each load asks the L2 for the 256 bytes around it (fetch_pair).
+template <Precision PR, bool L2_PREFETCH>
 struct WeightGradStaging {
     const conv2_stored<PR>* x;   // [N][C][14][14], bf16 in Bf16
     const conv2_stored<PR>* dy;  // [N][K][14][14], bf16 in Bf16
@@ -101,10 +102,22 @@ struct WeightGradStaging {
     }
 
     // A pixel pair of a row: two float values, or a bf16 row's two values as they are, one 32-bit word in x (the
-    // left pixel in its low half; y unused).
-    __device__ __forceinline__ static float2 fetch_pair(const float* p) { return load_pair(p); }
+    // left pixel in its low half; y unused). With L2_PREFETCH the load asks the L2 for the 256 bytes around it
+    // (.L2::256B): a warp's load takes 16- or 32-byte pieces of rows 28 or 56 bytes long, in 8 channels, and the
+    // block's next items read the rows after them, which the L2 then already holds (docs/performance.md).
+    __device__ __forceinline__ static float2 fetch_pair(const float* p) {
+        if constexpr (!L2_PREFETCH) return load_pair(p);
+        unsigned long long bits;  // the pair as one 8-byte load
+        asm("ld.global.L2::256B.b64 %0, [%1];" : "=l"(bits) : "l"(p));
+        return make_float2(__uint_as_float((unsigned)bits), __uint_as_float((unsigned)(bits >> 32)));
+    }
     __device__ __forceinline__ static float2 fetch_pair(const bfloat16* p) {
-        return make_float2(__uint_as_float(*reinterpret_cast<const unsigned*>(p)), 0.0f);
+        unsigned v;
+        if constexpr (L2_PREFETCH)
+            asm("ld.global.L2::256B.u32 %0, [%1];" : "=r"(v) : "l"(p));
+        else
+            v = *reinterpret_cast<const unsigned*>(p);
+        return make_float2(__uint_as_float(v), 0.0f);
     }
     // Task f of a row (float or bfloat16) into v by fetch_pair; pixels outside the image and channels or images
     // past the end are zeros.
@@ -298,8 +311,8 @@ __device__ __forceinline__ void store_weight_grad(const WeightGradAccumulators& 
 // WGRAD_CHANNELS.. over items first = blockIdx.x * items_per_part .. last - 1, each warpgroup one kernel row.
 // Several models: blockIdx.z = model * groups + group (groups = ceil(C / WGRAD_CHANNELS)); the model's x and dy
 // are its batch of N images and its partial results are its parts ([model][gridDim.x][K][C][3][3]), so each
-// model's parts hold what a launch for that model alone writes.
-template <Precision PR>
+// model's parts hold what a launch for that model alone writes. L2_PREFETCH: as WeightGradStaging's.
+template <Precision PR, bool L2_PREFETCH>
 __device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>* x, const conv2_stored<PR>* dy,
                                                          float* partial, int N, int C, int K, int items_per_part) {
     constexpr int IMAGES = wgrad_images<PR>, S = CONV2_SIZE, X_PIXEL = x_pixel_floats;
@@ -323,7 +336,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>*
 
     float2 next[2][IMAGES];
     const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
-    WeightGradStaging<PR> staging{x, dy, smem, dy_slots, N, C, K, o0, c0, model * N, first, tid, f_dy, f_second, next};
+    WeightGradStaging<PR, L2_PREFETCH> staging{x,  dy,        smem,  dy_slots, N,    C,        K,   o0,
+                                               c0, model * N, first, tid,      f_dy, f_second, next};
     WeightGradAccumulators acc = {};
     if (first < last) {
         staging.fetch(first);

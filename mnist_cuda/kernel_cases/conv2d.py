@@ -183,9 +183,10 @@ def conv_backward_input_case(version="naive", product="backward_input"):
     )
 
 
-def conv_backward_weight_case(layer, version="naive"):
+def conv_backward_weight_case(layer, version="naive", l2_prefetch=True):
     """conv2d_backward_weight_naive, or conv2_backward_weight_fast's partial results summed by
-    splitk_reduce_fast (layer 2), as the fast step runs them."""
+    splitk_reduce_fast (layer 2), as the fast step runs them (l2_prefetch False: its form without the L2's
+    256-byte fetch, fp32 only)."""
     if version != "naive":
         _check_precision(version)
         assert layer == 2, "the implicit-GEMM products are conv2's"
@@ -201,17 +202,18 @@ def conv_backward_weight_case(layer, version="naive"):
             partial = _poison(conv2.weight_grad_partial_size(C, K))
 
             def run():
-                parts = conv2.backward_weight(xd, dyd, partial, N, C, K, version)
+                parts = conv2.backward_weight(xd, dyd, partial, N, C, K, version, l2_prefetch=l2_prefetch)
                 splitk_reduce(partial, parts, dw)
 
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
         return Prepared(run, {"dw": dw}, {"dw": want}, (2.0 * dw.size * N * S * S, _bytes(xd, dyd, dw)))
 
-    name = (
-        "conv2d_backward_weight_naive"
-        if version == "naive"
-        else f"conv2_backward_weight_fast<{version}>+splitk_reduce_fast"
-    )
+    if version == "naive":
+        name = "conv2d_backward_weight_naive"
+    elif l2_prefetch:
+        name = f"conv2_backward_weight_fast<{version}>+splitk_reduce_fast"
+    else:
+        name = f"conv2_backward_weight_fast<{conv2.KERNEL_PRECISION[version]}, false>+splitk_reduce_fast"
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
 
 
@@ -221,6 +223,7 @@ def conv2_product_cases(version: str) -> list[Case]:
     stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
     persistent = [conv_forward_case(2, version, persistent=True)] if version in conv2.PERSISTENT_PRECISIONS else []
     paired = [conv_backward_input_case(version, "backward_input_paired")] if version == "fp32" else []
+    unprefetched = [conv_backward_weight_case(2, version, l2_prefetch=False)] if version == "fp32" else []
     return (
         [conv_forward_case(2, version)]
         + stacked
@@ -228,4 +231,5 @@ def conv2_product_cases(version: str) -> list[Case]:
         + [conv_backward_input_case(version)]
         + paired
         + [conv_backward_weight_case(2, version)]
+        + unprefetched
     )

@@ -87,6 +87,9 @@ _kernel = precision_kernels(
 _persistent_forward = {
     p: _src.kernel(f"conv2_forward_persistent_fast<{KERNEL_PRECISION[p]}>") for p in PERSISTENT_PRECISIONS
 }
+# the 3xTF32 weight gradient with its staging's loads plain, without the L2's 256-byte fetch: the ladder's rung below
+# the product (dev/ladder/conv2_weight_grad)
+_weight_grad_without_l2_prefetch = _src.kernel("conv2_backward_weight_fast<Precision::Fp32, false>")
 # the 3xTF32 forms that have a kernel of their own, and the product they are a form of
 _FP32_FORMS = {
     "forward_stacked": ("forward", _src.kernel("conv2_forward_stacked_fast")),
@@ -354,17 +357,25 @@ def weight_grad_grid(n: int, c_in: int, c_out: int, precision: str) -> tuple[tup
     return (ceil_div(items, per_part), rows, cols), per_part
 
 
-def backward_weight(x, dy, partial, n: int, c_in: int, c_out: int, precision: str, models: int = 1) -> int:
+def backward_weight(
+    x, dy, partial, n: int, c_in: int, c_out: int, precision: str, models: int = 1, l2_prefetch: bool = True
+) -> int:
     """The weight gradient's partial results [parts, c_out, c_in, 3, 3] into partial; returns parts (for
     splitk_reduce). For `models` models (x, dy [models][n][...]): the parts of one model's launch each, packed as
-    [models][parts][c_out * c_in * 9] at partial's start (models * weight_grad_partial_size is room enough)."""
+    [models][parts][c_out * c_in * 9] at partial's start (models * weight_grad_partial_size is room enough).
+    l2_prefetch False (fp32 only, the same bits): the staging's loads without the L2's 256-byte fetch."""
     _check_stored(x, "x", precision)
     _check_stored(dy, "dy", precision)
+    kernel = _kernel("backward_weight", precision)
+    if not l2_prefetch:
+        if precision != "fp32":
+            raise ValueError(f"the weight gradient without the L2 prefetch is built in fp32 only, not {precision!r}")
+        kernel = _weight_grad_without_l2_prefetch
     grid, per_part = weight_grad_grid(n, c_in, c_out, precision)
     parts, rows, groups = grid
     if partial.size < models * parts * c_out * c_in * 9:
         raise ValueError(f"partial holds {partial.size} floats; {models} x {parts} parts of {c_out * c_in * 9} needed")
-    _kernel("backward_weight", precision).launch(
+    kernel.launch(
         (parts, rows, groups * models),
         WGRAD_THREADS,
         x,

@@ -85,18 +85,26 @@ def launch_mma_3xtf32(kernels, s: Conv, x, dy, dw, partial):
     _launch_split(kernels, t, t["TILE_K"] // 16 * 32, s, x, dy, dw, partial)
 
 
-def prepare_product(s: Conv, x, dy, dw, _split_partial):
-    """The top rung: conv2_implicit_gemm's weight gradient in fp32 (3xTF32) into a partial result per part, then
-    splitk_reduce's sum of the parts, as FastNet._conv2_weight_grad runs them (its scratch made here, untimed)."""
-    import cupy
+def _prepare_product(l2_prefetch: bool):
+    def prepare(s: Conv, x, dy, dw, _split_partial):
+        import cupy
 
-    partial = cupy.empty(conv2.weight_grad_partial_size(s.c, s.k), cupy.float32)
+        partial = cupy.empty(conv2.weight_grad_partial_size(s.c, s.k), cupy.float32)
 
-    def run():
-        parts = conv2.backward_weight(x, dy, partial, s.n, s.c, s.k, "fp32")
-        splitk_reduce.splitk_reduce(partial, parts, dw)
+        def run():
+            parts = conv2.backward_weight(x, dy, partial, s.n, s.c, s.k, "fp32", l2_prefetch=l2_prefetch)
+            splitk_reduce.splitk_reduce(partial, parts, dw)
 
-    return run
+        return run
+
+    return prepare
+
+
+# The top rung: conv2_implicit_gemm's weight gradient in fp32 (3xTF32) into a partial result per part, then
+# splitk_reduce's sum of the parts, as FastNet._conv2_weight_grad runs them (its scratch made here, untimed).
+prepare_product = _prepare_product(l2_prefetch=True)
+# Rung 08: the same with the staging's loads plain, without the L2's 256-byte fetch.
+prepare_product_no_l2_prefetch = _prepare_product(l2_prefetch=False)
 
 
 def prepare_product_bf16(s: Conv, x, dy, dw, _split_partial):
@@ -142,6 +150,14 @@ OP = Op(
             launch_mma_3xtf32,
             MMA_3XTF32,
             unit="3xtf32",
+        ),
+        ProductRung(
+            "08_product_no_l2_prefetch",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_backward_weight_fast<Precision::Fp32, false>, its parts summed by splitk_reduce "
+            "(fast/6_splitk_reduce.cu)",
+            prepare_product_no_l2_prefetch,
+            is_conv2,
         ),
         ProductRung(
             "09_product",
