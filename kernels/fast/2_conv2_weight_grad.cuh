@@ -336,8 +336,8 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>*
 
     float2 next[2][IMAGES];
     const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
-    WeightGradStaging<PR, L2_PREFETCH> staging{x,  dy,        smem,  dy_slots, N,    C,        K,   o0,
-                                               c0, model * N, first, tid,      f_dy, f_second, next};
+    using Staging = WeightGradStaging<PR, L2_PREFETCH>;
+    Staging staging{x, dy, smem, dy_slots, N, C, K, o0, c0, model * N, first, tid, f_dy, f_second, next};
     WeightGradAccumulators acc = {};
     if (first < last) {
         staging.fetch(first);
