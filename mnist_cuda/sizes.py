@@ -290,6 +290,13 @@ def device_buffers(
             # and its gradient, as bf16 in bf16
             "conv2's output": (B * c2 * S2, conv2_implicit_gemm.stored_dtype(precision).itemsize, 2),
             "BatchNorm 2's partial sums": (bn_relu_pool.partial_size(c2), 4, 1),
+            "conv2's output moments per block": (
+                conv2_implicit_gemm.moment_parts_size(c2)
+                if conv2_implicit_gemm.persistent_tiles("forward", precision, B)
+                else 0,
+                4,
+                1,
+            ),
             "block 2's pooled output": (B * c2 * S3, 4, 2),
             "block 2's pooling choices": (B * c2 * S3, 1, 1),
             "conv2's weight-gradient parts": (sms * c1 * c2 * 9, 4, 1),

@@ -94,6 +94,12 @@ def step_against_reference(batch, channels, hidden, version, seed):
     "batch,channels,hidden", [(1, (32, 64), 128), (3, (5, 7), 33), (64, (32, 64), 128), (65, (5, 7), 33)]
 )
 def test_training_step_matches_reference(batch, channels, hidden, version):
+    step_and_update_match_reference(batch, channels, hidden, version)
+
+
+def step_and_update_match_reference(batch, channels, hidden, version):
+    """A step of `version` on a random batch: its loss, gradients and (after a plain SGD update) parameters and
+    running statistics against the float64 reference's. Returns the run (step_against_reference's)."""
     seed = int(np.random.default_rng().integers(1 << 30))
     run = step_against_reference(batch, channels, hidden, version, seed)
     net, step, params, tol = run.net, run.step, run.net.params, step_tol(version)
@@ -116,6 +122,30 @@ def test_training_step_matches_reference(batch, channels, hidden, version):
             err = rel_err(state[name], want)
             assert err < step_tol(version, name), (name, err, seed)
     assert not params.grads.any()  # zero-grad cleared the flat buffer
+    return run
+
+
+@pytest.mark.parametrize("version", ("tf32", "bf16"))
+@pytest.mark.parametrize("batch,channels,hidden", [(64, (32, 64), 128), (65, (5, 7), 33)])
+def test_bn2_statistics_from_the_forwards_moments_in_the_step(monkeypatch, batch, channels, hidden, version):
+    """Where conv2's forward runs persistent (from PERSISTENT_FORWARD_MIN_BATCH images, lowered here to 64) BN2's
+    statistics come from its blocks' moments (batchnorm_stats_from_parts_fast, no batchnorm_stats_fast): the step
+    and the running statistics still match the reference."""
+    from mnist_cuda import cuda
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
+    monkeypatch.setattr(conv2, "PERSISTENT_FORWARD_MIN_BATCH", 64)
+    launched = set()
+
+    def record(kernel, grid, block, args, shared_mem, launch):
+        launched.add(kernel.name)
+        launch()
+
+    with cuda.launch_hook(record):
+        run = step_and_update_match_reference(batch, channels, hidden, version)
+    assert run.net.moment_parts2 is not None
+    assert "batchnorm_stats_from_parts_fast" in launched
+    assert not any(name.startswith("batchnorm_stats_fast") for name in launched)
 
 
 def test_paired_input_gradient_in_the_step(monkeypatch):

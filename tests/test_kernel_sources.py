@@ -332,6 +332,32 @@ def test_conv2_persistent_forward_by_batch_precision_and_models():
         conv2.forward(x, quads, y, 1, 32, 64, "tf32", models=2, persistent=True)
 
 
+def test_conv2_forward_moments_only_where_persistent():
+    """BN2's statistics come from the forward's moments only where it runs persistent: asking for them from a block
+    per tile is refused before any launch. The forward's blocks, and so the (mean, M2) pairs per channel, are at most
+    what stats_from_parts merges (a lane's BN_FROM_PARTS_PER_LANE, kernels/fast/3_bn_relu_pool.cu), and the merge
+    refuses more parts, none, or parts with no tile."""
+    import re
+
+    import numpy as np
+
+    from mnist_cuda.ops import bn_relu_pool
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
+    per_lane = re.search(r"#define BN_FROM_PARTS_PER_LANE (\d+)", SOURCES["fast/3_bn_relu_pool.cu"].text())
+    assert conv2.MOMENT_PARTS_MAX == bn_relu_pool.FROM_PARTS_MAX == 32 * int(per_lane.group(1))
+    assert conv2.moment_counts(4096) == (8192, 98) and conv2.moment_counts(1) == (2, 98)
+    assert conv2.moment_parts_size(64) == 64 * conv2.MOMENT_PARTS_MAX * 2
+    quads = np.empty((conv2.weight_quads(32, 64, "tf32", "forward"), 4), np.float32)
+    x, y = np.empty((1, 32, 14, 14), np.float32), np.empty((1, 64, 14, 14), np.float32)
+    parts = np.empty(conv2.moment_parts_size(64), np.float32)
+    with pytest.raises(ValueError, match="from the persistent forward only"):
+        conv2.forward(x, quads, y, 1, 32, 64, "tf32", persistent=False, moment_parts=parts)
+    for bad_parts, tiles in ((0, 10), (bn_relu_pool.FROM_PARTS_MAX + 1, 8192), (11, 10)):
+        with pytest.raises(ValueError, match="parts of"):
+            bn_relu_pool.stats_from_parts(parts, bad_parts, tiles, 98, 64, 1e-5, 0.1, None, None, None, None)
+
+
 def test_conv2_input_grad_form_by_batch():
     """conv2's 3xTF32 input gradient is stacked below PAIRED_INPUT_GRAD_MIN_BATCH and paired from it on (the same
     32 output channels per block and the same staged size, in another layout); tf32 and bf16 have one form; the

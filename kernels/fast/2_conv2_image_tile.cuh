@@ -6,10 +6,13 @@
 // (issue_chunk_products: wgmma on sm_90a, mma.sync elsewhere) while it stages the next, and writes its
 // output channels out through shared memory (merge_paired_set in the paired form, store_image_tile). A block
 // takes one tile (conv3x3_image_tile), or, in the forward's persistent form, a run of tiles whose chunks it
-// stages and multiplies as one stream (conv3x3_image_tiles_persistent).
+// stages and multiplies as one stream (conv3x3_image_tiles_persistent), which in training also sums its output's
+// moments as it stores it (BlockMoments): the part of naive/3_batchnorm.cu's batchnorm_stats_naive that reads the
+// output, so BN2's statistics need no pass of their own over it.
 #pragma once
 #include "common.cuh"
 #include "2_conv2_tile_forms.cuh"
+#include "part_reduce.cuh"
 
 // The image tile's geometry. (An enum, not constexpr variables: NVRTC emits each namespace-scope variable
 // that device code names into the module as a global, which nothing reads.)
@@ -231,6 +234,103 @@ __device__ __forceinline__ void merge_paired_set(float (&acc)[2][tile_columns / 
     }
 }
 
+// What store_image_tile takes where the moments of its output are not wanted.
+struct NoMoments {
+    static constexpr bool ON = false;
+    __device__ __forceinline__ void begin_half(const float*, int, int, int) {}
+    __device__ __forceinline__ void add(int, int, float2) {}
+    __device__ __forceinline__ void end_half(int) {}
+};
+
+// One step of a warp's reduce-scatter: lanes whose bit 2 WIDTH is set keep the upper WIDTH of v[0 .. 2 WIDTH) (the
+// others the lower), added to the same half of the lane 2 WIDTH apart, in v[0 .. WIDTH). A mask, not a branch,
+// picks the half, so v stays in registers.
+template <int WIDTH, int N>
+__device__ __forceinline__ void halve_sums(float (&v)[N], int lane) {
+    const unsigned upper = lane & (2 * WIDTH) ? ~0u : 0u;
+#pragma unroll
+    for (int i = 0; i < WIDTH; i++) {
+        const unsigned lo = __float_as_uint(v[i]), hi = __float_as_uint(v[i + WIDTH]);
+        const float keep = __uint_as_float((lo & ~upper) | (hi & upper));
+        const float send = __uint_as_float((hi & ~upper) | (lo & upper));
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, 2 * WIDTH);
+    }
+}
+
+// The sums a block of the persistent forward keeps of its output for BN2's statistics (store_block_moments, then
+// batchnorm_stats_from_parts_fast), over every value it stores, as the output holds it (rounded to bf16 in Bf16).
+// store_image_tile gives warp w a tile's channels w + 4j of each half (j < STEPS); each lane adds its pixels'
+// deviations from the channel's shift and their squares (sums taken from a value near the mean keep
+// M2 = Q - S^2 / n accurate in float32), a channel step's two sums in tile[j]. At the end of a half the warp's 32
+// lanes reduce-scatter those 16 sums in 16 shuffles: lane l then holds sum (l >> 1) % 2 of step l >> 2 over the
+// warp, added to total[half]. The shift is the channel's first value in the block's first tile.
+template <int STEPS>
+struct BlockMoments {
+    static constexpr bool ON = true;
+    static constexpr int WARPS = CONV_THREADS / 32;
+    static_assert(STEPS == 8, "16 sums per half, one for each pair of lanes");
+    bool first_tile = true;
+    float shift[2][STEPS];
+    float tile[STEPS][2];
+    float total[2] = {0.0f, 0.0f};
+
+    __device__ __forceinline__ void begin_half(const float* acc_s, int half, int warp, int channels) {
+        if (first_tile)
+#pragma unroll
+            for (int j = 0; j < STEPS; j++)  // pixel 0 of the warp's channels (read by every lane: a broadcast)
+                shift[half][j] = warp + WARPS * j < channels ? acc_s[(warp + WARPS * j) * output_row_stride] : 0.0f;
+#pragma unroll
+        for (int j = 0; j < STEPS; j++) tile[j][0] = tile[j][1] = 0.0f;
+    }
+    __device__ __forceinline__ void add(int j, int half, float2 v) {
+        const float d0 = v.x - shift[half][j], d1 = v.y - shift[half][j];
+        tile[j][0] += d0 + d1;
+        tile[j][1] = fmaf(d1, d1, fmaf(d0, d0, tile[j][1]));
+    }
+    __device__ __forceinline__ void end_half(int half) {
+        const int lane = threadIdx.x % 32;
+        float v[2 * STEPS];
+#pragma unroll
+        for (int i = 0; i < 2 * STEPS; i++) v[i] = tile[i / 2][i % 2];
+        halve_sums<STEPS>(v, lane);  // 16 sums to 8 pairs of lanes, ...
+        halve_sums<STEPS / 2>(v, lane);
+        halve_sums<STEPS / 4>(v, lane);
+        halve_sums<STEPS / 8>(v, lane);  // ... to 1: lane l's sum (l >> 1) over its pair of lanes
+        total[half] += v[0] + __shfl_xor_sync(0xffffffffu, v[0], 1);
+    }
+};
+
+// The persistent forward's moments: BlockMoments with its statistics, NoMoments without.
+template <bool STATISTICS>
+struct TileMoments {
+    using type = NoMoments;
+};
+template <>
+struct TileMoments<true> {
+    using type = BlockMoments<tile_channels<TileForm::OnePart> / 2 / (CONV_THREADS / 32)>;
+};
+
+// Block blockIdx.x's (mean, M2) of each of its channels n0.. (count values each) into partial [Cout, gridDim.x, 2]
+// (part_pair's layout), from the moments' sums: lanes l % 4 == 0 hold a channel's S, lane l + 2 its Q.
+template <int STEPS>
+__device__ __forceinline__ void store_block_moments(const BlockMoments<STEPS>& m, float* partial, int n0, int Cout,
+                                                    int warp, float count) {
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int half = 0; half < 2; half++) {
+        const float q = __shfl_xor_sync(0xffffffffu, m.total[half], 2), s = m.total[half];
+#pragma unroll
+        for (int j = 0; j < STEPS; j++) {  // the lanes of step j: 4j .. 4j + 3
+            const int c = n0 + 32 * half + warp + BlockMoments<STEPS>::WARPS * j;
+            if (lane == 4 * j && c < Cout) {
+                float* pair = part_pair(partial, c, gridDim.x, blockIdx.x);
+                pair[0] = m.shift[half][j] + s / count;
+                pair[1] = fmaxf(q - s * s / count, 0.0f);
+            }
+        }
+    }
+}
+
 // The block's output channels n0.. of image rows r0.. through shared memory (acc_s: the staging buffers, free
 // once every product is done, or a region of its own), then out into out [img][Cout][14][14]: a warp per channel
 // at a time, each lane two adjacent pixels of it (a 4- or 8-byte store), so a warp's store is a run of the
@@ -240,9 +340,10 @@ __device__ __forceinline__ void merge_paired_set(float (&acc)[2][tile_columns / 
 // halves (warps 0-1, then 2-3), so acc_s needs room for 32 rows only. Out: float, or bfloat16 (the forward's y in
 // Bf16). (Stores straight from the accumulators, 8 channels per store, measured slower in the forward at 512 and
 // 4096: docs/performance.md.)
-template <TileForm FORM, int HALVES, class Out>
+template <TileForm FORM, int HALVES, class Out, class Moments = NoMoments>
 __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& acc, float* acc_s, Out* out, int Cout,
-                                                 int img, int n0, int r0, int tid, int warp, int g, int t) {
+                                                 int img, int n0, int r0, int tid, int warp, int g, int t,
+                                                 Moments& moments) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = tile_columns;
     constexpr int TILE = tile_channels<FORM>, STRIDE = output_row_stride, PAIRS = ROWS * S / 2;
     constexpr int WARPS = CONV_THREADS / 32, HALF_ROWS = 64 / HALVES;
@@ -262,20 +363,31 @@ __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& a
         __syncthreads();
         Out* y = out + (size_t)img * Cout * SS + r0 * S;
         const int first = n0 + half * HALF_ROWS, channels = min(TILE / HALVES, Cout - first);
+        moments.begin_half(acc_s, half, warp, channels);
 #pragma unroll
         for (int k = 0; k < CEIL_DIV(PAIRS, 32); k++) {
             const int q = tid % 32 + 32 * k;  // the lane's pixels 2q, 2q + 1 of the block's rows
             if (q >= PAIRS) break;
             const float* d = acc_s + (q / (S / 2)) * P + 2 * (q % (S / 2));
-            for (int c = warp; c < channels; c += WARPS) {
+            const auto store_channel = [&](int c) {  // channel first + c's two pixels; the values stored
                 float2 v = *reinterpret_cast<const float2*>(d + c * STRIDE);
                 if constexpr (TILE == 32) {
                     const float2 u = *reinterpret_cast<const float2*>(d + (c + 32) * STRIDE);
                     v = make_float2(v.x + u.x, v.y + u.y);
                 }
+                if constexpr (Moments::ON) return store_pair_stored(y + (first + c) * SS + 2 * q, v);
                 store_pair(y + (first + c) * SS + 2 * q, v.x, v.y);
+                return v;
+            };
+            if constexpr (Moments::ON) {  // the channel's step j names the sums' registers: unrolled
+#pragma unroll
+                for (int j = 0; j < CEIL_DIV(TILE / HALVES, WARPS); j++)
+                    if (warp + WARPS * j < channels) moments.add(j, half, store_channel(warp + WARPS * j));
+            } else {
+                for (int c = warp; c < channels; c += WARPS) store_channel(c);
             }
         }
+        moments.end_half(half);
     }
 }
 
@@ -328,7 +440,8 @@ __device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* q
     }
 
     if constexpr (FORM == TileForm::Paired) merge_paired_set(acc, tid, warp, t);
-    store_image_tile<FORM, 1>(acc, in_s, out, Cout, img, n0, r0, tid, warp, g, t);
+    NoMoments none;
+    store_image_tile<FORM, 1>(acc, in_s, out, Cout, img, n0, r0, tid, warp, g, t, none);
 }
 
 // The persistent image tiles (one model; forms with a row per output channel and two weight buffers): a block
@@ -340,9 +453,9 @@ __device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* q
 // alternate with the stream; with at most two chunks they hold every chunk and are staged once. The output passes
 // through a region of its own (acc_s, after the weights), 32 rows at a time, so the next tile's staging goes on beside
 // it. The sums are conv3x3_image_tile's, in the same order: the same bits.
-template <Precision PR, TileForm FORM, class In, class Out>
+template <Precision PR, TileForm FORM, bool STATISTICS, class In, class Out>
 __device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, const float4* quads, Out* out, int N,
-                                                               int Cin, int Cout) {
+                                                               int Cin, int Cout, float* moment_parts) {
     static_assert(FORM == TileForm::OnePart && weight_buffers<FORM> == 2, "a row per channel, two weight buffers");
     constexpr int PLANE = staged_plane_floats, QUADS = chunk_quads<FORM>, CHUNK = chunk_channels<PR>;
     constexpr int SS = CONV2_SIZE * CONV2_SIZE, TILES_PER_IMAGE = CONV2_SIZE / CONV_ROWS;
@@ -367,6 +480,7 @@ __device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, con
     int tile = blockIdx.x;
     ImageTileStaging<PR, FORM, In> staging{image(tile), block_quads, in_s, w_s, Cin, first_row(tile), tid, in_next};
     TileAccumulators<FORM> acc = {};
+    typename TileMoments<STATISTICS>::type moments{};
     staging.fetch_image(0);
     staging.fetch_weights(0, 0);
     __syncthreads();  // the zeros are written before any stash
@@ -392,8 +506,13 @@ __device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, con
             }
             wait_chunk_products();
         }
-        store_image_tile<FORM, 2>(acc, acc_s, out, Cout, img, n0, r0, tid, warp, g, t);
+        store_image_tile<FORM, 2>(acc, acc_s, out, Cout, img, n0, r0, tid, warp, g, t, moments);
 #pragma unroll
         for (int e = 0; e < tile_columns / 2; e++) acc[0][e] = 0.0f;
+        if constexpr (STATISTICS) moments.first_tile = false;
+    }
+    if constexpr (STATISTICS) {
+        const int block_tiles = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
+        store_block_moments(moments, moment_parts, n0, Cout, warp, (float)(block_tiles * CONV_ROWS * CONV2_SIZE));
     }
 }

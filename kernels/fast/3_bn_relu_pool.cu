@@ -6,7 +6,8 @@
 // (last_block_done). counter: one per group.
 // conv2's output a and its gradient d_a are float32, or bf16 with --precision bf16 (T: float or bfloat16,
 // common.cuh); everything else, the statistics and sums included, is float32.
-// Several models at once (common.cuh), in every kernel but batchnorm_eval_stats_fast (evaluation, one model):
+// Several models at once (common.cuh), in every kernel but batchnorm_eval_stats_fast (evaluation, one model) and
+// batchnorm_stats_from_parts_fast (conv2's persistent forward's moments, one model):
 // the grid's z is the model; a, the pooled tensors and their gradients are [models][N][...], mean and invstd
 // [models][C], the reductions' partial [models][MAX_PARTS * C * 2] and counter [models][groups]; gamma, beta
 // and their gradients are param_stride floats apart, the running statistics running_stride.
@@ -85,6 +86,20 @@ __global__ void __launch_bounds__(BN_THREADS)
     batchnorm_merge_finalize(partial, gridDim.x, imgs_per_block, N, HW, blockIdx.y * BN_CHANNELS,
                              min(C, blockIdx.y * BN_CHANNELS + BN_CHANNELS), eps, momentum, save_mean, save_invstd,
                              running_mean, running_var);
+}
+
+// The statistics from the (mean, M2) pairs conv2's persistent forward leaves in partial [C, parts, 2], one model:
+// `parts` blocks took tiles b, b + parts, .. of `tiles` tiles, tile_values values of each channel a tile.
+// grid ceil(C / BN_CHANNELS), BN_THREADS threads (a warp per channel); parts <= 32 * BN_FROM_PARTS_PER_LANE.
+#define BN_FROM_PARTS_PER_LANE 16
+extern "C" __global__ void __launch_bounds__(BN_THREADS)
+    batchnorm_stats_from_parts_fast(const float* partial, int parts, int tiles, int tile_values, int C, float eps,
+                                    float momentum, float* save_mean, float* save_invstd, float* running_mean,
+                                    float* running_var) {
+    const auto count_of = [&](int b) { return (float)((tiles - b + parts - 1) / parts * tile_values); };
+    batchnorm_merge_finalize<BN_FROM_PARTS_PER_LANE>(
+        partial, parts, count_of, (float)tiles * tile_values, blockIdx.x * BN_CHANNELS,
+        min(C, (int)(blockIdx.x + 1) * BN_CHANNELS), eps, momentum, save_mean, save_invstd, running_mean, running_var);
 }
 
 // Evaluation: the statistics the fused forward kernels normalise with become the running ones:

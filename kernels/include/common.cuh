@@ -98,6 +98,18 @@ __device__ __forceinline__ void store_pair(bfloat16* p, float first, float secon
     asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(v) : "f"(second), "f"(first));
     *reinterpret_cast<unsigned*>(p) = v;
 }
+// store_pair(p, v.x, v.y), returning the values stored as load_pair reads them back: v itself for float, v rounded
+// to bf16 for bfloat16 (one conversion for both the store and the values).
+__device__ __forceinline__ float2 store_pair_stored(float* p, float2 v) {
+    store_pair(p, v.x, v.y);
+    return v;
+}
+__device__ __forceinline__ float2 store_pair_stored(bfloat16* p, float2 v) {
+    unsigned r;  // cvt's first operand goes to the high half
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(v.y), "f"(v.x));
+    *reinterpret_cast<unsigned*>(p) = r;
+    return make_float2(__uint_as_float(r << 16), __uint_as_float(r & 0xffff0000u));
+}
 
 // The input images arrive on the GPU as MNIST's bytes (a quarter of the float32 copy); the network sees
 // (x/255 - MNIST_MEAN) / MNIST_STD in float32, the same operations as mnist_cuda.data.normalize, so the

@@ -25,16 +25,16 @@ __device__ __forceinline__ float* part_pair(float* partial, int c, int parts, in
 }
 
 // In the last block of a channel group: hand each channel c in [c0, c1)'s per-part pairs (parts <=
-// MAX_PARTS) to reduce(c, v), called by every lane of the warp that owns c; lane l holds parts l, l + 32,
+// 32 * LANE_PARTS) to reduce(c, v), called by every lane of the warp that owns c; lane l holds parts l, l + 32,
 // ... in v[0], v[1], ... (zeros past the end), loaded as float2.
 #define PARTS_PER_LANE (MAX_PARTS / 32)
-template <class Reduce>
+template <int LANE_PARTS = PARTS_PER_LANE, class Reduce>
 __device__ __forceinline__ void reduce_channel_parts(const float* partial, int parts, int c0, int c1, Reduce reduce) {
     const int lane = threadIdx.x % 32, warps = blockDim.x / 32;
     for (int c = c0 + threadIdx.x / 32; c < c1; c += warps) {
-        float v[PARTS_PER_LANE][2];
+        float v[LANE_PARTS][2];
 #pragma unroll
-        for (int i = 0; i < PARTS_PER_LANE; i++) {
+        for (int i = 0; i < LANE_PARTS; i++) {
             const int b = lane + 32 * i;
             const float2 pair = b < parts ? __ldcg(reinterpret_cast<const float2*>(partial) + (size_t)c * parts + b)
                                           : make_float2(0.0f, 0.0f);
@@ -46,28 +46,28 @@ __device__ __forceinline__ void reduce_channel_parts(const float* partial, int p
 }
 
 // In the last block of channel group [c0, c1): BatchNorm statistics per channel from per-(channel, part)
-// pairs (mean, M2) in partial [C, parts, 2]; part b holds images [b*imgs_per_block, ...) of hw values
-// each. This is the parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n, M2 = sum(M2_b +
-// n_b (mean_b - mean)^2), stable because each part's deviations were taken from its own mean. Then
-// batchnorm_finalize, by thread c - c0 for channel c: the warps leave (mean, variance) in save_mean and
-// save_invstd first. (Done by the warp that merged the channel, each channel's read of its running
-// statistics waited for the previous channel's writes, which it may alias: a memory latency per channel.)
-__device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw, int c0,
-                                         int c1, float eps, float momentum, float* save_mean, float* save_invstd,
+// pairs (mean, M2) in partial [C, parts, 2] (parts <= 32 * LANE_PARTS); part b holds count_of(b) values of each
+// channel, total = N x hw in all. This is the parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n,
+// M2 = sum(M2_b + n_b (mean_b - mean)^2), stable because each part's deviations were taken from its own mean (or
+// from a value near it). Then batchnorm_finalize, by thread c - c0 for channel c: the warps leave (mean, variance)
+// in save_mean and save_invstd first. (Done by the warp that merged the channel, each channel's read of its
+// running statistics waited for the previous channel's writes, which it may alias: a memory latency per channel.)
+template <int LANE_PARTS, class CountOf>
+__device__ void batchnorm_merge_finalize(const float* partial, int parts, CountOf count_of, float total, int c0, int c1,
+                                         float eps, float momentum, float* save_mean, float* save_invstd,
                                          float* running_mean, float* running_var) {
     const int lane = threadIdx.x % 32;
-    const float total = (float)N * hw;
-    reduce_channel_parts(partial, parts, c0, c1, [&](int c, const float(&v)[PARTS_PER_LANE][2]) {
-        float n_b[PARTS_PER_LANE], s = 0.0f, q = 0.0f;
+    reduce_channel_parts<LANE_PARTS>(partial, parts, c0, c1, [&](int c, const float(&v)[LANE_PARTS][2]) {
+        float n_b[LANE_PARTS], s = 0.0f, q = 0.0f;
 #pragma unroll
-        for (int i = 0; i < PARTS_PER_LANE; i++) {
+        for (int i = 0; i < LANE_PARTS; i++) {
             const int b = lane + 32 * i;
-            n_b[i] = b < parts ? (float)(min(N, (b + 1) * imgs_per_block) - b * imgs_per_block) * hw : 0.0f;
+            n_b[i] = b < parts ? count_of(b) : 0.0f;
             s += n_b[i] * v[i][0];
         }
         const float mean = warp_sum(s) / total;
 #pragma unroll
-        for (int i = 0; i < PARTS_PER_LANE; i++) q += v[i][1] + n_b[i] * (v[i][0] - mean) * (v[i][0] - mean);
+        for (int i = 0; i < LANE_PARTS; i++) q += v[i][1] + n_b[i] * (v[i][0] - mean) * (v[i][0] - mean);
         const float m2 = warp_sum(q);
         if (lane == 0) {
             save_mean[c] = mean;
@@ -78,6 +78,16 @@ __device__ void batchnorm_merge_finalize(const float* partial, int parts, int im
     for (int c = c0 + threadIdx.x; c < c1; c += blockDim.x)
         batchnorm_finalize(c, save_mean[c], save_invstd[c], total, eps, momentum, save_mean, save_invstd, running_mean,
                            running_var);
+}
+
+// The same for parts of imgs_per_block images of hw values each (the last part holds the rest of N), at most
+// MAX_PARTS of them.
+__device__ void batchnorm_merge_finalize(const float* partial, int parts, int imgs_per_block, int N, int hw, int c0,
+                                         int c1, float eps, float momentum, float* save_mean, float* save_invstd,
+                                         float* running_mean, float* running_var) {
+    const auto count_of = [&](int b) { return (float)(min(N, (b + 1) * imgs_per_block) - b * imgs_per_block) * hw; };
+    batchnorm_merge_finalize<PARTS_PER_LANE>(partial, parts, count_of, (float)N * hw, c0, c1, eps, momentum, save_mean,
+                                             save_invstd, running_mean, running_var);
 }
 
 // In the last block of channel group [c0, c1): out0[c] = sum_b partial[c, b, 0], out1[c] = sum_b

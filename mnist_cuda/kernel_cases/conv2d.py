@@ -8,10 +8,14 @@ import numpy as np
 
 from .. import reference as ref
 from ..cuda import ceil_div
+from ..ops import bn_relu_pool, naive
 from ..ops import conv2_implicit_gemm as conv2
-from ..ops import naive
+from ..ops.common import BF16, bf16_values
 from ..ops.splitk_reduce import splitk_reduce
 from .common import (
+    EPS,
+    FP32_TOL,
+    MOMENTUM,
     PAIRED_TOL,
     Case,
     Prepared,
@@ -23,6 +27,7 @@ from .common import (
     _poison,
     _same_bits,
     _tol,
+    held_to,
     round_bf16_bits,
 )
 
@@ -143,11 +148,59 @@ def conv_forward_case(layer, version="naive", forward="forward", persistent=Fals
         if version == "naive"
         else "conv2_forward_stacked_fast"
         if forward == "forward_stacked"
-        else f"conv2_forward_persistent_fast<{version}>"
+        else f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, false>"
         if persistent
         else f"conv2_forward_fast<{version}>"
     )
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
+
+
+def conv_forward_moments_case(version: str):
+    """conv2's persistent forward with its output's moments (conv2_forward_persistent_fast<P, true>), then BN2's
+    statistics merged from them (batchnorm_stats_from_parts_fast), at every batch size. y is held to the product's
+    tolerance against the float64 convolution; the statistics to float32's against y as the kernel stored it (the
+    values BN2 normalises), which the float64 reference takes."""
+
+    def make(rng, d):
+        N, C, K, S = _geometry(d, 2)
+        x, w = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
+        rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
+        stored = conv2.stored_dtype(version)
+        xd, wd, y = _dev(x, stored), _dev(w), _poison((N, K, S, S), stored)
+        forward_quads, _ = _weight_quads(wd, C, K, version)
+        parts, moment_parts = conv2.moment_parts(N, K, version), _poison(conv2.moment_parts_size(K))
+        tiles, tile_values = conv2.moment_counts(N)
+        outs = {"mean": _poison(K), "invstd": _poison(K), "running_mean": _dev(rm), "running_var": _dev(rv)}
+
+        def run():
+            conv2.forward(xd, forward_quads, y, N, C, K, version, persistent=True, moment_parts=moment_parts)
+            stats = (EPS, MOMENTUM, *outs.values())
+            bn_relu_pool.stats_from_parts(moment_parts, parts, tiles, tile_values, K, *stats)
+
+        def statistics(a):
+            mean, var = a.mean(axis=(0, 2, 3)), a.var(axis=(0, 2, 3))
+            running = ref.batchnorm_running_update(rm.astype(np.float64), rv.astype(np.float64), mean, var, a.size / K)
+            return dict(zip(outs, (mean, 1 / np.sqrt(var + EPS), *running)))
+
+        def of_stored_y(name):  # the statistics of y as stored, held to float32's tolerance
+            def compare(got, want):
+                a = y.get()
+                a = bf16_values(a) if a.dtype == np.dtype(BF16) else a
+                return held_to(FP32_TOL, _tol(version))(got, statistics(a.astype(np.float64))[name])
+
+            return compare
+
+        want_y = ref.conv2d_forward(x.astype(np.float64), w)
+        return Prepared(
+            run,
+            {"y": y, **outs},
+            {"y": want_y, **statistics(want_y)},
+            (2.0 * y.size * C * 9 + 3.0 * y.size, _bytes(xd, w, y)),
+            compare={name: of_stored_y(name) for name in outs},
+        )
+
+    kernels = f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, true>+batchnorm_stats_from_parts_fast"
+    return Case(f"{kernels}[conv2]", make, _tol(version), ops=("conv2d", "batchnorm"))
 
 
 def conv_backward_input_case(version="naive", product="backward_input"):
@@ -221,7 +274,11 @@ def conv2_product_cases(version: str) -> list[Case]:
     """conv2's three products at precision `version` (conv2_implicit_gemm.KERNEL_PRECISION): "fp32" (3xTF32),
     "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
     stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
-    persistent = [conv_forward_case(2, version, persistent=True)] if version in conv2.PERSISTENT_PRECISIONS else []
+    persistent = (
+        [conv_forward_case(2, version, persistent=True), conv_forward_moments_case(version)]
+        if version in conv2.PERSISTENT_PRECISIONS
+        else []
+    )
     paired = [conv_backward_input_case(version, "backward_input_paired")] if version == "fp32" else []
     unprefetched = [conv_backward_weight_case(2, version, l2_prefetch=False)] if version == "fp32" else []
     return (

@@ -1,10 +1,10 @@
 """The launch contracts of kernels/fast/3_bn_relu_pool.cu: block 2's BatchNorm statistics, BatchNorm + ReLU +
 maxpool fused, and their backward from the pooled gradient.
 
-Every launch but eval_stats steps `models` models at once (the grid's z): its sizes are one model's (n is the
-per-model batch) and its buffers hold the models' parts one after another ([models][...]: activations
-[models][n][...], mean and invstd [models][channels], partial [models][partial_size], counter [models][groups]);
-gamma, beta and their gradients are param_stride floats apart, the running statistics running_stride.
+Every launch but eval_stats and stats_from_parts steps `models` models at once (the grid's z): its sizes are one
+model's (n is the per-model batch) and its buffers hold the models' parts one after another ([models][...]:
+activations [models][n][...], mean and invstd [models][channels], partial [models][partial_size], counter
+[models][groups]); gamma, beta and their gradients are param_stride floats apart, the running statistics running_stride.
 
 conv2's output a and its gradient d_a are float32 arrays, or bf16 ones (common.BF16) in --precision bf16: the
 kernel is chosen by their dtype. Everything else is float32."""
@@ -19,6 +19,8 @@ BN_THREADS = 32 * BN_CHANNELS
 
 _src = source("fast/3_bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS)
 _stats = stored_kernels(_src, "batchnorm_stats_fast")
+_stats_from_parts = _src.kernel("batchnorm_stats_from_parts_fast")
+FROM_PARTS_MAX = 32 * 16  # the parts stats_from_parts merges at most (BN_FROM_PARTS_PER_LANE a lane)
 _eval_stats = _src.kernel("batchnorm_eval_stats_fast")
 _forward = stored_kernels(_src, "batchnorm_relu_maxpool_fast")
 _backward_reduce = _src.kernel("batchnorm_backward_reduce_fast")
@@ -73,6 +75,41 @@ def stats(
         running_var,
         I32(running_stride),
         models=models,
+    )
+
+
+def stats_from_parts(
+    partial,
+    parts: int,
+    tiles: int,
+    tile_values: int,
+    channels: int,
+    eps: float,
+    momentum: float,
+    mean,
+    invstd,
+    running_mean,
+    running_var,
+):
+    """stats' results (one model) from per-part (mean, M2) pairs partial [channels, parts, 2]: part b holds the
+    values of tiles b, b + parts, .. of `tiles` tiles, tile_values values of each channel a tile (conv2's persistent
+    forward leaves them: conv2_implicit_gemm.forward's moment_parts)."""
+    if not 1 <= parts <= min(FROM_PARTS_MAX, tiles):
+        raise ValueError(f"{parts} parts of {tiles} tiles; 1 to {FROM_PARTS_MAX} parts, none of them empty")
+    _stats_from_parts.launch(
+        (ceil_div(channels, BN_CHANNELS),),
+        BN_THREADS,
+        partial,
+        I32(parts),
+        I32(tiles),
+        I32(tile_values),
+        I32(channels),
+        F32(eps),
+        F32(momentum),
+        mean,
+        invstd,
+        running_mean,
+        running_var,
     )
 
 

@@ -21,6 +21,7 @@ import functools
 import numpy as np
 
 from ..cuda import ceil_div, shared_memory_per_sm, sm_count
+from .bn_relu_pool import FROM_PARTS_MAX
 from .common import BF16, I32, precision_kernels, source
 
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS)
@@ -55,6 +56,9 @@ PAIRED_INPUT_GRAD_MIN_BATCH = 2048
 PERSISTENT_PRECISIONS = ("tf32", "bf16")
 PERSISTENT_BLOCKS_PER_SM = 3
 PERSISTENT_OUTPUT_BYTES = 32 * (CONV_ROWS * (CONV2_SIZE + 2) + 8) * 4  # 32 rows of the tile's columns and 8 more
+# With BN2's statistics (forward's moment_parts), each block's (mean, M2) per channel: at most this many blocks, as
+# many as bn_relu_pool.stats_from_parts merges
+MOMENT_PARTS_MAX = FROM_PARTS_MAX
 PERSISTENT_FORWARD_MIN_BATCH = 1024
 # shared memory the driver reserves for each resident block
 SHARED_RESERVED_BYTES = 1024
@@ -84,8 +88,11 @@ _src = source(
 _kernel = precision_kernels(
     _src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"), KERNEL_PRECISION
 )
+# the persistent forward of each precision, without and with its output's moments (forward's moment_parts)
 _persistent_forward = {
-    p: _src.kernel(f"conv2_forward_persistent_fast<{KERNEL_PRECISION[p]}>") for p in PERSISTENT_PRECISIONS
+    (p, moments): _src.kernel(f"conv2_forward_persistent_fast<{KERNEL_PRECISION[p]}, {str(moments).lower()}>")
+    for p in PERSISTENT_PRECISIONS
+    for moments in (False, True)
 }
 # the 3xTF32 weight gradient with its staging's loads plain, without the L2's 256-byte fetch: the ladder's rung below
 # the product (dev/ladder/conv2_weight_grad)
@@ -266,12 +273,15 @@ def stage_weights(
     )
 
 
-def _image_tiles(name, precision, n, models, out_channels, persistent, *args):
+def _image_tiles(name, precision, n, models, out_channels, persistent, *args, moment_parts=None):
     """A block per image of the models' batches (the grid's x: the kernel finds an image's model as image / n, its
     last argument), output channel tile and half image; or, persistent (None: persistent_tiles), a block per SM
-    slot and output channel tile, each taking every gridDim.x-th half image."""
+    slot and output channel tile, each taking every gridDim.x-th half image (and with moment_parts, each block's
+    moments of its output into it)."""
     if persistent is None:
         persistent = persistent_tiles(name, precision, n, models)
+    if moment_parts is not None and not persistent:
+        raise ValueError("the output's moments come from the persistent forward only")
     channel_tiles = ceil_div(out_channels, tile_channels(name, precision))
     if not persistent:
         grid = (models * n, channel_tiles, CONV2_SIZE // CONV_ROWS)
@@ -285,8 +295,42 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args):
             f"got {name} in {precision} for {models} model(s)"
         )
     shared = image_tile_shared_bytes(name, precision, persistent=True)
-    grid = persistent_grid(n, channel_tiles, sm_count(), shared_memory_per_sm() // (shared + SHARED_RESERVED_BYTES))
-    _persistent_forward[precision].launch(grid, CONV_THREADS, *args, shared_mem=shared)
+    grid = _persistent_grid_here(n, channel_tiles, shared)
+    if moment_parts is not None and moment_parts.size < out_channels * grid[0] * 2:
+        raise ValueError(f"moment_parts holds {moment_parts.size} floats; {out_channels} x {grid[0]} pairs needed")
+    _persistent_forward[precision, moment_parts is not None].launch(
+        grid, CONV_THREADS, *args, np.int64(0) if moment_parts is None else moment_parts, shared_mem=shared
+    )
+
+
+def _persistent_grid_here(n: int, channel_tiles: int, shared: int) -> tuple[int, int, int]:
+    """persistent_grid on this GPU, for blocks of `shared` bytes of dynamic shared memory."""
+    return persistent_grid(n, channel_tiles, sm_count(), shared_memory_per_sm() // (shared + SHARED_RESERVED_BYTES))
+
+
+def moment_parts(n: int, c_out: int, precision: str) -> int:
+    """The blocks of the persistent forward for n images and c_out output channels on this GPU, and so the
+    (mean, M2) pairs per channel it leaves in forward's moment_parts."""
+    shared = image_tile_shared_bytes("forward", precision, persistent=True)
+    return _persistent_grid_here(n, ceil_div(c_out, CONV_TILE_CHANNELS), shared)[0]
+
+
+def forward_moments(n: int, c_out: int, precision: str, models: int = 1) -> bool:
+    """Whether forward can leave its output's moments for BN2's statistics at this batch (moment_parts): where it
+    runs in its persistent form, in at most MOMENT_PARTS_MAX blocks."""
+    return persistent_tiles("forward", precision, n, models) and moment_parts(n, c_out, precision) <= MOMENT_PARTS_MAX
+
+
+def moment_counts(n: int) -> tuple[int, int]:
+    """The persistent forward's tiles for n images and each tile's values per channel (bn_relu_pool.stats_from_parts'
+    tiles and tile_values): its blocks deal the tiles out in turn."""
+    return n * (CONV2_SIZE // CONV_ROWS), CONV_ROWS * CONV2_SIZE
+
+
+def moment_parts_size(c_out: int) -> int:
+    """Scratch of forward's moment_parts (float32): a (mean, M2) pair per channel and block, MOMENT_PARTS_MAX
+    blocks at most."""
+    return c_out * MOMENT_PARTS_MAX * 2
 
 
 def persistent_grid(n: int, channel_tiles: int, sms: int, fit_per_sm: int) -> tuple[int, int, int]:
@@ -309,15 +353,32 @@ def forward(
     product: str = "forward",
     models: int = 1,
     persistent: bool | None = None,
+    moment_parts=None,
 ):
     """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
     weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model.
-    persistent: its persistent form or not (None: persistent_tiles), the same bits either way."""
+    persistent: its persistent form or not (None: persistent_tiles), the same bits either way.
+    moment_parts (the persistent form only; float32, moment_parts_size): each block's (mean, M2) of each channel of
+    y, as y holds it, [c_out, moment_parts(n, c_out, precision), 2] (bn_relu_pool.stats_from_parts merges them)."""
     _check_form(product, "forward")
     _check_quads(forward_quads, c_in, c_out, precision, product, models)
     _check_stored(x, "x", precision)
     _check_stored(y, "y", precision)
-    _image_tiles(product, precision, n, models, c_out, persistent, x, forward_quads, y, I32(n), I32(c_in), I32(c_out))
+    _image_tiles(
+        product,
+        precision,
+        n,
+        models,
+        c_out,
+        persistent,
+        x,
+        forward_quads,
+        y,
+        I32(n),
+        I32(c_in),
+        I32(c_out),
+        moment_parts=moment_parts,
+    )
 
 
 def backward_input(
