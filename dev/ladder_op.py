@@ -60,10 +60,10 @@ class ProductRung:
     outputs in another type (bf16): finish, untimed, puts them into the op's float32 outputs for the check;
     accepts(shape) says which shapes the product takes (it is built for the network's geometry). An op has its
     product in fp32 (NN_product) and may have it in --precision bf16 as well (NN_product_bf16, above it), whose
-    bytes differ from the op's: work, if given, counts them; and the bf16 product in a further form above that
-    (NN_product_bf16_persistent: conv2's forward)."""
+    bytes differ from the op's: work, if given, counts them; and the bf16 product in further forms above that
+    (NN_product_bf16_persistent, then NN_product_bf16_moments: conv2's forward)."""
 
-    name: str  # NN_product, NN_product_bf16 or NN_product_bf16_persistent
+    name: str  # NN_product, NN_product_bf16, NN_product_bf16_persistent or NN_product_bf16_moments
     path: str  # the product's kernel file, under kernels/
     kernel: str  # the kernel the rung launches (the step's, in its form at the network's geometry)
     prepare: Callable

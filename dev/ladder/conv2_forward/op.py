@@ -21,6 +21,7 @@ from ladder_op import (
 from mnist_cuda import cuda
 from mnist_cuda import reference as ref
 from mnist_cuda.kernel_cases import BF16_TOL, TF32_TOL
+from mnist_cuda.ops import bn_relu_pool
 from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
 
@@ -109,11 +110,11 @@ def prepare_product(s: Conv, x, w, y):
     return lambda: conv2.forward(x, forward_quads, y, s.n, s.c, s.k, "fp32", product)
 
 
-def prepare_product_bf16(s: Conv, x, w, y, persistent: bool = False):
+def prepare_product_bf16(s: Conv, x, w, y, persistent: bool = False, moments: bool = False):
     """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, x read and y written as bf16, as
     the step stores conv2's input and output there (x rounded here, untimed: the product would round it to the same
     values); y put into the float32 output after the launch (untimed). A block per tile at every batch size, or
-    persistent (rung 11)."""
+    persistent (rung 11), with its output's moments and BN2's statistics merged from them (rung 12)."""
     import cupy
 
     product = conv2.forward_product(s.n, "bf16")
@@ -121,9 +122,17 @@ def prepare_product_bf16(s: Conv, x, w, y, persistent: bool = False):
     input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "bf16", "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", product)
     x_bits, y_bits = to_bf16(x), cupy.empty(y.shape, cupy.uint16)
+    parts = conv2.moment_parts(s.n, s.k, "bf16") if moments else 0
+    moment_parts = cupy.empty(conv2.moment_parts_size(s.k), cupy.float32) if moments else None
+    statistics = [cupy.zeros(s.k, cupy.float32) for _ in range(3)] + [cupy.ones(s.k, cupy.float32)]
 
     def run():
-        conv2.forward(x_bits, forward_quads, y_bits, s.n, s.c, s.k, "bf16", product, persistent=persistent)
+        form = {"persistent": persistent, "moment_parts": moment_parts}
+        conv2.forward(x_bits, forward_quads, y_bits, s.n, s.c, s.k, "bf16", product, **form)
+        if moments:
+            tiles, tile_values = conv2.moment_counts(s.n)
+            running = (ref.BN_EPS, ref.BN_MOMENTUM, *statistics)
+            bn_relu_pool.stats_from_parts(moment_parts, parts, tiles, tile_values, s.k, *running)
 
     return run, lambda: from_bf16(y_bits, y)
 
@@ -133,6 +142,15 @@ def prepare_product_bf16_persistent(s: Conv, x, w, y):
     conv2_implicit_gemm.PERSISTENT_FORWARD_MIN_BATCH images on): a block per SM slot runs its tiles' chunks as one
     stream, the next tile's first chunk staged while the last one's products run; the same bits as rung 10."""
     return prepare_product_bf16(s, x, w, y, persistent=True)
+
+
+def prepare_product_bf16_moments(s: Conv, x, w, y):
+    """Rung 12: rung 11 with its output's moments, then BN2's statistics merged from them, as the step runs its
+    forward in training from conv2_implicit_gemm.PERSISTENT_FORWARD_MIN_BATCH images on: each block sums the
+    deviations of the values it stores and their squares, and batchnorm_stats_from_parts_fast merges the blocks'
+    (mean, M2) into the mean, invstd and running statistics (which the kernel cases check; here y, the op's
+    output, is checked). Its time is what stands in the step for rung 11 and bn_stats' product together."""
+    return prepare_product_bf16(s, x, w, y, persistent=True, moments=True)
 
 
 def _work_bf16(s: Conv) -> tuple[float, float]:
@@ -180,8 +198,18 @@ OP = Op(
         ProductRung(
             "11_product_bf16_persistent",
             "fast/2_conv2_implicit_gemm.cu",
-            "conv2_forward_persistent_fast<Precision::Bf16>",
+            "conv2_forward_persistent_fast<Precision::Bf16, false>",
             prepare_product_bf16_persistent,
+            is_conv2,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
+        ),
+        ProductRung(
+            "12_product_bf16_moments",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_forward_persistent_fast<Precision::Bf16, true>",
+            prepare_product_bf16_moments,
             is_conv2,
             unit="bf16",
             tolerance=BF16_TOL,
