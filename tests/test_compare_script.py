@@ -315,10 +315,13 @@ def test_short_run_passes_parity_and_writes_json_and_png(cmp, tmp_path):
     cmp.validate_result(result)
     modes = set(result["batch_sizes"]["64"]["torch"]["modes"])
     assert result["parity"]["pass"] and modes == {"eager", "graph", "graph, channels_last"}
-    assert (
-        result["batch_sizes"]["64"]["ours"]["again"]["mode"] == "graph"
-        and "again" in result["batch_sizes"]["64"]["torch"]
-    )
+    # each side's fastest mode is timed again at the end (which mode is fastest at 30 steps is the machine's call:
+    # beside other work our eager loop has come out ahead of the graph)
+    ours, torch_side = result["batch_sizes"]["64"]["ours"], result["batch_sizes"]["64"]["torch"]
+    from mnist_cuda.compare.candidates import fastest
+
+    assert ours["again"]["mode"] == fastest(ours["modes"])[0]
+    assert torch_side["again"]["mode"] == fastest(torch_side["modes"])[0]
     assert out.with_suffix(".png").stat().st_size > 1000 or "matplotlib not installed" in r.stdout
 
 
