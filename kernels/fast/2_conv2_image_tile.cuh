@@ -263,7 +263,8 @@ __device__ __forceinline__ void halve_sums(float (&v)[N], int lane) {
 // deviations from the channel's shift and their squares (sums taken from a value near the mean keep
 // M2 = Q - S^2 / n accurate in float32), a channel step's two sums in tile[j]. At the end of a half the warp's 32
 // lanes reduce-scatter those 16 sums in 16 shuffles: lane l then holds sum (l >> 1) % 2 of step l >> 2 over the
-// warp, added to total[half]. The shift is the channel's first value in the block's first tile.
+// warp, added to total[half]. The shift is the channel's first output value in the block's first tile, before
+// rounding (any value near the mean serves).
 template <int STEPS>
 struct BlockMoments {
     static constexpr bool ON = true;
@@ -301,7 +302,7 @@ struct BlockMoments {
 };
 
 // The persistent forward's moments: BlockMoments with its statistics, NoMoments without.
-template <bool STATISTICS>
+template <bool MOMENTS>
 struct TileMoments {
     using type = NoMoments;
 };
@@ -338,8 +339,9 @@ __device__ __forceinline__ void store_block_moments(const BlockMoments<STEPS>& m
 // index arithmetic is done once, not per value. In the stacked and paired forms rows c and c + 32 both hold parts
 // of channel c's sums and are added here; in the others row c is alone, and with HALVES = 2 the rows pass in two
 // halves (warps 0-1, then 2-3), so acc_s needs room for 32 rows only. Out: float, or bfloat16 (the forward's y in
-// Bf16). (Stores straight from the accumulators, 8 channels per store, measured slower in the forward at 512 and
-// 4096: docs/performance.md.)
+// Bf16). moments (BlockMoments, or NoMoments) sees each channel's stored values: unrolled over a warp's channel
+// steps, so that its sums stay in registers. (Stores straight from the accumulators, 8 channels per store, measured
+// slower in the forward at 512 and 4096: docs/performance.md.)
 template <TileForm FORM, int HALVES, class Out, class Moments = NoMoments>
 __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& acc, float* acc_s, Out* out, int Cout,
                                                  int img, int n0, int r0, int tid, int warp, int g, int t,
@@ -452,8 +454,9 @@ __device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* q
 // chunk (in bf16 the largest of conv3x3_image_tile's stalls: docs/performance.md). The weights' buffers
 // alternate with the stream; with at most two chunks they hold every chunk and are staged once. The output passes
 // through a region of its own (acc_s, after the weights), 32 rows at a time, so the next tile's staging goes on beside
-// it. The sums are conv3x3_image_tile's, in the same order: the same bits.
-template <Precision PR, TileForm FORM, bool STATISTICS, class In, class Out>
+// it. The sums are conv3x3_image_tile's, in the same order: the same bits. With MOMENTS it also sums its output's
+// moments as it stores it (BlockMoments) and leaves its (mean, M2) per channel in moment_parts (store_block_moments).
+template <Precision PR, TileForm FORM, bool MOMENTS, class In, class Out>
 __device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, const float4* quads, Out* out, int N,
                                                                int Cin, int Cout, float* moment_parts) {
     static_assert(FORM == TileForm::OnePart && weight_buffers<FORM> == 2, "a row per channel, two weight buffers");
@@ -480,7 +483,7 @@ __device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, con
     int tile = blockIdx.x;
     ImageTileStaging<PR, FORM, In> staging{image(tile), block_quads, in_s, w_s, Cin, first_row(tile), tid, in_next};
     TileAccumulators<FORM> acc = {};
-    typename TileMoments<STATISTICS>::type moments{};
+    typename TileMoments<MOMENTS>::type moments{};
     staging.fetch_image(0);
     staging.fetch_weights(0, 0);
     __syncthreads();  // the zeros are written before any stash
@@ -509,9 +512,9 @@ __device__ __forceinline__ void conv3x3_image_tiles_persistent(const In* in, con
         store_image_tile<FORM, 2>(acc, acc_s, out, Cout, img, n0, r0, tid, warp, g, t, moments);
 #pragma unroll
         for (int e = 0; e < tile_columns / 2; e++) acc[0][e] = 0.0f;
-        if constexpr (STATISTICS) moments.first_tile = false;
+        if constexpr (MOMENTS) moments.first_tile = false;
     }
-    if constexpr (STATISTICS) {
+    if constexpr (MOMENTS) {
         const int block_tiles = (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x;
         store_block_moments(moments, moment_parts, n0, Cout, warp, (float)(block_tiles * CONV_ROWS * CONV2_SIZE));
     }

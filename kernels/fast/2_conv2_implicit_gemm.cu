@@ -84,14 +84,14 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per
 #if !defined(CONV_PERSISTENT_BLOCKS_PER_SM)
 #error "compile through mnist_cuda.ops, which passes the persistent blocks per SM as a -D option"
 #endif
-// STATISTICS: each block also writes the (mean, M2) of its output's channels into moment_parts [K, gridDim.x, 2],
+// MOMENTS: each block also writes the (mean, M2) of its output's channels into moment_parts [K, gridDim.x, 2],
 // for BN2's statistics (batchnorm_stats_from_parts_fast, fast/3_bn_relu_pool.cu, merges them): no pass of its
 // own over y.
-template <Precision P, bool STATISTICS>
+template <Precision P, bool MOMENTS>
 __global__ void __launch_bounds__(CONV_THREADS, CONV_PERSISTENT_BLOCKS_PER_SM)
     conv2_forward_persistent_fast(const conv2_stored<P>* x, const float4* forward_quads, conv2_stored<P>* y, int N,
                                   int C, int K, float* moment_parts) {
-    conv3x3_image_tiles_persistent<P, tile_form<P, false>, STATISTICS>(x, forward_quads, y, N, C, K, moment_parts);
+    conv3x3_image_tiles_persistent<P, tile_form<P, false>, MOMENTS>(x, forward_quads, y, N, C, K, moment_parts);
 }
 
 // grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared

@@ -24,9 +24,10 @@ __device__ __forceinline__ float* part_pair(float* partial, int c, int parts, in
     return partial + ((size_t)c * parts + b) * 2;
 }
 
-// In the last block of a channel group: hand each channel c in [c0, c1)'s per-part pairs (parts <=
-// 32 * LANE_PARTS) to reduce(c, v), called by every lane of the warp that owns c; lane l holds parts l, l + 32,
-// ... in v[0], v[1], ... (zeros past the end), loaded as float2.
+// In a block that merges a channel group (a reduction's last block, or a block of batchnorm_stats_from_parts_fast):
+// hand each channel c in [c0, c1)'s per-part pairs (parts <= 32 * LANE_PARTS) to reduce(c, v), called by every lane
+// of the warp that owns c; lane l holds parts l, l + 32, ... in v[0], v[1], ... (zeros past the end), loaded as
+// float2.
 #define PARTS_PER_LANE (MAX_PARTS / 32)
 template <int LANE_PARTS = PARTS_PER_LANE, class Reduce>
 __device__ __forceinline__ void reduce_channel_parts(const float* partial, int parts, int c0, int c1, Reduce reduce) {
@@ -45,7 +46,7 @@ __device__ __forceinline__ void reduce_channel_parts(const float* partial, int p
     }
 }
 
-// In the last block of channel group [c0, c1): BatchNorm statistics per channel from per-(channel, part)
+// In a block that merges channel group [c0, c1): BatchNorm statistics per channel from per-(channel, part)
 // pairs (mean, M2) in partial [C, parts, 2] (parts <= 32 * LANE_PARTS); part b holds count_of(b) values of each
 // channel, total = N x hw in all. This is the parallel form of Chan et al.'s merge: mean = sum(n_b mean_b) / n,
 // M2 = sum(M2_b + n_b (mean_b - mean)^2), stable because each part's deviations were taken from its own mean (or

@@ -168,7 +168,7 @@ def conv_forward_moments_case(version: str):
         stored = conv2.stored_dtype(version)
         xd, wd, y = _dev(x, stored), _dev(w), _poison((N, K, S, S), stored)
         forward_quads, _ = _weight_quads(wd, C, K, version)
-        parts, moment_parts = conv2.moment_parts(N, K, version), _poison(conv2.moment_parts_size(K))
+        parts, moment_parts = conv2.moment_part_count(N, K, version), _poison(conv2.moment_parts_size(K))
         tiles, tile_values = conv2.moment_counts(N)
         outs = {"mean": _poison(K), "invstd": _poison(K), "running_mean": _dev(rm), "running_var": _dev(rv)}
 

@@ -258,7 +258,7 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float", t
         name = f"conv1_bn_relu_pool_fast<{per_block}, {stored}>"
         name = f"conv1_mma_bn_relu_pool_fast<{stored}>" if tensor_cores else name
         return Case(f"{name}[block1]{mode}", make, tol, ops=BLOCK1_OPS)
-    assert not train, "block 2's statistics come from batchnorm_stats_fast"
+    assert not train, "block 2's training statistics come apart: batchnorm_stats_fast, or conv2's forward's moments"
     return Case(f"batchnorm_relu_maxpool_fast<{stored}>[block2]", make, ops=BLOCK2_OPS)
 
 

@@ -130,7 +130,7 @@ class FastNet(_Net):
         )
         statistics = (EPS, MOMENTUM, self.mean2, self.invstd2, r["bn2.running_mean"], r["bn2.running_var"])
         if moments:
-            parts = conv2_implicit_gemm.moment_parts(n, c2, precision)
+            parts = conv2_implicit_gemm.moment_part_count(n, c2, precision)
             tiles, tile_values = conv2_implicit_gemm.moment_counts(n)
             bn_relu_pool.stats_from_parts(self.moment_parts2, parts, tiles, tile_values, c2, *statistics)
         elif train:

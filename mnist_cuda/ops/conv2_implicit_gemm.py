@@ -308,7 +308,7 @@ def _persistent_grid_here(n: int, channel_tiles: int, shared: int) -> tuple[int,
     return persistent_grid(n, channel_tiles, sm_count(), shared_memory_per_sm() // (shared + SHARED_RESERVED_BYTES))
 
 
-def moment_parts(n: int, c_out: int, precision: str) -> int:
+def moment_part_count(n: int, c_out: int, precision: str) -> int:
     """The blocks of the persistent forward for n images and c_out output channels on this GPU, and so the
     (mean, M2) pairs per channel it leaves in forward's moment_parts."""
     shared = image_tile_shared_bytes("forward", precision, persistent=True)
@@ -318,7 +318,9 @@ def moment_parts(n: int, c_out: int, precision: str) -> int:
 def forward_moments(n: int, c_out: int, precision: str, models: int = 1) -> bool:
     """Whether forward can leave its output's moments for BN2's statistics at this batch (moment_parts): where it
     runs in its persistent form, in at most MOMENT_PARTS_MAX blocks."""
-    return persistent_tiles("forward", precision, n, models) and moment_parts(n, c_out, precision) <= MOMENT_PARTS_MAX
+    return (
+        persistent_tiles("forward", precision, n, models) and moment_part_count(n, c_out, precision) <= MOMENT_PARTS_MAX
+    )
 
 
 def moment_counts(n: int) -> tuple[int, int]:
@@ -359,7 +361,7 @@ def forward(
     weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model.
     persistent: its persistent form or not (None: persistent_tiles), the same bits either way.
     moment_parts (the persistent form only; float32, moment_parts_size): each block's (mean, M2) of each channel of
-    y, as y holds it, [c_out, moment_parts(n, c_out, precision), 2] (bn_relu_pool.stats_from_parts merges them)."""
+    y, as y holds it, [c_out, moment_part_count(n, c_out, precision), 2] (bn_relu_pool.stats_from_parts merges them)."""
     _check_form(product, "forward")
     _check_quads(forward_quads, c_in, c_out, precision, product, models)
     _check_stored(x, "x", precision)

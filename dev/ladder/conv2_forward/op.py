@@ -122,7 +122,7 @@ def prepare_product_bf16(s: Conv, x, w, y, persistent: bool = False, moments: bo
     input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "bf16", "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", product)
     x_bits, y_bits = to_bf16(x), cupy.empty(y.shape, cupy.uint16)
-    parts = conv2.moment_parts(s.n, s.k, "bf16") if moments else 0
+    parts = conv2.moment_part_count(s.n, s.k, "bf16") if moments else 0
     moment_parts = cupy.empty(conv2.moment_parts_size(s.k), cupy.float32) if moments else None
     statistics = [cupy.zeros(s.k, cupy.float32) for _ in range(3)] + [cupy.ones(s.k, cupy.float32)]
 
