@@ -127,6 +127,60 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
     assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8))
 
 
+@pytest.mark.parametrize("sms", [None, 1])
+@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("n,c,k", PERSISTENT_SHAPES)
+def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c, k, precision, sms):
+    """With its output's moments the persistent forward stores the same bits of y, and BN2's statistics merged from
+    its blocks' moments (stats_from_parts) agree with float64's over y as stored, and with the statistics pass
+    (batchnorm_stats_fast), to float32's tolerance: at one tile per block and at several (from 512 images, or
+    on a GPU taken to have one SM: three blocks, each with many tiles, unevenly), at partial and several channel
+    tiles."""
+    import cupy
+    import numpy as np
+
+    from mnist_cuda import reference as ref
+    from mnist_cuda.ops import bn_relu_pool
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+    from mnist_cuda.ops.common import bf16_values
+
+    if sms is not None:
+        monkeypatch.setattr(conv2, "sm_count", lambda: sms)
+    rng, stored = np.random.default_rng(n + c + k), conv2.stored_dtype(precision)
+    x = np.abs(rng.standard_normal((n, c, 14, 14), np.float32))  # as after ReLU and pooling
+    x = cupy.asarray(kc.round_bf16_bits(x) if precision == "bf16" else x)
+    w = cupy.asarray(rng.standard_normal((k, c, 3, 3), np.float32) / 17)
+    quads = cupy.empty((conv2.weight_quads(c, k, precision, "forward"), 4), cupy.float32)
+    unused = cupy.empty((conv2.weight_quads(k, c, precision, "backward_input"), 4), cupy.float32)
+    conv2.stage_weights(w, c, k, quads, unused, precision)
+    parts = cupy.full(conv2.moment_parts_size(k), np.nan, cupy.float32)
+    ys = [cupy.full((n, k, 14, 14), 7, stored) for _ in range(2)]
+    conv2.forward(x, quads, ys[0], n, c, k, precision, persistent=True)
+    conv2.forward(x, quads, ys[1], n, c, k, precision, persistent=True, moment_parts=parts)
+
+    def statistics():  # mean, invstd (poisoned), running mean and variance (from 0 and 1)
+        return [cupy.full(k, np.nan, cupy.float32) for _ in range(2)] + [
+            cupy.zeros(k, cupy.float32),
+            cupy.ones(k, cupy.float32),
+        ]
+
+    got = statistics()
+    tiles, tile_values = conv2.moment_counts(n)
+    count = conv2.moment_part_count(n, k, precision)
+    bn_relu_pool.stats_from_parts(parts, count, tiles, tile_values, k, ref.BN_EPS, ref.BN_MOMENTUM, *got)
+    pass_out = statistics()
+    partial, counter = cupy.empty(bn_relu_pool.partial_size(k), cupy.float32), cupy.zeros(k, cupy.uint32)
+    bn_relu_pool.stats(ys[1], n, k, 196, partial, counter, ref.BN_EPS, ref.BN_MOMENTUM, *pass_out)
+    y0, y1 = ys[0].get(), ys[1].get()
+    assert np.array_equal(y0.view(np.uint8), y1.view(np.uint8))
+    a = (bf16_values(y1) if precision == "bf16" else y1).astype(np.float64)
+    mean, var = a.mean(axis=(0, 2, 3)), a.var(axis=(0, 2, 3))
+    running = ref.batchnorm_running_update(np.zeros(k), np.ones(k), mean, var, n * 196)
+    for i, want in enumerate((mean, 1 / np.sqrt(var + ref.BN_EPS), *running)):
+        assert kc.rel_err(got[i].get(), want) < kc.FP32_TOL, (i, kc.rel_err(got[i].get(), want))
+        assert kc.rel_err(got[i].get(), pass_out[i].get()) < kc.FP32_TOL, i
+
+
 @pytest.mark.parametrize("per_block", [8, 32, "tensor_cores"])
 @pytest.mark.parametrize("batch", [3, 65])
 def test_conv1_stores_bf16_as_its_float_output_rounded(batch, per_block):
