@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import data
-from .common import I32, source
+from .common import I32, NULL, source
 
 COUNT_THREADS = 256  # count_correct's one block, over the batch
 
@@ -39,7 +39,6 @@ def shift_images(x, offsets, out, n: int):
 # kernels/include/sgd_options.cuh's SCHEDULE_NONE, a plain-SGD model's schedule kind in sgd_schedule_models, and
 # SCHEDULE_ARGS, the length of a model's row of model_args (Schedule.kernel_args' values)
 SCHEDULE_NONE, SCHEDULE_ARGS = -1, 9
-_NULL = np.int64(0)  # a null pointer: sgd_schedule's model_args when it serves one model
 
 
 def sgd_schedule(state, lr_out, first_out, schedule_args: tuple, model_args=None):
@@ -63,7 +62,7 @@ def sgd_schedule(state, lr_out, first_out, schedule_args: tuple, model_args=None
         np.float64(div_factor),
         np.float64(final_div_factor),
         I32(anneal_cos),
-        _NULL if model_args is None else model_args,
+        NULL if model_args is None else model_args,  # none when it serves one model
         models=models,
     )
 

@@ -9,6 +9,7 @@ from .. import cuda, data
 
 I32, F32 = np.int32, np.float32
 MAX_PARTS = 64  # a reduction over the batch uses at most this many parts (kernels/include/part_reduce.cuh)
+NULL = np.int64(0)  # a null pointer argument: a kernel's optional buffer not passed
 NO_POSITION = 4  # the blocks' argmax where the ReLU blocked the window (kernels/include/common.cuh, pool_position)
 CLASSES = data.NUM_CLASSES
 COMMON_DEFINES = {

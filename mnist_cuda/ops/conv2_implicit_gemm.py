@@ -22,7 +22,7 @@ import numpy as np
 
 from ..cuda import ceil_div, shared_memory_per_sm, sm_count
 from .bn_relu_pool import FROM_PARTS_MAX
-from .common import BF16, I32, precision_kernels, source
+from .common import BF16, I32, NULL, precision_kernels, source
 
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS)
 KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
@@ -299,7 +299,7 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
     if moment_parts is not None and moment_parts.size < out_channels * grid[0] * 2:
         raise ValueError(f"moment_parts holds {moment_parts.size} floats; {out_channels} x {grid[0]} pairs needed")
     _persistent_forward[precision, moment_parts is not None].launch(
-        grid, CONV_THREADS, *args, np.int64(0) if moment_parts is None else moment_parts, shared_mem=shared
+        grid, CONV_THREADS, *args, NULL if moment_parts is None else moment_parts, shared_mem=shared
     )
 
 
