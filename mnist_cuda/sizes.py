@@ -290,10 +290,8 @@ def device_buffers(
             # and its gradient, as bf16 in bf16
             "conv2's output": (B * c2 * S2, conv2_implicit_gemm.stored_dtype(precision).itemsize, 2),
             "BatchNorm 2's partial sums": (bn_relu_pool.partial_size(c2), 4, 1),
-            "conv2's output moments per block": (
-                conv2_implicit_gemm.moment_parts_size(c2)
-                if conv2_implicit_gemm.persistent_tiles("forward", precision, B)
-                else 0,
+            "conv2's output moments per part": (
+                conv2_implicit_gemm.moment_parts_size(c2, B, conv2_implicit_gemm.moment_source(B, precision)),
                 4,
                 1,
             ),

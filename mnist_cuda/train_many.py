@@ -1,7 +1,7 @@
 """A trainer run of several models (mnist_cuda.model_grid makes them from the flags' lists or the --init
 checkpoints): each model trains exactly as a single run with its flags would, its own initial weights, data
 order and augmentation from its seed, so its losses and weights are that run's bits (but at 1,024 images or more
-per model in bf16 or TF32 with the fast kernels, where the single run takes BN2's statistics from conv2's forward:
+per model with the fast kernels, where the single run takes BN2's statistics from conv2's forward:
 there they round differently, and the runs part by rounding from the first step; nets.models_net says why).
 
 The models train in rounds, each round a step of every model. With the fast kernels one step runner steps them

@@ -128,14 +128,14 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
 
 
 @pytest.mark.parametrize("sms", [None, 1])
-@pytest.mark.parametrize("precision", ["tf32", "bf16"])
+@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp32"])
 @pytest.mark.parametrize("n,c,k", PERSISTENT_SHAPES)
 def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c, k, precision, sms):
-    """With its output's moments the persistent forward stores the same bits of y, and BN2's statistics merged from
-    its blocks' moments (stats_from_parts) agree with float64's over y as stored, and with the statistics pass
-    (batchnorm_stats_fast), to float32's tolerance: at one tile per block and at several (from 512 images, or
-    on a GPU taken to have one SM: three blocks, each with many tiles, unevenly), at partial and several channel
-    tiles."""
+    """With its output's moments the forward stores the same bits of y, and BN2's statistics merged from them agree
+    with float64's over y as stored, and with the statistics pass (batchnorm_stats_fast), to float32's tolerance, at
+    partial and several channel tiles: the persistent form's blocks' (stats_from_parts) at one tile per block and
+    at several (from 512 images, or on a GPU taken to have one SM: three blocks, each with many tiles, unevenly);
+    fp32's a block per tile (stats_from_tiles)."""
     import cupy
     import numpy as np
 
@@ -153,10 +153,11 @@ def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c,
     quads = cupy.empty((conv2.weight_quads(c, k, precision, "forward"), 4), cupy.float32)
     unused = cupy.empty((conv2.weight_quads(k, c, precision, "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, c, k, quads, unused, precision)
-    parts = cupy.full(conv2.moment_parts_size(k), np.nan, cupy.float32)
+    form, persistent = ("tiles", False) if precision == "fp32" else ("blocks", True)
+    parts = cupy.full(conv2.moment_parts_size(k, n, form), np.nan, cupy.float32)
     ys = [cupy.full((n, k, 14, 14), 7, stored) for _ in range(2)]
-    conv2.forward(x, quads, ys[0], n, c, k, precision, persistent=True)
-    conv2.forward(x, quads, ys[1], n, c, k, precision, persistent=True, moment_parts=parts)
+    conv2.forward(x, quads, ys[0], n, c, k, precision, persistent=persistent)
+    conv2.forward(x, quads, ys[1], n, c, k, precision, persistent=persistent, moment_parts=parts)
 
     def statistics():  # mean, invstd (poisoned), running mean and variance (from 0 and 1)
         return [cupy.full(k, np.nan, cupy.float32) for _ in range(2)] + [
@@ -166,8 +167,11 @@ def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c,
 
     got = statistics()
     tiles, tile_values = conv2.moment_counts(n)
-    count = conv2.moment_part_count(n, k, precision)
-    bn_relu_pool.stats_from_parts(parts, count, tiles, tile_values, k, ref.BN_EPS, ref.BN_MOMENTUM, *got)
+    if form == "tiles":
+        bn_relu_pool.stats_from_tiles(parts, tiles, tile_values, k, ref.BN_EPS, ref.BN_MOMENTUM, *got)
+    else:
+        count = conv2.moment_part_count(n, k, precision)
+        bn_relu_pool.stats_from_parts(parts, count, tiles, tile_values, k, ref.BN_EPS, ref.BN_MOMENTUM, *got)
     pass_out = statistics()
     partial, counter = cupy.empty(bn_relu_pool.partial_size(k), cupy.float32), cupy.zeros(k, cupy.uint32)
     bn_relu_pool.stats(ys[1], n, k, 196, partial, counter, ref.BN_EPS, ref.BN_MOMENTUM, *pass_out)

@@ -125,16 +125,20 @@ def step_and_update_match_reference(batch, channels, hidden, version):
     return run
 
 
-@pytest.mark.parametrize("version", ("tf32", "bf16"))
-@pytest.mark.parametrize("batch,channels,hidden", [(64, (32, 64), 128), (65, (5, 7), 33)])
+@pytest.mark.parametrize("version", ("fast", "tf32", "bf16"))
+@pytest.mark.parametrize("batch,channels,hidden", [(64, (32, 64), 128), (65, (5, 7), 33), (65, (8, 130), 20)])
 def test_bn2_statistics_from_the_forwards_moments_in_the_step(monkeypatch, batch, channels, hidden, version):
-    """Where conv2's forward runs persistent (from PERSISTENT_FORWARD_MIN_BATCH images, lowered here to 64) BN2's
-    statistics come from its blocks' moments (batchnorm_stats_from_parts_fast, no batchnorm_stats_fast): the step
-    and the running statistics still match the reference."""
+    """From MOMENTS_MIN_BATCH images (lowered here to 64, with the persistent form's threshold and fp32's stacked
+    forward's) BN2's statistics come from conv2's forward's moments, not a pass over its output
+    (batchnorm_stats_fast): its persistent form's blocks' in tf32 and bf16 (batchnorm_stats_from_parts_fast), a block
+    per tile's in fp32 (batchnorm_stats_from_tiles_fast). The step and the running statistics still match the
+    reference."""
     from mnist_cuda import cuda
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
-    monkeypatch.setattr(conv2, "PERSISTENT_FORWARD_MIN_BATCH", 64)
+    for threshold in ("PERSISTENT_FORWARD_MIN_BATCH", "MOMENTS_MIN_BATCH"):
+        monkeypatch.setattr(conv2, threshold, 64)
+    monkeypatch.setattr(conv2, "STACKED_FORWARD_MAX_BATCH", 0)
     launched = set()
 
     def record(kernel, grid, block, args, shared_mem, launch):
@@ -144,7 +148,8 @@ def test_bn2_statistics_from_the_forwards_moments_in_the_step(monkeypatch, batch
     with cuda.launch_hook(record):
         run = step_and_update_match_reference(batch, channels, hidden, version)
     assert run.net.moment_parts2 is not None
-    assert "batchnorm_stats_from_parts_fast" in launched
+    merge = "batchnorm_stats_from_tiles_fast" if version == "fast" else "batchnorm_stats_from_parts_fast"
+    assert merge in launched
     assert not any(name.startswith("batchnorm_stats_fast") for name in launched)
 
 

@@ -332,11 +332,13 @@ def test_conv2_persistent_forward_by_batch_precision_and_models():
         conv2.forward(x, quads, y, 1, 32, 64, "tf32", models=2, persistent=True)
 
 
-def test_conv2_forward_moments_only_where_persistent():
-    """BN2's statistics come from the forward's moments only where it runs persistent: asking for them from a block
-    per tile is refused before any launch. The forward's blocks, and so the (mean, M2) pairs per channel, are at most
-    what stats_from_parts merges (a lane's BN_FROM_PARTS_PER_LANE, kernels/fast/3_bn_relu_pool.cu), and the merge
-    refuses more parts, none, or parts with no tile."""
+def test_conv2_forward_moments_only_in_their_forms():
+    """BN2's statistics come from the forward's moments in two forms only, for one model of MOMENTS_MIN_BATCH images
+    or more: the persistent form's blocks (tf32, bf16) and, in fp32, a block per tile of its 64-channel form; asking
+    for them from any other launch is refused before it. The persistent form's blocks, and so its (mean, M2) pairs
+    per channel, are at most what stats_from_parts merges (a lane's BN_FROM_PARTS_PER_LANE,
+    kernels/fast/3_bn_relu_pool.cu), and the merges refuse more parts, none, parts with no tile, or a scratch too
+    small for the tiles."""
     import re
 
     import numpy as np
@@ -347,15 +349,31 @@ def test_conv2_forward_moments_only_where_persistent():
     per_lane = re.search(r"#define BN_FROM_PARTS_PER_LANE (\d+)", SOURCES["fast/3_bn_relu_pool.cu"].text())
     assert conv2.MOMENT_PARTS_MAX == bn_relu_pool.FROM_PARTS_MAX == 32 * int(per_lane.group(1))
     assert conv2.moment_counts(4096) == (8192, 98) and conv2.moment_counts(1) == (2, 98)
-    assert conv2.moment_parts_size(64) == 64 * conv2.MOMENT_PARTS_MAX * 2
-    quads = np.empty((conv2.weight_quads(32, 64, "tf32", "forward"), 4), np.float32)
+    big = conv2.MOMENTS_MIN_BATCH
+    assert [conv2.moment_source(big, p) for p in ("fp32", "tf32", "bf16")] == ["tiles", "blocks", "blocks"]
+    assert {conv2.moment_source(big - 1, p) for p in ("fp32", "tf32", "bf16")} == {None}
+    assert {conv2.moment_source(big, p, models=2) for p in ("fp32", "tf32", "bf16")} == {None}
+    assert conv2.moment_parts_size(64, 4096, "blocks") == 64 * conv2.MOMENT_PARTS_MAX * 2
+    assert conv2.moment_parts_size(64, 4096, "tiles") == 64 * 8192 * 2
+    assert conv2.moment_parts_size(64, 4096, None) == 0
+    with pytest.raises(ValueError, match="unknown moment form"):
+        conv2.moment_parts_size(64, 4096, "images")
     x, y = np.empty((1, 32, 14, 14), np.float32), np.empty((1, 64, 14, 14), np.float32)
-    parts = np.empty(conv2.moment_parts_size(64), np.float32)
-    with pytest.raises(ValueError, match="from the persistent forward only"):
-        conv2.forward(x, quads, y, 1, 32, 64, "tf32", persistent=False, moment_parts=parts)
+    parts = np.empty(conv2.moment_parts_size(64, 4096, "tiles"), np.float32)
+    for precision, product, models in (("tf32", "forward", 1), ("fp32", "forward_stacked", 1), ("fp32", "forward", 2)):
+        quads = np.empty((models * conv2.weight_quads(32, 64, precision, product), 4), np.float32)
+        with pytest.raises(ValueError, match="moments come from"):
+            conv2.forward(x, quads, y, 1, 32, 64, precision, product, models, persistent=False, moment_parts=parts)
+    quads = np.empty((conv2.weight_quads(32, 64, "fp32", "forward"), 4), np.float32)
+    few = np.empty(64 * 2 * 2 - 1, np.float32)  # one image's two tiles, but a float
+    with pytest.raises(ValueError, match="2 pairs needed"):
+        conv2.forward(x, quads, y, 1, 32, 64, "fp32", moment_parts=few)
     for bad_parts, tiles in ((0, 10), (bn_relu_pool.FROM_PARTS_MAX + 1, 8192), (11, 10)):
         with pytest.raises(ValueError, match="parts of"):
             bn_relu_pool.stats_from_parts(parts, bad_parts, tiles, 98, 64, 1e-5, 0.1, None, None, None, None)
+    for tiles, values, partial in ((0, 98, parts), (2, 0, parts), (2, 98, few)):
+        with pytest.raises(ValueError, match="tiles of|pairs needed"):
+            bn_relu_pool.stats_from_tiles(partial, tiles, values, 64, 1e-5, 0.1, None, None, None, None)
 
 
 def test_conv2_input_grad_form_by_batch():

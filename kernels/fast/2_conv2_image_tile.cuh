@@ -8,7 +8,8 @@
 // takes one tile (conv3x3_image_tile), or, in the forward's persistent form, a run of tiles whose chunks it
 // stages and multiplies as one stream (conv3x3_image_tiles_persistent), which in training also sums its output's
 // moments as it stores it (BlockMoments): the part of naive/3_batchnorm.cu's batchnorm_stats_naive that reads the
-// output, so BN2's statistics need no pass of their own over it.
+// output, so BN2's statistics need no pass of their own over it. The 3xTF32 forward, a block per tile, takes the
+// same sums from its accumulators (store_tile_moments).
 #pragma once
 #include "common.cuh"
 #include "2_conv2_tile_forms.cuh"
@@ -332,6 +333,41 @@ __device__ __forceinline__ void store_block_moments(const BlockMoments<STEPS>& m
     }
 }
 
+// The (mean, M2) of each channel n0.. of a block's one tile in the 3xTF32 forward's apart form, for BN2's statistics
+// from a block per tile (batchnorm_stats_from_tiles_fast), into partial [Cout, tiles, 2] as part `tile`. Taken from
+// the accumulators, whose values the form stores as they are (a row per channel): thread (g, t) of warp w holds
+// columns 8j + 2t and 8j + 2t + 1 of rows 16w + g and 16w + g + 8, so a channel's sums are its four lanes', two
+// shuffles (store_image_tile's layout would spread a channel over a warp). Columns 14 and 15 of each grid row
+// (odd j, t = 3) are not pixels and are left out. The shift is the channel's pixel 0 (lane 4g's first value).
+__device__ __forceinline__ void store_tile_moments(const TileAccumulators<TileForm::Apart>& acc, float* partial, int n0,
+                                                   int Cout, int warp, int g, int t, int tile, int tiles) {
+    constexpr float count = CONV_ROWS * CONV2_SIZE;
+    const int lane = threadIdx.x % 32;
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float shift = __shfl_sync(0xffffffffu, acc[0][2 * h], lane & ~3);
+        float s = 0.0f, q = 0.0f;
+#pragma unroll
+        for (int j = 0; j < tile_columns / 8; j++) {
+            if (j % 2 == 1 && t == 3) continue;  // grid columns 14 and 15
+            const float d0 = acc[0][4 * j + 2 * h] - shift, d1 = acc[0][4 * j + 2 * h + 1] - shift;
+            s += d0 + d1;
+            q = fmaf(d1, d1, fmaf(d0, d0, q));
+        }
+#pragma unroll
+        for (int width = 1; width < 4; width *= 2) {
+            s += __shfl_xor_sync(0xffffffffu, s, width);
+            q += __shfl_xor_sync(0xffffffffu, q, width);
+        }
+        const int c = n0 + 16 * warp + g + 8 * h;
+        if (t == 0 && c < Cout) {
+            float* pair = part_pair(partial, c, tiles, tile);
+            pair[0] = shift + s / count;
+            pair[1] = fmaxf(q - s * s / count, 0.0f);
+        }
+    }
+}
+
 // The block's output channels n0.. of image rows r0.. through shared memory (acc_s: the staging buffers, free
 // once every product is done, or a region of its own), then out into out [img][Cout][14][14]: a warp per channel
 // at a time, each lane two adjacent pixels of it (a 4- or 8-byte store), so a warp's store is a run of the
@@ -400,9 +436,12 @@ __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& a
 // Several models: the images are the models' batches one after another, images_per_model each, and quads holds
 // the models' staged weights one after another; an image is multiplied by its model's weights, which is all
 // that tells the models apart (nothing else depends on the batch). In, Out: float or bfloat16 (conv2_stored).
-template <Precision PR, TileForm FORM, class In, class Out>
+// With MOMENTS (one model, the apart form) the block also leaves its tile's (mean, M2) per channel in moment_parts
+// [Cout, tiles, 2] (store_tile_moments) as part img * gridDim.z + blockIdx.z, the tiles numbered as the persistent
+// form's.
+template <Precision PR, TileForm FORM, class In, class Out, bool MOMENTS = false>
 __device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* quads, Out* out, int Cin, int Cout,
-                                                   int images_per_model) {
+                                                   int images_per_model, float* moment_parts = nullptr) {
     static_assert(tile_form_agrees<FORM>(), "the form's numbers agree");
     static_assert((FORM == TileForm::OnePart) == (PR != Precision::Fp32), "two parts exactly in 3xTF32");
     constexpr int VALUES = staged_values<PR>, CHUNK = chunk_channels<PR>;
@@ -442,6 +481,11 @@ __device__ __forceinline__ void conv3x3_image_tile(const In* in, const float4* q
     }
 
     if constexpr (FORM == TileForm::Paired) merge_paired_set(acc, tid, warp, t);
+    if constexpr (MOMENTS) {
+        static_assert(FORM == TileForm::Apart, "a row per channel, stored as computed");
+        store_tile_moments(acc, moment_parts, n0, Cout, warp, g, t, img * gridDim.z + blockIdx.z,
+                           gridDim.x * gridDim.z);
+    }
     NoMoments none;
     store_image_tile<FORM, 1>(acc, in_s, out, Cout, img, n0, r0, tid, warp, g, t, none);
 }

@@ -53,6 +53,17 @@ __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_fo
     conv3x3_image_tile<P, tile_form<P, false>>(x, forward_quads, y, C, K, images_per_model);
 }
 
+// The 3xTF32 forward with its output's moments, for BN2's statistics from a block per tile (one model): y as
+// conv2_forward_fast<Precision::Fp32> writes it, and each block's (mean, M2) of its tile's channels in moment_parts
+// [K, N * CONV2_SIZE / CONV_ROWS, 2] (batchnorm_stats_from_tiles_fast, fast/3_bn_relu_pool.cu, merges them): no pass
+// of its own over y. Grid (N, ceil(K / tile channels), CONV2_SIZE / CONV_ROWS), as the forward.
+extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Apart>)
+    conv2_forward_tile_moments_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K,
+                                    float* moment_parts) {
+    conv3x3_image_tile<Precision::Fp32, TileForm::Apart, float, float, true>(x, forward_quads, y, C, K, N,
+                                                                             moment_parts);
+}
+
 // The 3xTF32 forward in the input gradient's stacked form, 32 output channels per block: twice the blocks
 // of the form above, for small batches, where those leave SMs idle; weights staged with forward_stacked.
 extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<TileForm::Stacked>)

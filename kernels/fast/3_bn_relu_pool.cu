@@ -7,13 +7,13 @@
 // conv2's output a and its gradient d_a are float32, or bf16 with --precision bf16 (T: float or bfloat16,
 // common.cuh); everything else, the statistics and sums included, is float32.
 // Several models at once (common.cuh), in every kernel but batchnorm_eval_stats_fast (evaluation, one model) and
-// batchnorm_stats_from_parts_fast (conv2's persistent forward's moments, one model):
+// batchnorm_stats_from_parts_fast and _from_tiles_fast (conv2's forward's moments, one model):
 // the grid's z is the model; a, the pooled tensors and their gradients are [models][N][...], mean and invstd
 // [models][C], the reductions' partial [models][MAX_PARTS * C * 2] and counter [models][groups]; gamma, beta
 // and their gradients are param_stride floats apart, the running statistics running_stride.
 #include "common.cuh"
 #include "part_reduce.cuh"
-#if !defined(BN_CHANNELS) || !defined(BN_THREADS)
+#if !defined(BN_CHANNELS) || !defined(BN_THREADS) || !defined(BN_TILES_THREADS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
@@ -100,6 +100,43 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
     batchnorm_merge_finalize<BN_FROM_PARTS_PER_LANE>(
         partial, parts, count_of, (float)tiles * tile_values, blockIdx.x * BN_CHANNELS,
         min(C, (int)(blockIdx.x + 1) * BN_CHANNELS), eps, momentum, save_mean, save_invstd, running_mean, running_var);
+}
+
+// The statistics from the (mean, M2) pairs conv2's 3xTF32 forward leaves a block per tile in partial [C, tiles, 2],
+// one model: tile_values values of each channel a tile. Thousands of parts a channel (8,192 at 4096 images) are too
+// many for a warp's registers, so a block merges a channel, in one pass over its pairs: Chan et al.'s merge with
+// equal counts n, each tile's mean taken from a shift (tile 0's, near the channel's mean): with d_b = mean_b - shift,
+// mean = shift + sum(d_b) / tiles, M2 = sum(M2_b + n d_b^2) - n tiles (sum(d_b) / tiles)^2. Thread i sums pairs
+// i, i + blockDim.x, .. (its BN_TILES_LOADS loads in flight together), then block_sum's fixed order.
+// grid C, BN_TILES_THREADS threads.
+#define BN_TILES_LOADS 16
+extern "C" __global__ void __launch_bounds__(BN_TILES_THREADS)
+    batchnorm_stats_from_tiles_fast(const float* partial, int tiles, int tile_values, float eps, float momentum,
+                                    float* save_mean, float* save_invstd, float* running_mean, float* running_var) {
+    const int c = blockIdx.x;
+    const float2* pairs = reinterpret_cast<const float2*>(partial) + (size_t)c * tiles;
+    const float shift = __ldcg(pairs).x, n = (float)tile_values;
+    float s = 0.0f, q = 0.0f;
+    for (int base = threadIdx.x; base < tiles; base += BN_TILES_LOADS * blockDim.x) {
+        float2 v[BN_TILES_LOADS];
+#pragma unroll
+        for (int i = 0; i < BN_TILES_LOADS; i++) {
+            const int b = base + i * blockDim.x;
+            v[i] = b < tiles ? __ldcg(pairs + b) : make_float2(shift, 0.0f);
+        }
+#pragma unroll
+        for (int i = 0; i < BN_TILES_LOADS; i++) {
+            const float d = v[i].x - shift;
+            s += d;
+            q += fmaf(n * d, d, v[i].y);
+        }
+    }
+    s = block_sum(s);
+    q = block_sum(q);
+    const float total = (float)tiles * n, mean_d = s / tiles;
+    if (threadIdx.x == 0)
+        batchnorm_finalize(c, shift + mean_d, fmaxf(q - total * mean_d * mean_d, 0.0f) / total, total, eps, momentum,
+                           save_mean, save_invstd, running_mean, running_var);
 }
 
 // Evaluation: the statistics the fused forward kernels normalise with become the running ones:

@@ -155,11 +155,13 @@ def conv_forward_case(layer, version="naive", forward="forward", persistent=Fals
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
 
 
-def conv_forward_moments_case(version: str):
-    """conv2's persistent forward with its output's moments (conv2_forward_persistent_fast<P, true>), then BN2's
-    statistics merged from them (batchnorm_stats_from_parts_fast), at every batch size. y is held to the product's
-    tolerance against the float64 convolution; the statistics to float32's against y as the kernel stored it (the
-    values BN2 normalises), which the float64 reference takes."""
+def conv_forward_moments_case(version: str, form: str = "blocks"):
+    """conv2's forward with its output's moments, then BN2's statistics merged from them, at every batch size: the
+    persistent form's blocks' (form "blocks": conv2_forward_persistent_fast<P, true>, batchnorm_stats_from_parts_fast)
+    or, in fp32, a block per tile's ("tiles": conv2_forward_tile_moments_fast, batchnorm_stats_from_tiles_fast). y is
+    held to the product's tolerance against the float64 convolution; the statistics to float32's against y as the
+    kernel stored it (the values BN2 normalises), which the float64 reference takes."""
+    assert form == "blocks" or version == "fp32", "a block per tile's moments are the 3xTF32 forward's"
 
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
@@ -168,13 +170,18 @@ def conv_forward_moments_case(version: str):
         stored = conv2.stored_dtype(version)
         xd, wd, y = _dev(x, stored), _dev(w), _poison((N, K, S, S), stored)
         forward_quads, _ = _weight_quads(wd, C, K, version)
-        parts, moment_parts = conv2.moment_part_count(N, K, version), _poison(conv2.moment_parts_size(K))
+        moment_parts = _poison(conv2.moment_parts_size(K, N, form))
         tiles, tile_values = conv2.moment_counts(N)
         outs = {"mean": _poison(K), "invstd": _poison(K), "running_mean": _dev(rm), "running_var": _dev(rv)}
 
         def run():
-            conv2.forward(xd, forward_quads, y, N, C, K, version, persistent=True, moment_parts=moment_parts)
             stats = (EPS, MOMENTUM, *outs.values())
+            if form == "tiles":
+                conv2.forward(xd, forward_quads, y, N, C, K, version, moment_parts=moment_parts)
+                bn_relu_pool.stats_from_tiles(moment_parts, tiles, tile_values, K, *stats)
+                return
+            conv2.forward(xd, forward_quads, y, N, C, K, version, persistent=True, moment_parts=moment_parts)
+            parts = conv2.moment_part_count(N, K, version)
             bn_relu_pool.stats_from_parts(moment_parts, parts, tiles, tile_values, K, *stats)
 
         def statistics(a):
@@ -199,7 +206,11 @@ def conv_forward_moments_case(version: str):
             compare={name: of_stored_y(name) for name in outs},
         )
 
-    kernels = f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, true>+batchnorm_stats_from_parts_fast"
+    kernels = (
+        "conv2_forward_tile_moments_fast+batchnorm_stats_from_tiles_fast"
+        if form == "tiles"
+        else f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, true>+batchnorm_stats_from_parts_fast"
+    )
     return Case(f"{kernels}[conv2]", make, _tol(version), ops=("conv2d", "batchnorm"))
 
 
@@ -273,7 +284,11 @@ def conv_backward_weight_case(layer, version="naive", l2_prefetch=True):
 def conv2_product_cases(version: str) -> list[Case]:
     """conv2's three products at precision `version` (conv2_implicit_gemm.KERNEL_PRECISION): "fp32" (3xTF32),
     "tf32" (plain TF32, train --precision tf32) or "bf16" (train --precision bf16)."""
-    stacked = [conv_forward_case(2, version, "forward_stacked")] if version == "fp32" else []
+    stacked = (
+        [conv_forward_case(2, version, "forward_stacked"), conv_forward_moments_case(version, "tiles")]
+        if version == "fp32"
+        else []
+    )
     persistent = (
         [conv_forward_case(2, version, persistent=True), conv_forward_moments_case(version)]
         if version in conv2.PERSISTENT_PRECISIONS

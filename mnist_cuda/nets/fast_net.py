@@ -60,9 +60,9 @@ class FastNet(_Net):
         # block 2
         self.mean2, self.invstd2 = cp.empty(rows(c2), f32), cp.empty(rows(c2), f32)
         self.partial2 = cp.empty(rows(bn_relu_pool.partial_size(c2)), f32)
-        # conv2's persistent forward's (mean, M2) per block and channel: BN2's statistics where it runs
-        moments = conv2_implicit_gemm.persistent_tiles("forward", precision, B, self.count)
-        self.moment_parts2 = cp.empty(conv2_implicit_gemm.moment_parts_size(c2), f32) if moments else None
+        # conv2's forward's (mean, M2) per part and channel: BN2's statistics where it leaves them (moment_form)
+        moments = conv2_implicit_gemm.moment_source(B, precision, self.count)
+        self.moment_parts2 = cp.empty(conv2_implicit_gemm.moment_parts_size(c2, B, moments), f32) if moments else None
         self.counters2 = cp.zeros((2, *rows(c2)), cp.uint32)  # last-block counters: statistics, backward
         self.a2, self.d_a2 = cp.empty((KB, c2, S2, S2), stored), cp.empty((KB, c2, S2, S2), stored)
         self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), f32), cp.empty((KB, c2, S3, S3), cp.uint8)
@@ -112,10 +112,11 @@ class FastNet(_Net):
         )
 
     def _conv2_and_bn2_stats(self, n: int, train: bool):
-        """conv2's forward, then BN2's statistics (in training) or the running ones (evaluation). Where the forward is
-        persistent the statistics come from the moments its blocks leave, not from a pass over its output."""
+        """conv2's forward, then BN2's statistics (in training) or the running ones (evaluation). Where the forward
+        leaves its output's moments (conv2_implicit_gemm.moment_form: its persistent form's blocks, or a block per tile
+        in fp32) the statistics are merged from them, not taken by a pass over its output."""
         r, c1, c2, precision = self.running, self.c1, self.c2, self.precision
-        moments = train and self.moment_parts2 is not None and conv2_implicit_gemm.forward_moments(n, c2, precision)
+        form = conv2_implicit_gemm.moment_form(n, c2, precision) if train and self.moment_parts2 is not None else None
         conv2_implicit_gemm.forward(
             self.out1,
             self.forward_quads,
@@ -125,14 +126,16 @@ class FastNet(_Net):
             c2,
             precision,
             self.conv2_forward,
-            moment_parts=self.moment_parts2 if moments else None,
+            moment_parts=self.moment_parts2 if form else None,
             **self._k(),
         )
         statistics = (EPS, MOMENTUM, self.mean2, self.invstd2, r["bn2.running_mean"], r["bn2.running_var"])
-        if moments:
+        tiles, tile_values = conv2_implicit_gemm.moment_counts(n)
+        if form == "blocks":
             parts = conv2_implicit_gemm.moment_part_count(n, c2, precision)
-            tiles, tile_values = conv2_implicit_gemm.moment_counts(n)
             bn_relu_pool.stats_from_parts(self.moment_parts2, parts, tiles, tile_values, c2, *statistics)
+        elif form == "tiles":
+            bn_relu_pool.stats_from_tiles(self.moment_parts2, tiles, tile_values, c2, *statistics)
         elif train:
             bn_relu_pool.stats(
                 self.a2, n, c2, S2 * S2, self.partial2, self.counters2[0], *statistics, **self._k(running=True)

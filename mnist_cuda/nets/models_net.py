@@ -6,9 +6,9 @@ m * size); every activation and scratch buffer holds the K models' parts one aft
 a batch's tensors), so the K models' batch is one batch of K * batch images in which model m owns images
 m * batch onwards. FastNet's step is this one with one model: its buffers, forward and backward take the count.
 Every reduction over a batch keeps the single model's parts and order, so each model's numbers are its FastNet's,
-bit for bit (tests/test_many_models_gpu.py), with one exception: a lone model of 1,024 images or more in bf16 or TF32
-takes BN2's statistics from its persistent forward's moments (conv2_implicit_gemm.forward_moments), grouped otherwise
-than the statistics pass a ModelsNet runs: there the statistics differ in their last bits, and so the steps after.
+bit for bit (tests/test_many_models_gpu.py), with one exception: a lone model of 1,024 images or more takes BN2's
+statistics from its forward's moments (conv2_implicit_gemm.moment_form), grouped otherwise than the statistics pass
+a ModelsNet runs: there the statistics differ in their last bits, and so the steps after.
 """
 
 from __future__ import annotations

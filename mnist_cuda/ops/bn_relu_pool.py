@@ -1,10 +1,11 @@
 """The launch contracts of kernels/fast/3_bn_relu_pool.cu: block 2's BatchNorm statistics, BatchNorm + ReLU +
 maxpool fused, and their backward from the pooled gradient.
 
-Every launch but eval_stats and stats_from_parts steps `models` models at once (the grid's z): its sizes are one
-model's (n is the per-model batch) and its buffers hold the models' parts one after another ([models][...]:
-activations [models][n][...], mean and invstd [models][channels], partial [models][partial_size], counter
-[models][groups]); gamma, beta and their gradients are param_stride floats apart, the running statistics running_stride.
+Every launch but eval_stats, stats_from_parts and stats_from_tiles steps `models` models at once (the grid's z): its
+sizes are one model's (n is the per-model batch) and its buffers hold the models' parts one after another
+([models][...]: activations [models][n][...], mean and invstd [models][channels], partial [models][partial_size],
+counter [models][groups]); gamma, beta and their gradients are param_stride floats apart, the running statistics
+running_stride.
 
 conv2's output a and its gradient d_a are float32 arrays, or bf16 ones (common.BF16) in --precision bf16: the
 kernel is chosen by their dtype. Everything else is float32."""
@@ -16,10 +17,14 @@ from .common import F32, I32, MAX_PARTS, parts_of, source, stored_kernel, stored
 
 BN_CHANNELS = 8  # channels per block of the reductions: a warp each
 BN_THREADS = 32 * BN_CHANNELS
+FROM_TILES_THREADS = 512  # stats_from_tiles: a block per channel
 
-_src = source("fast/3_bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS)
+_src = source(
+    "fast/3_bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS, BN_TILES_THREADS=FROM_TILES_THREADS
+)
 _stats = stored_kernels(_src, "batchnorm_stats_fast")
 _stats_from_parts = _src.kernel("batchnorm_stats_from_parts_fast")
+_stats_from_tiles = _src.kernel("batchnorm_stats_from_tiles_fast")
 FROM_PARTS_MAX = 32 * 16  # the parts stats_from_parts merges at most (BN_FROM_PARTS_PER_LANE a lane)
 _eval_stats = _src.kernel("batchnorm_eval_stats_fast")
 _forward = stored_kernels(_src, "batchnorm_relu_maxpool_fast")
@@ -104,6 +109,40 @@ def stats_from_parts(
         I32(tiles),
         I32(tile_values),
         I32(channels),
+        F32(eps),
+        F32(momentum),
+        mean,
+        invstd,
+        running_mean,
+        running_var,
+    )
+
+
+def stats_from_tiles(
+    partial,
+    tiles: int,
+    tile_values: int,
+    channels: int,
+    eps: float,
+    momentum: float,
+    mean,
+    invstd,
+    running_mean,
+    running_var,
+):
+    """stats' results (one model) from per-tile (mean, M2) pairs partial [channels, tiles, 2], tile_values values of
+    each channel a tile (conv2's fp32 forward leaves them a block per tile: conv2_implicit_gemm.forward's
+    moment_parts)."""
+    if tiles < 1 or tile_values < 1:
+        raise ValueError(f"{tiles} tiles of {tile_values} values; at least one of each")
+    if partial.size < channels * tiles * 2:
+        raise ValueError(f"partial holds {partial.size} floats; {channels} x {tiles} pairs needed")
+    _stats_from_tiles.launch(
+        (channels,),
+        FROM_TILES_THREADS,
+        partial,
+        I32(tiles),
+        I32(tile_values),
         F32(eps),
         F32(momentum),
         mean,

@@ -60,6 +60,10 @@ PERSISTENT_OUTPUT_BYTES = 32 * (CONV_ROWS * (CONV2_SIZE + 2) + 8) * 4  # 32 rows
 # many as bn_relu_pool.stats_from_parts merges
 MOMENT_PARTS_MAX = FROM_PARTS_MAX
 PERSISTENT_FORWARD_MIN_BATCH = 1024
+# BN2's statistics come from the forward's moments in training, for one model of MOMENTS_MIN_BATCH images or more:
+# the persistent form's blocks' in its precisions, a block per tile's in fp32 (docs/performance.md). Below it the
+# statistics pass stays, so that a lone model's reductions are a ModelsNet's (nets/models_net.py)
+MOMENTS_MIN_BATCH = PERSISTENT_FORWARD_MIN_BATCH
 # shared memory the driver reserves for each resident block
 SHARED_RESERVED_BYTES = 1024
 # weight gradient: WGRAD_THREADS threads (three warpgroups) per block of WGRAD_OUT output and WGRAD_CHANNELS
@@ -94,6 +98,8 @@ _persistent_forward = {
     for p in PERSISTENT_PRECISIONS
     for moments in (False, True)
 }
+# the 3xTF32 forward with its output's moments, a block per tile (forward's moment_parts in fp32)
+_tile_moments_forward = _src.kernel("conv2_forward_tile_moments_fast")
 # the 3xTF32 weight gradient with its staging's loads plain, without the L2's 256-byte fetch: the ladder's rung below
 # the product (dev/ladder/conv2_weight_grad)
 _weight_grad_without_l2_prefetch = _src.kernel("conv2_backward_weight_fast<Precision::Fp32, false>")
@@ -276,18 +282,26 @@ def stage_weights(
 def _image_tiles(name, precision, n, models, out_channels, persistent, *args, moment_parts=None):
     """A block per image of the models' batches (the grid's x: the kernel finds an image's model as image / n, its
     last argument), output channel tile and half image; or, persistent (None: persistent_tiles), a block per SM
-    slot and output channel tile, each taking every gridDim.x-th half image (and with moment_parts, each block's
-    moments of its output into it)."""
+    slot and output channel tile, each taking every gridDim.x-th half image. With moment_parts, each block's moments
+    of its output into it: the persistent form's, or the fp32 forward's a block per tile (one model)."""
     if persistent is None:
         persistent = persistent_tiles(name, precision, n, models)
-    if moment_parts is not None and not persistent:
-        raise ValueError("the output's moments come from the persistent forward only")
     channel_tiles = ceil_div(out_channels, tile_channels(name, precision))
     if not persistent:
         grid = (models * n, channel_tiles, CONV2_SIZE // CONV_ROWS)
-        _image_tile_kernel(name, precision).launch(
-            grid, CONV_THREADS, *args, I32(n), shared_mem=image_tile_shared_bytes(name, precision), models=models
-        )
+        shared = image_tile_shared_bytes(name, precision)
+        if moment_parts is None:
+            _image_tile_kernel(name, precision).launch(
+                grid, CONV_THREADS, *args, I32(n), shared_mem=shared, models=models
+            )
+            return
+        if (name, precision, models) != ("forward", "fp32", 1):
+            raise ValueError(
+                "the output's moments come from the persistent forward or the fp32 forward for one model; "
+                f"got {name} in {precision} for {models} model(s)"
+            )
+        _check_moment_parts(moment_parts, out_channels, n * (CONV2_SIZE // CONV_ROWS))
+        _tile_moments_forward.launch(grid, CONV_THREADS, *args, moment_parts, shared_mem=shared)
         return
     if name != "forward" or precision not in PERSISTENT_PRECISIONS or models != 1:
         raise ValueError(
@@ -296,11 +310,16 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
         )
     shared = image_tile_shared_bytes(name, precision, persistent=True)
     grid = _persistent_grid_here(n, channel_tiles, shared)
-    if moment_parts is not None and moment_parts.size < out_channels * grid[0] * 2:
-        raise ValueError(f"moment_parts holds {moment_parts.size} floats; {out_channels} x {grid[0]} pairs needed")
+    if moment_parts is not None:
+        _check_moment_parts(moment_parts, out_channels, grid[0])
     _persistent_forward[precision, moment_parts is not None].launch(
         grid, CONV_THREADS, *args, NULL if moment_parts is None else moment_parts, shared_mem=shared
     )
+
+
+def _check_moment_parts(moment_parts, out_channels: int, parts: int):
+    if moment_parts.size < out_channels * parts * 2:
+        raise ValueError(f"moment_parts holds {moment_parts.size} floats; {out_channels} x {parts} pairs needed")
 
 
 def _persistent_grid_here(n: int, channel_tiles: int, shared: int) -> tuple[int, int, int]:
@@ -315,24 +334,40 @@ def moment_part_count(n: int, c_out: int, precision: str) -> int:
     return _persistent_grid_here(n, ceil_div(c_out, CONV_TILE_CHANNELS), shared)[0]
 
 
-def forward_moments(n: int, c_out: int, precision: str, models: int = 1) -> bool:
-    """Whether forward can leave its output's moments for BN2's statistics at this batch (moment_parts): where it
-    runs in its persistent form, in at most MOMENT_PARTS_MAX blocks."""
-    return (
-        persistent_tiles("forward", precision, n, models) and moment_part_count(n, c_out, precision) <= MOMENT_PARTS_MAX
-    )
+def moment_form(n: int, c_out: int, precision: str, models: int = 1) -> str | None:
+    """How forward leaves its output's moments for BN2's statistics at this batch in training (moment_parts), or None
+    where a pass over its output takes them: "blocks", the persistent form's blocks (bn_relu_pool.stats_from_parts
+    merges at most MOMENT_PARTS_MAX of them), or "tiles", a block per tile in fp32 (bn_relu_pool.stats_from_tiles);
+    one model of MOMENTS_MIN_BATCH images or more."""
+    form = moment_source(n, precision, models)
+    if form == "blocks" and moment_part_count(n, c_out, precision) > MOMENT_PARTS_MAX:
+        return None
+    return form
+
+
+def moment_source(n: int, precision: str, models: int = 1) -> str | None:
+    """moment_form but for its check of the persistent form's count of blocks, which needs the GPU: what the scratch
+    is sized for (moment_parts_size)."""
+    if models != 1 or n < MOMENTS_MIN_BATCH:
+        return None
+    if persistent_tiles("forward", precision, n, models):
+        return "blocks"
+    return "tiles" if precision == "fp32" and forward_product(n, precision) == "forward" else None
 
 
 def moment_counts(n: int) -> tuple[int, int]:
-    """The persistent forward's tiles for n images and each tile's values per channel (bn_relu_pool.stats_from_parts'
-    tiles and tile_values): its blocks deal the tiles out in turn."""
+    """The forward's tiles for n images and each tile's values per channel (bn_relu_pool's tiles and tile_values):
+    the persistent form's blocks deal the tiles out in turn; a block per tile takes one."""
     return n * (CONV2_SIZE // CONV_ROWS), CONV_ROWS * CONV2_SIZE
 
 
-def moment_parts_size(c_out: int) -> int:
-    """Scratch of forward's moment_parts (float32): a (mean, M2) pair per channel and block, MOMENT_PARTS_MAX
-    blocks at most."""
-    return c_out * MOMENT_PARTS_MAX * 2
+def moment_parts_size(c_out: int, n: int, form: str | None) -> int:
+    """Scratch of forward's moment_parts (float32) for batches of up to n images in moment form `form`: a (mean, M2)
+    pair per channel and part, MOMENT_PARTS_MAX blocks at most ("blocks"), or n's tiles ("tiles"); 0 for None."""
+    parts = {"blocks": MOMENT_PARTS_MAX, "tiles": moment_counts(n)[0], None: 0}
+    if form not in parts:
+        raise ValueError(f"unknown moment form {form!r}; choose from {tuple(parts)}")
+    return c_out * 2 * parts[form]
 
 
 def persistent_grid(n: int, channel_tiles: int, sms: int, fit_per_sm: int) -> tuple[int, int, int]:
@@ -360,8 +395,10 @@ def forward(
     """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
     weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model.
     persistent: its persistent form or not (None: persistent_tiles), the same bits either way.
-    moment_parts (the persistent form only; float32, moment_parts_size): each block's (mean, M2) of each channel of
-    y, as y holds it, [c_out, moment_part_count(n, c_out, precision), 2] (bn_relu_pool.stats_from_parts merges them)."""
+    moment_parts (float32, moment_parts_size; where moment_form is not None): the (mean, M2) of each channel of y, as y
+    holds it, by part: the persistent form's blocks, [c_out, moment_part_count(n, c_out, precision), 2]
+    (bn_relu_pool.stats_from_parts merges them), or in fp32 a block per tile, [c_out, moment_counts(n)[0], 2]
+    (bn_relu_pool.stats_from_tiles)."""
     _check_form(product, "forward")
     _check_quads(forward_quads, c_in, c_out, precision, product, models)
     _check_stored(x, "x", precision)

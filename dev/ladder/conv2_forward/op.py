@@ -123,7 +123,7 @@ def prepare_product_bf16(s: Conv, x, w, y, persistent: bool = False, moments: bo
     conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", product)
     x_bits, y_bits = to_bf16(x), cupy.empty(y.shape, cupy.uint16)
     parts = conv2.moment_part_count(s.n, s.k, "bf16") if moments else 0
-    moment_parts = cupy.empty(conv2.moment_parts_size(s.k), cupy.float32) if moments else None
+    moment_parts = cupy.empty(conv2.moment_parts_size(s.k, s.n, "blocks"), cupy.float32) if moments else None
     statistics = [cupy.zeros(s.k, cupy.float32) for _ in range(3)] + [cupy.ones(s.k, cupy.float32)]
 
     def run():
@@ -146,7 +146,7 @@ def prepare_product_bf16_persistent(s: Conv, x, w, y):
 
 def prepare_product_bf16_moments(s: Conv, x, w, y):
     """Rung 12: rung 11 with its output's moments, then BN2's statistics merged from them, as the step runs its
-    forward in training from conv2_implicit_gemm.PERSISTENT_FORWARD_MIN_BATCH images on: each block sums the
+    forward in training from conv2_implicit_gemm.MOMENTS_MIN_BATCH images on: each block sums the
     deviations of the values it stores and their squares, and batchnorm_stats_from_parts_fast merges the blocks'
     (mean, M2) into the mean, invstd and running statistics (which the kernel cases check; here y, the op's
     output, is checked). Its time is what stands in the step for rung 11 and bn_stats' product together."""
