@@ -153,6 +153,28 @@ def prepare_product_bf16_moments(s: Conv, x, w, y):
     return prepare_product_bf16(s, x, w, y, persistent=True, moments=True)
 
 
+def prepare_product_tile_moments(s: Conv, x, w, y):
+    """Rung 13: rung 09's 3xTF32 product (its form for 64 channels a block, at every batch size) with its output's
+    moments, then BN2's statistics merged from them, as the step runs its forward in fp32 from
+    conv2_implicit_gemm.MOMENTS_MIN_BATCH images on: each block, one tile, sums the deviations of the values it
+    stores and their squares, and leaves its tile's (mean, M2) per channel; batchnorm_stats_from_tiles_fast, a block
+    per channel, merges them. Its time is what stands in the step for rung 09 and bn_stats' product together."""
+    import cupy
+
+    forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "fp32", "forward"), 4), cupy.float32)
+    input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "fp32", "backward_input"), 4), cupy.float32)
+    conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "fp32", "forward")
+    moment_parts = cupy.empty(conv2.moment_parts_size(s.k, s.n, "tiles"), cupy.float32)
+    statistics = [cupy.zeros(s.k, cupy.float32) for _ in range(3)] + [cupy.ones(s.k, cupy.float32)]
+    tiles, tile_values = conv2.moment_counts(s.n)
+
+    def run():
+        conv2.forward(x, forward_quads, y, s.n, s.c, s.k, "fp32", "forward", moment_parts=moment_parts)
+        bn_relu_pool.stats_from_tiles(moment_parts, tiles, tile_values, s.k, ref.BN_EPS, ref.BN_MOMENTUM, *statistics)
+
+    return run
+
+
 def _work_bf16(s: Conv) -> tuple[float, float]:
     """As _work, with x read and y written as bf16 (2 bytes a value)."""
     flops, _ = _work(s)
@@ -214,6 +236,13 @@ OP = Op(
             unit="bf16",
             tolerance=BF16_TOL,
             work=_work_bf16,
+        ),
+        ProductRung(
+            "13_product_tile_moments",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_forward_tile_moments_fast",
+            prepare_product_tile_moments,
+            is_conv2,
         ),
     ),
     geometry="x [N,32,14,14], w [64,32,3,3] -> y [N,64,14,14]",
