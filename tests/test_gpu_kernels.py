@@ -127,15 +127,19 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
     assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8))
 
 
-@pytest.mark.parametrize("sms", [None, 1])
-@pytest.mark.parametrize("precision", ["tf32", "bf16", "fp32"])
-@pytest.mark.parametrize("n,c,k", PERSISTENT_SHAPES)
+# (n, c, k, precision, sms): the persistent form's moments on this GPU and on one taken to have one SM; fp32's a block
+# per tile, whose SM count changes nothing, also past 8,192 tiles (its merge's first pass of loads)
+MOMENT_CASES = [(*shape, p, sms) for shape in PERSISTENT_SHAPES for p in ("tf32", "bf16") for sms in (None, 1)]
+MOMENT_CASES += [(*shape, "fp32", None) for shape in PERSISTENT_SHAPES + [(4500, 32, 64)]]
+
+
+@pytest.mark.parametrize("n,c,k,precision,sms", MOMENT_CASES)
 def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c, k, precision, sms):
     """With its output's moments the forward stores the same bits of y, and BN2's statistics merged from them agree
     with float64's over y as stored, and with the statistics pass (batchnorm_stats_fast), to float32's tolerance, at
     partial and several channel tiles: the persistent form's blocks' (stats_from_parts) at one tile per block and
     at several (from 512 images, or on a GPU taken to have one SM: three blocks, each with many tiles, unevenly);
-    fp32's a block per tile (stats_from_tiles)."""
+    fp32's a block per tile (stats_from_tiles), up to 9,000 tiles."""
     import cupy
     import numpy as np
 
