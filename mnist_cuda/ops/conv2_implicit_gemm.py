@@ -297,8 +297,8 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
             return
         if (name, precision, models) != ("forward", "fp32", 1):
             raise ValueError(
-                "the output's moments come from the persistent forward or the fp32 forward for one model; "
-                f"got {name} in {precision} for {models} model(s)"
+                f"the output's moments come from the forward for one model, persistent in {PERSISTENT_PRECISIONS} or "
+                f"a block per tile in 'fp32'; got {name} in {precision} for {models} model(s), not persistent"
             )
         _check_moment_parts(moment_parts, out_channels, n * (CONV2_SIZE // CONV_ROWS))
         _tile_moments_forward.launch(grid, CONV_THREADS, *args, moment_parts, shared_mem=shared)
