@@ -282,9 +282,9 @@ def device_buffers(
     )
     out.update(
         {
-            # as bf16 in bf16: conv2's input
+            # as bf16 in bf16: conv2's input and its gradient
             "block 1's pooled output": (B * c1 * S2, conv2_implicit_gemm.stored_dtype(precision).itemsize, 1),
-            "conv2's input gradient": (B * c1 * S2, 4, 1),
+            "conv2's input gradient": (B * c1 * S2, conv2_implicit_gemm.stored_dtype(precision).itemsize, 1),
             "block 1's pooling choices": (B * c1 * S2, 1, 1),
             "conv1's sums": (sms * c1 * conv1_bn_relu_pool.CONV1_GRAD_SUMS, 4, 1),
             # and its gradient, as bf16 in bf16

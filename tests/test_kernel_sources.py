@@ -477,11 +477,13 @@ def test_conv2_weight_mirror_is_the_kernels_arithmetic():
         assert got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32)), product
 
 
-def test_conv2_input_output_and_gradient_are_stored_as_bf16_in_bf16():
-    """In bf16 conv2's input (x of the forward and the weight gradient), its output (the forward's y) and y's
-    gradient (both gradients' dy) are bf16 bits, as autocast stores them, float32 in the other precisions; a buffer
-    of the other type is refused before any launch, and block 2's BatchNorm kernels take a and d_a of one type."""
+def test_conv2_input_output_and_gradients_are_stored_as_bf16_in_bf16():
+    """In bf16 conv2's input (x of the forward and the weight gradient), its output (the forward's y), y's gradient
+    (both gradients' dy) and x's gradient (the input gradient's dx, conv1's backward's d_pooled) are bf16 bits, as
+    autocast stores them, float32 in the other precisions; a buffer of the other type is refused before any launch,
+    block 2's BatchNorm kernels take a and d_a of one type, and conv1's backward a d_pooled of either."""
     from mnist_cuda.ops import bn_relu_pool
+    from mnist_cuda.ops import conv1_bn_relu_pool as conv1
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
     from mnist_cuda.ops.common import BF16
 
@@ -496,6 +498,13 @@ def test_conv2_input_output_and_gradient_are_stored_as_bf16_in_bf16():
         conv2.forward(x32, forward_quads, np.empty((1, 64, 14, 14), BF16), 1, 32, 64, "bf16")
     with pytest.raises(ValueError, match="dy is uint16; conv2 stores it as float32 in fp32"):
         conv2.backward_input(np.empty((1, 64, 14, 14), BF16), grad_quads, None, 1, 32, 64, "fp32")
+    bf16_grad_quads = np.empty((conv2.weight_quads(64, 32, "bf16", "backward_input"), 4), np.float32)
+    with pytest.raises(ValueError, match="dx is float32; conv2 stores it as uint16 in bf16"):
+        conv2.backward_input(np.empty((1, 64, 14, 14), BF16), bf16_grad_quads, x32, 1, 32, 64, "bf16")
+    with pytest.raises(ValueError, match="dx is uint16; conv2 stores it as float32 in fp32"):
+        conv2.backward_input(np.empty((1, 64, 14, 14), np.float32), grad_quads, x16, 1, 32, 64, "fp32")
+    with pytest.raises(ValueError, match="d_pooled must be float32, or bf16 \\(uint16\\) alike; got float64"):
+        conv1.backward(*[None] * 6, np.empty(4, np.float64), None, 1, 32, *[None] * 5)
     with pytest.raises(ValueError, match="dy is float32; conv2 stores it as uint16 in bf16"):
         conv2.backward_weight(x16, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "bf16")
     with pytest.raises(ValueError, match="x is uint16; conv2 stores it as float32 in fp32"):

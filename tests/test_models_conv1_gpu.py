@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from mnist_cuda import data
+from mnist_cuda.kernel_cases.common import round_bf16_bits
 from mnist_cuda.kernel_cases.fast_blocks import image_moments
 from mnist_cuda.ops import conv1_bn_relu_pool as conv1
 from mnist_cuda.ops.common import NO_POSITION
@@ -50,7 +51,7 @@ def _stacked_vs_single(per_model: list[dict], run) -> None:
 def _bits(a: np.ndarray) -> np.ndarray:
     """Values as unsigned integers of their size (NaNs compare by their bits)."""
     a = np.ascontiguousarray(a)
-    return a.view({1: np.uint8, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
+    return a.view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}[a.dtype.itemsize])
 
 
 def _poison(shape, dtype=np.float32):
@@ -191,10 +192,16 @@ def _backward(b: dict, models: int, B: int, C: int, lay: dict, per_block) -> Non
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("stored", ["float32", "bf16"])
 @pytest.mark.parametrize("per_block", [None, *conv1.BACKWARD_CHANNELS])
 @pytest.mark.parametrize("channels", CHANNELS)
 @pytest.mark.parametrize("batch", BATCHES)
-def test_backward_of_models_matches_single_launches(batch, channels, per_block):
-    """mean and invstd here are the forward's inputs in evaluation (any statistics do: the bits are compared)."""
+def test_backward_of_models_matches_single_launches(batch, channels, per_block, stored):
+    """mean and invstd here are the forward's inputs in evaluation (any statistics do: the bits are compared).
+    stored: the pooled gradient's type (bf16 in --precision bf16, conv2's input gradient; with 5 channels its
+    rows are not 16-byte aligned)."""
     lay, per_model = _models(batch, channels, train=False)
+    if stored == "bf16":
+        for m in per_model:
+            m["d_pooled"] = round_bf16_bits(m["d_pooled"])
     _stacked_vs_single(per_model, lambda b, models: _backward(b, models, batch, channels, lay, per_block))

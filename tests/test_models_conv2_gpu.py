@@ -156,11 +156,11 @@ def test_input_grad_for_models(precision, channels, batch, compiled):
     for product in _input_grad_forms(precision):
         ms = Models(batch, c_in, c_out, seed=3, precision=precision)
         (_, gq), singles = _stage(ms, precision, "forward", product)
-        dx = _poison((MODELS * batch, c_in, S, S))
+        dx = _poison((MODELS * batch, c_in, S, S), ms.stored)
         conv2.backward_input(ms.dy, gq, dx, batch, c_in, c_out, precision, product, models=MODELS)
         own_dx = []
         for m, (_, own_gq) in enumerate(singles):
-            own_dx.append(_poison((batch, c_in, S, S)))
+            own_dx.append(_poison((batch, c_in, S, S), ms.stored))
             conv2.backward_input(ms.own(ms.dy, m), own_gq, own_dx[-1], batch, c_in, c_out, precision, product)
         _assert_same(dx, own_dx, f"{product} ({compiled})")
 

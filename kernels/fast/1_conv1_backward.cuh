@@ -37,16 +37,22 @@ constexpr int grad_blocks_per_sm = CONV1_GRAD_SM_CHANNELS / CHANNELS;
 
 // The block's part of image n's pooled gradient and argmax into ring stage `stage` by cp.async: channels
 // c0 .. c0 + channels - 1 are contiguous in both ([N, C, 14, 14]), so they are copied as two runs of 16-byte
-// copies (784 bytes of gradient per channel; the positions, 196 bytes per channel, by 4-byte copies where
-// their run is not 16-byte aligned, i.e. where C or `channels` is not a multiple of 4).
-template <int CHANNELS>
-__device__ __forceinline__ void copy_pooled_grads(const float* d_pooled, const unsigned char* argmax, int n, int C,
-                                                  int c0, int channels, unsigned char* stage) {
-    constexpr int THREADS = grad_threads<CHANNELS>;
+// copies (784 bytes of gradient per channel, 392 as bf16; the positions, 196 bytes per channel). A run that does
+// not start 16-byte aligned goes by 4-byte copies: the positions' where C or `channels` is not a multiple of 4,
+// bf16 gradients' where either is odd. The stage keeps a float's room per gradient in either type.
+template <int CHANNELS, class In>
+__device__ __forceinline__ void copy_pooled_grads(const In* d_pooled, const unsigned char* argmax, int n, int C, int c0,
+                                                  int channels, unsigned char* stage) {
+    constexpr int THREADS = grad_threads<CHANNELS>, PER_WORD = 4 / sizeof(In);
     const size_t first = (size_t)n * C + c0;  // the run's first channel row
     float* grads = reinterpret_cast<float*>(stage);
-    const float* from = d_pooled + first * WINDOWS;
-    for (int i = threadIdx.x; i < channels * WINDOWS / 4; i += THREADS) cp_async16(grads + 4 * i, from + 4 * i);
+    const float* from = reinterpret_cast<const float*>(d_pooled + first * WINDOWS);  // 4-byte aligned: 196 = 4 x 49
+    const int words = channels * WINDOWS / PER_WORD;
+    if (PER_WORD == 1 || (C % 2 == 0 && channels % 2 == 0)) {
+        for (int i = threadIdx.x; i < words / 4; i += THREADS) cp_async16(grads + 4 * i, from + 4 * i);
+    } else {
+        for (int i = threadIdx.x; i < words; i += THREADS) cp_async4(grads + i, from + i);
+    }
     float* positions = reinterpret_cast<float*>(stage + CHANNELS * WINDOWS * sizeof(float));
     const float* bytes = reinterpret_cast<const float*>(argmax + first * WINDOWS);  // 4-byte aligned: 196 = 4 x 49
     if (C % 4 == 0 && channels % 4 == 0) {
@@ -78,11 +84,12 @@ __device__ __forceinline__ void add_window_grad(float dz, int at, const float* w
 // (32 channels per block) or one column of four pooled rows (8): a tap's loads then fall on at most four
 // cells per window, two rows apart by a pitch of 30 (-2 banks), and the windows of four pooled rows 60 floats
 // (-4 banks) apart, so no two addresses share a bank.
-__device__ __forceinline__ void add_row_grads(const float* grads, const unsigned char* positions, const float* windows,
+template <class In>
+__device__ __forceinline__ void add_row_grads(const In* grads, const unsigned char* positions, const float* windows,
                                               float (&acc)[CONV1_GRAD_SUMS]) {
 #pragma unroll
     for (int k = 0; k < POOLED1; k += 2) {  // two windows per load (the row's first window and k are even)
-        const float2 dz = *reinterpret_cast<const float2*>(grads + k);
+        const float2 dz = load_pair(grads + k);
         const uchar2 at = *reinterpret_cast<const uchar2*>(positions + k);
         add_window_grad(dz.x, at.x, windows + 2 * k, acc);
         add_window_grad(dz.y, at.y, windows + 2 * k + 2, acc);

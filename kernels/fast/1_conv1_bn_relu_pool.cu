@@ -193,11 +193,12 @@ __global__ void __launch_bounds__(CONV1_MMA_THREADS, CONV1_MMA_BLOCKS)
 // CONV1_GRAD_STAGES x grad_stage_bytes<CHANNELS>. Per model: x [N,1,28,28], save_mean and save_invstd [C],
 // moments [CONV1_MOMENTS] from conv1_image_moments_fast, d_pooled and argmax [N,C,14,14] (argmax with
 // NO_POSITION: conv1_bn_relu_pool_fast), partial [C, parts, CONV1_GRAD_SUMS], counter: one per group; its w,
-// gamma and gradients dgamma, dbeta, dw param_stride floats after the previous model's.
-template <int CHANNELS>
+// gamma and gradients dgamma, dbeta, dw param_stride floats after the previous model's. In, d_pooled's type:
+// float, or bfloat16 (in --precision bf16 conv2's input gradient is stored as bf16, as autocast stores it).
+template <int CHANNELS, class In>
 __global__ void __launch_bounds__(grad_threads<CHANNELS>, grad_blocks_per_sm<CHANNELS>)
     conv1_backward_fast(const unsigned char* x, const float* w, const float* save_mean, const float* save_invstd,
-                        const float* gamma, const double* moments, const float* d_pooled, const unsigned char* argmax,
+                        const float* gamma, const double* moments, const In* d_pooled, const unsigned char* argmax,
                         int N, int C, int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                         float* dbeta, float* dw, int param_stride) {
     constexpr int THREADS = grad_threads<CHANNELS>, STAGE_BYTES = grad_stage_bytes<CHANNELS>;
@@ -249,7 +250,7 @@ __global__ void __launch_bounds__(grad_threads<CHANNELS>, grad_blocks_per_sm<CHA
         copy(n + CONV1_GRAD_STAGES - 1);
         const unsigned char* stage = ring + (n - first) % CONV1_GRAD_STAGES * STAGE_BYTES;
         const int at0 = cl * WINDOWS + row * POOLED1;  // the row's first window in the channel's gradients
-        const float* grads = reinterpret_cast<const float*>(stage) + at0;
+        const In* grads = reinterpret_cast<const In*>(stage) + at0;
         const unsigned char* positions = stage + CHANNELS * WINDOWS * sizeof(float) + at0;
         const float* windows = image + 2 * row * P1;  // the row's first 4x4 patch
         if (cl < channels) add_row_grads(grads, positions, windows, acc);

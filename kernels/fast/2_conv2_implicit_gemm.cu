@@ -27,8 +27,8 @@
 // its tensor work. Precision::Bf16 rounds both operands to bf16 (about 3e-3 relative error) and multiplies
 // once, 16 k per instruction: the TF32 form's layouts with 8 values in each 16 bytes, so a chunk is 16
 // channels and a weight-gradient item 8 images, and each product needs half the instructions of plain TF32.
-// In Bf16, conv2's input x, its output y and y's gradient dy are stored as bf16 too (conv2_stored,
-// 2_conv2_tile_forms.cuh); x's gradient dx stays float32.
+// In Bf16, conv2's input x, its output y and both gradients, dy and dx, are stored as bf16 too (conv2_stored,
+// 2_conv2_tile_forms.cuh), as torch.autocast stores them.
 
 // grid (ceil(one model's quads / block), 1, models): model m's w at +m * param_stride, its staged weights at
 // +m * (one model's quads of each product)
@@ -72,11 +72,11 @@ extern "C" __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per
     conv3x3_image_tile<Precision::Fp32, TileForm::Stacked>(x, forward_quads, y, C, K, images_per_model);
 }
 
-// grid (models * N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward; dy in conv2_stored<P>
+// grid (models * N, ceil(C / tile channels), CONV2_SIZE / CONV_ROWS), as the forward; dy and dx in conv2_stored<P>
 template <Precision P>
 __global__ void __launch_bounds__(CONV_THREADS, image_tile_blocks_per_sm<tile_form<P, true>>)
-    conv2_backward_input_fast(const conv2_stored<P>* dy, const float4* input_grad_quads, float* dx, int N, int C, int K,
-                              int images_per_model) {
+    conv2_backward_input_fast(const conv2_stored<P>* dy, const float4* input_grad_quads, conv2_stored<P>* dx, int N,
+                              int C, int K, int images_per_model) {
     conv3x3_image_tile<P, tile_form<P, true>>(dy, input_grad_quads, dx, K, C, images_per_model);
 }
 

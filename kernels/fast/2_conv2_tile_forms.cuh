@@ -70,9 +70,10 @@ enum StagedImageGeometry : int { staged_pixels = (CONV_ROWS + 2) * CONV_PADDED +
 static_assert(CONV_STAGED_PIXELS == staged_pixels, "the ops module sizes shared memory with the staged pixels");
 static_assert(CONV_CHUNK_QUADS == 9 * 2 * 64, "the ops module sizes shared memory with 9 taps x 2 quads x 64 rows");
 
-// The type conv2's input, its output and the output's gradient are stored in between stages at precision PR:
-// bf16 in Bf16, as torch.autocast stores a convolution's operands and output (half the bytes of every pass over
-// them; the products round their operands to bf16 anyway, so they see the same values), float32 otherwise.
+// The type conv2's input, its output and their gradients are stored in between stages at precision PR: bf16 in
+// Bf16, as torch.autocast stores a convolution's operands, output and gradients (half the bytes of every pass over
+// them; the products round their operands to bf16 anyway, so they see the same values; the input gradient, which
+// conv1's backward reads, is rounded once more), float32 otherwise.
 template <Precision PR>
 struct Conv2Stored {
     using type = float;

@@ -224,9 +224,10 @@ def conv_backward_input_case(version="naive", product="backward_input"):
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
         x, w, dy = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3)), _f32(rng, (N, K, S, S))
-        # dy as conv2 stores it (bf16 in bf16: the rounding the product's operands get anyway)
+        # dy and dx as conv2 stores them (bf16 in bf16: dy with the rounding the product's operands get anyway, dx
+        # rounded once more, within bf16's tolerance)
         stored = np.float32 if version == "naive" else conv2.stored_dtype(version)
-        dyd, wd, dx = _dev(dy, stored), _dev(w), _poison((N, C, S, S))
+        dyd, wd, dx = _dev(dy, stored), _dev(w), _poison((N, C, S, S), stored)
         if version == "naive":
             run = lambda: naive.conv2d_backward_input(dyd, wd, dx, N, C, K, S)
         else:

@@ -57,7 +57,7 @@ def fast_cases() -> list[Case]:
             for stored in STORED
         ]
         + [bn_relu_pool_fast_case(2, stored=stored) for stored in STORED]
-        + [block_backward_fast_case(1, per_block) for per_block in conv1.BACKWARD_CHANNELS]
+        + [block_backward_fast_case(1, per_block, stored) for per_block in conv1.BACKWARD_CHANNELS for stored in STORED]
         + [block_backward_fast_case(2, stored=stored) for stored in STORED]
         + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
         + [head_fast_case(), sgd_fast_case()]

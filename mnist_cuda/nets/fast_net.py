@@ -52,7 +52,7 @@ class FastNet(_Net):
         self.mean1, self.invstd1 = cp.empty(rows(c1), f32), cp.empty(rows(c1), f32)
         self.partial1 = cp.empty(rows(conv1_bn_relu_pool.backward_partial_size(c1)), f32)
         self.counters1 = cp.zeros((2, *rows(c1)), cp.uint32)  # last-block counters: moments, backward
-        # conv2's input, conv2's output and its gradient: as bf16 in bf16 (conv2_implicit_gemm.stored_dtype)
+        # conv2's input, conv2's output and their gradients: as bf16 in bf16 (conv2_implicit_gemm.stored_dtype)
         stored = conv2_implicit_gemm.stored_dtype(precision)
         self.out1, self.argmax1 = cp.empty((KB, c1, S2, S2), stored), cp.empty((KB, c1, S2, S2), cp.uint8)
         self.moment_partial = cp.empty(rows(*conv1_bn_relu_pool.moment_partial_shape()), cp.float64)
@@ -67,7 +67,7 @@ class FastNet(_Net):
         self.a2, self.d_a2 = cp.empty((KB, c2, S2, S2), stored), cp.empty((KB, c2, S2, S2), stored)
         self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), f32), cp.empty((KB, c2, S3, S3), cp.uint8)
         self.a2_at = cp.empty((KB, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
-        self.d_out1 = cp.empty((KB, c1, S2, S2), f32)
+        self.d_out1 = cp.empty((KB, c1, S2, S2), stored)
         self.w2_partial = cp.empty(rows(conv2_implicit_gemm.weight_grad_partial_size(c1, c2)), f32)
         # conv2's weights as its two image-tile products read them (stage_weights), the forward and the input
         # gradient in their forms for batches of up to B images (a model's batch)

@@ -4,7 +4,7 @@ forward and backward, with BatchNorm's statistics from the batch's image moments
 from __future__ import annotations
 
 from ..cuda import ceil_div, sm_count
-from .common import F32, I32, source, stored_kernel, stored_kernels
+from .common import F32, I32, STORED_TYPES, source, stored_kernel, stored_kernels
 
 FORWARD_CHANNELS = (8, 32)  # the forward's choices of channels per block (forward_channels_per_block)
 CONV1_THREADS = 224  # 7 warps: thread t < 196 owns pooled window t of a 14x14 output (forward, moments)
@@ -39,7 +39,9 @@ _moments = _src.kernel("conv1_image_moments_fast")
 # per channels per block, pooled's type: float32, or bf16 (conv2's input in --precision bf16)
 _forward = {c: stored_kernels(_src, "conv1_bn_relu_pool_fast", c) for c in FORWARD_CHANNELS}
 _forward_mma = stored_kernels(_src, "conv1_mma_bn_relu_pool_fast")
-_backward = {c: _src.kernel(f"conv1_backward_fast<{c}>") for c in BACKWARD_CHANNELS}
+# the backward's kernels by the pooled gradient's type (float32; bf16 in --precision bf16), then channels per block
+_by_channels = {c: stored_kernels(_src, "conv1_backward_fast", c) for c in BACKWARD_CHANNELS}
+_backward = {dtype: {c: kernels[dtype] for c, kernels in _by_channels.items()} for dtype in STORED_TYPES}
 
 
 def _models_grid(grid, models: int):
@@ -217,16 +219,18 @@ def backward(
     param_stride: int = 0,
 ):
     """dgamma, dbeta and conv1's dw from the pooled gradient and the forward's argmax (NO_POSITION where the ReLU
-    blocked the window: the pooled values are not read). counter: one uint32 per channel group, zero.
-    per_block: channels per block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice).
+    blocked the window: the pooled values are not read). d_pooled is float32, or bf16 bits (common.BF16: conv2's
+    input gradient in --precision bf16). counter: one uint32 per channel group, zero. per_block: channels per
+    block, one of BACKWARD_CHANNELS (None: backward_channels_per_block's choice).
     models: how many models' batches of n images at once; x, mean, invstd, moments, d_pooled and argmax are
     [models][one model's], partial models x backward_partial_size(channels), counter one per channel group and
     model (a [models, channels] buffer holds them); each model's w, gamma and gradients are param_stride floats
     after the previous model's. per_block and the parts come from one model's batch n, as in its own launch:
     they set the order of its sums."""
+    kernels = stored_kernel(_backward, "d_pooled", d_pooled)  # before any question to the GPU
     per_block = per_block or backward_channels_per_block(n, channels)
     grid, per_part = backward_grid(n, channels, per_block)
-    _backward[per_block].launch(
+    kernels[per_block].launch(
         _models_grid(grid, models),
         CONV1_GRAD_ROWS * per_block,
         x,

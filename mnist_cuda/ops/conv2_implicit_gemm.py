@@ -5,8 +5,9 @@ precision: "fp32" keeps float32's accuracy (3xTF32: each operand split into two 
 products); "tf32" rounds both operands to TF32 and multiplies once (--precision tf32), as cuDNN's TF32
 convolutions do; "bf16" rounds them to bf16 and multiplies once, 16 k per instruction (--precision bf16),
 as torch.autocast with bfloat16 does. Every precision accumulates in float32. In "bf16", conv2's input x (of the
-forward and the weight gradient), its output y and y's gradient dy (of both gradients) are stored as bf16 too, as
-autocast stores them (stored_dtype: uint16 arrays of bf16 bits); x's gradient dx stays float32.
+forward and the weight gradient), its output y, y's gradient dy (of both gradients) and x's gradient dx (the input
+gradient's output, conv1's backward's input) are stored as bf16 too, as autocast stores them (stored_dtype: uint16
+arrays of bf16 bits).
 
 models: K models stepped by one launch (common.cuh): n is one model's batch, and every buffer holds the K models'
 parts one after another: images [K][n][...], staged weights [K][weight_quads] (shaped (K * weight_quads, 4) or
@@ -111,7 +112,7 @@ _FP32_FORMS = {
 
 
 def stored_dtype(precision: str):
-    """The dtype conv2's input, its output and the output's gradient are stored in at `precision`: bf16 bits
+    """The dtype conv2's input, its output and their gradients are stored in at `precision`: bf16 bits
     (common.BF16) in "bf16", float32 otherwise (the kernels' conv2_stored)."""
     _kernel("forward", precision)  # checks the precision
     return np.dtype(BF16 if precision == "bf16" else np.float32)
@@ -437,6 +438,7 @@ def backward_input(
     _check_form(product, "backward_input")
     _check_quads(input_grad_quads, c_out, c_in, precision, product, models)
     _check_stored(dy, "dy", precision)
+    _check_stored(dx, "dx", precision)
     _image_tiles(product, precision, n, models, c_in, False, dy, input_grad_quads, dx, I32(n), I32(c_in), I32(c_out))
 
 

@@ -7,7 +7,18 @@ transposed kernel). In ladder_op.Conv, c is dx's channels (the layer's input cha
 """
 
 import numpy as np
-from ladder_op import CONV_CHECK_SHAPES, Conv, Op, ProductRung, Rung, conv_inputs, image_tile_grid, is_conv2, to_bf16
+from ladder_op import (
+    CONV_CHECK_SHAPES,
+    Conv,
+    Op,
+    ProductRung,
+    Rung,
+    conv_inputs,
+    from_bf16,
+    image_tile_grid,
+    is_conv2,
+    to_bf16,
+)
 
 from mnist_cuda import reference as ref
 from mnist_cuda.kernel_cases import BF16_TOL, TF32_TOL
@@ -73,21 +84,24 @@ def prepare_product(s: Conv, dy, w, dx):
 
 def prepare_product_bf16(s: Conv, dy, w, dx):
     """Rung 10: the product in --precision bf16: bf16 operands on the tensor cores, from dy stored as bf16, as the
-    step stores conv2's output gradient there (rounded here, untimed: the product would round it to the same values)."""
+    step stores conv2's output gradient there (rounded here, untimed: the product would round it to the same values),
+    and dx written as bf16, as the step stores conv2's input gradient there (put into the float32 output after the
+    launch, untimed)."""
     import cupy
 
     forward, product = conv2.forward_product(s.n, "bf16"), conv2.input_grad_product(s.n, "bf16")
     forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "bf16", forward), 4), cupy.float32)
     input_grad_quads = cupy.empty((conv2.weight_quads(s.k, s.c, "bf16", product), 4), cupy.float32)
     conv2.stage_weights(w, s.c, s.k, forward_quads, input_grad_quads, "bf16", forward, product)
-    dy_bits = to_bf16(dy)
-    return lambda: conv2.backward_input(dy_bits, input_grad_quads, dx, s.n, s.c, s.k, "bf16", product)
+    dy_bits, dx_bits = to_bf16(dy), cupy.empty(dx.shape, cupy.uint16)
+    run = lambda: conv2.backward_input(dy_bits, input_grad_quads, dx_bits, s.n, s.c, s.k, "bf16", product)
+    return run, lambda: from_bf16(dx_bits, dx)
 
 
 def _work_bf16(s: Conv) -> tuple[float, float]:
-    """As _work, with dy read as bf16 (2 bytes a value)."""
+    """As _work, with dy read and dx written as bf16 (2 bytes a value each)."""
     flops, _ = _work(s)
-    return flops, 2.0 * s.n * s.k * s.h * s.w + 4.0 * (s.k * s.c * 9 + s.n * s.c * s.h * s.w)
+    return flops, 2.0 * (s.n * s.k * s.h * s.w + s.n * s.c * s.h * s.w) + 4.0 * s.k * s.c * 9
 
 
 def _inputs(rng, s: Conv) -> dict:
