@@ -88,7 +88,7 @@ def add_precision_arguments(p: Parser, default: str):
         help="the tensor-core products' precision (fast kernels only for tf32 and bf16): fp32 keeps "
         "float32's accuracy (3xTF32, ~1e-6 relative error); tf32 runs conv2 in plain TF32, as "
         "PyTorch's cuDNN convolutions by default (~3e-4); bf16 runs conv2 and fc1 on bf16 "
-        "operands and stores conv2's input, its output and the output's gradient as bf16, as "
+        "operands and stores conv2's input and output, fc1's input, and their gradients as bf16, as "
         "torch.autocast(dtype=torch.bfloat16) (~3e-3); every product accumulates "
         f"in float32 ({default})",
     )

@@ -510,10 +510,40 @@ def test_conv2_input_output_and_gradients_are_stored_as_bf16_in_bf16():
     with pytest.raises(ValueError, match="x is uint16; conv2 stores it as float32 in fp32"):
         conv2.backward_weight(x16, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "fp32")
     a, d_a = np.empty((1, 8, 14, 14), BF16), np.empty((1, 8, 14, 14), np.float32)
-    with pytest.raises(ValueError, match="a and d_a must be float32, or bf16 \\(uint16\\) alike; got uint16, float32"):
-        bn_relu_pool.backward_apply(a, *[None] * 7, 1, 8, 14, d_a)
+    d_pooled16 = np.empty((1, 8, 7, 7), BF16)
+    with pytest.raises(
+        ValueError, match="a, d_pooled and d_a must be float32, or bf16 \\(uint16\\) alike; got uint16, uint16, float32"
+    ):
+        bn_relu_pool.backward_apply(a, *[None] * 5, d_pooled16, None, 1, 8, 14, d_a)
+    with pytest.raises(ValueError, match="d_pooled must be float32, or bf16 \\(uint16\\) alike; got float64"):
+        bn_relu_pool.backward_reduce(None, None, None, np.empty(4, np.float64), None, 1, 8, 14, *[None] * 4)
     with pytest.raises(ValueError, match="a must be float32, or bf16"):
         bn_relu_pool.stats(np.empty(4, np.float64), 1, 8, 196, *[None] * 4, 0.1, 0.1, *[None] * 4)
+    pooled32 = np.empty((1, 8, 7, 7), np.float32)
+    with pytest.raises(
+        ValueError, match="a and pooled must be float32, or bf16 \\(uint16\\) alike; got uint16, float32"
+    ):
+        bn_relu_pool.forward(a, *[None] * 4, 1, 8, 14, pooled32, None, None)
+
+
+def test_fc1_input_and_its_gradient_are_stored_as_bf16_in_bf16():
+    """fc1's input (block 2's pooled output) and its gradient are bf16 bits in bf16, as autocast keeps them, float32
+    in the other precisions (fc1 runs in 3xTF32 under tf32 too); the forward and the weight gradient refuse an x of
+    the other type, the input gradient a dx, before any launch."""
+    from mnist_cuda.ops import linear_splitk as fc1
+    from mnist_cuda.ops.common import BF16
+
+    assert fc1.input_dtype("bf16") == np.dtype(BF16)
+    assert fc1.input_dtype("fp32") == fc1.input_dtype("tf32") == np.dtype(np.float32)
+    x16, x32 = np.empty((2, 3136), BF16), np.empty((2, 3136), np.float32)
+    with pytest.raises(ValueError, match="x is float32; fc1 stores it as uint16 in bf16"):
+        fc1.forward(x32, None, None, None, None, 2, 3136, 128, "bf16")
+    with pytest.raises(ValueError, match="x is uint16; fc1 stores it as float32 in tf32"):
+        fc1.backward_weight(x16, None, None, None, 2, 3136, 128, "tf32")
+    with pytest.raises(ValueError, match="dx is float32; fc1 stores it as uint16 in bf16"):
+        fc1.backward_input(None, None, x32, 2, 3136, 128, precision="bf16")
+    with pytest.raises(ValueError, match="unknown precision 'fp16'"):
+        fc1.input_dtype("fp16")
 
 
 def test_bf16_rounding_on_the_host():

@@ -363,7 +363,7 @@ def test_the_device_estimate_covers_what_the_nets_allocate(monkeypatch):
             ("fast", 4096, (8, 16), 33, "fp32"),
             ("naive", 512, (32, 64), 128, "fp32"),
             ("fast", 2048, (32, 64), 128, "fp32"),
-            ("fast", 64, (32, 64), 128, "bf16"),  # conv2's input, its output and the output's gradient as bf16
+            ("fast", 64, (32, 64), 128, "bf16"),  # conv2's and fc1's activations and their gradients as bf16
             ("fast", 4096, (32, 64), 128, "bf16"),
         ):
             fake.allocated = 0

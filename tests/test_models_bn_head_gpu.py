@@ -65,14 +65,14 @@ def _bn_layout(channels: int) -> dict:
 
 
 def _bn_model(rng, m: int, B: int, C: int, lay: dict, stored) -> dict:
-    """Model m's buffers: inputs (its own scale and offset) and outputs (poisoned); a and d_a stored as `stored`
-    (float32, or BF16: bf16 bits, NaN patterns for the poison)."""
-    a = _normal(rng, (B, C, S, S), 1.0 + m, 0.3 * m)
-    d_a = _poison((B, C, S, S))
-    if stored == BF16:  # the upper halves: truncated, which is as good as rounded for inputs
-        a, d_a = (np.ascontiguousarray(v).view(np.uint32) >> 16 for v in (a, d_a))
-        a, d_a = a.astype(BF16), d_a.astype(BF16)
+    """Model m's buffers: inputs (its own scale and offset) and outputs (poisoned); a, d_a, pooled and d_pooled
+    stored as `stored` (float32, or BF16: bf16 bits, NaN patterns for the poison)."""
     So, groups = S // 2, -(-C // bn_relu_pool.BN_CHANNELS)
+    a, d_pooled = _normal(rng, (B, C, S, S), 1.0 + m, 0.3 * m), _normal(rng, (B, C, So, So))
+    d_a, pooled_out = _poison((B, C, S, S)), _poison((B, C, So, So))
+    if stored == BF16:  # the upper halves: truncated, which is as good as rounded for inputs
+        stored_arrays = (np.ascontiguousarray(v).view(np.uint32) >> 16 for v in (a, d_pooled, d_a, pooled_out))
+        a, d_pooled, d_a, pooled_out = (v.astype(BF16) for v in stored_arrays)
     running = _normal(rng, lay["R"])
     running[lay["var"] : lay["var"] + C] = np.abs(running[lay["var"] : lay["var"] + C]) + 0.5
     pooled = (B, C, So, So)
@@ -81,14 +81,14 @@ def _bn_model(rng, m: int, B: int, C: int, lay: dict, stored) -> dict:
         "params": _normal(rng, lay["P"]),  # gamma, beta and padding
         "grads": _normal(rng, lay["P"]),  # dgamma, dbeta written; the rest must stay
         "running": running,
-        "d_pooled": _normal(rng, pooled),
+        "d_pooled": d_pooled,
         "mean": _poison(C),
         "invstd": _poison(C),
         "stats_partial": _poison(bn_relu_pool.partial_size(C)),
         "backward_partial": _poison(bn_relu_pool.partial_size(C)),
         "stats_counter": np.zeros(groups, np.uint32),
         "backward_counter": np.zeros(groups, np.uint32),
-        "pooled": _poison(pooled),
+        "pooled": pooled_out,
         "argmax": _poison(pooled, np.uint8),
         "a_at": _poison(pooled),
         "d_a": d_a,

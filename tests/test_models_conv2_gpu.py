@@ -8,7 +8,7 @@ single-model launches are checked against the float64 reference by mnist_cuda.ke
 
 Each product runs in every form (the 3xTF32 forms at every batch, not only where the step picks them) and both
 ways it is compiled: for sm_90a (wgmma; Hopper only) and for plain sm_XY (mma.sync). conv2's input, its output and
-the output's gradient are stored as the step stores them at each precision (bf16 in bf16)."""
+their gradients are stored as the step stores them at each precision (bf16 in bf16)."""
 
 import numpy as np
 import pytest

@@ -42,6 +42,22 @@ def _random(cp, rng, *shape):
     return cp.asarray(rng.standard_normal(shape).astype(np.float32))
 
 
+def _poison(cp, precision, *shape):
+    """fc1's input gradient dx as the step stores it, filled with NaN (bf16 bits in bf16)."""
+    from mnist_cuda.ops import linear_splitk as fc1
+
+    dtype = fc1.input_dtype(precision)
+    return cp.full(shape, 0x7FC0 if dtype == np.uint16 else np.nan, dtype)
+
+
+def _input(cp, rng, precision, *shape):
+    """fc1's input x as the step stores it (linear_splitk.input_dtype: bf16 bits in bf16)."""
+    from mnist_cuda.kernel_cases.common import round_bf16_bits
+
+    x = rng.standard_normal(shape).astype(np.float32)
+    return cp.asarray(round_bf16_bits(x) if precision == "bf16" else x)
+
+
 class Fc1Params:
     """K models' fc1 parameters, each in a block of P floats: weight [H][F] at W_AT, bias [H] after it, padding
     around both; model 0's views (model m's at + m * P) and each model's own copy of its block."""
@@ -82,7 +98,7 @@ def test_forward(cp, n, shape, precision):
     F, H = shape
     rng = np.random.default_rng([n, F, H])
     p = Fc1Params(cp, rng, F, H)
-    x = _random(cp, rng, K * n, F)
+    x = _input(cp, rng, precision, K * n, F)
     size = fc1.forward_partial_size(n, F, H)
     partial, out = cp.full(K * size, np.nan, cp.float32), cp.full((K * n, H), np.nan, cp.float32)
     fc1.forward(x, p.weight(p.flat), p.bias(p.flat), partial, out, n, F, H, precision, models=K, param_stride=p.P)
@@ -106,7 +122,7 @@ def _input_grad_forms():
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("n", BATCHES)
 def test_backward_input(cp, n, shape, precision, form):
-    """dx = dy W, in each of its forms."""
+    """dx = dy W, in each of its forms (dx as the step stores it: bf16 in bf16)."""
     from mnist_cuda import cuda
     from mnist_cuda.ops import linear_splitk as fc1
 
@@ -117,10 +133,10 @@ def test_backward_input(cp, n, shape, precision, form):
     rng = np.random.default_rng([n, F, H, 1])
     p = Fc1Params(cp, rng, F, H)
     dy = _random(cp, rng, K * n, H)
-    dx = cp.full((K * n, F), np.nan, cp.float32)
+    dx = _poison(cp, precision, K * n, F)
     fc1.backward_input(dy, p.weight(p.flat), dx, n, F, H, precision=precision, models=K, param_stride=p.P, **options)
     for m in range(K):
-        dx_m = cp.full((n, F), np.nan, cp.float32)
+        dx_m = _poison(cp, precision, n, F)
         fc1.backward_input(_part(dy, m, n * H), p.weight(p.block(m)), dx_m, n, F, H, precision=precision, **options)
         _same(dx[m * n : (m + 1) * n], dx_m, f"model {m}'s input gradient")
 
@@ -139,7 +155,7 @@ def test_backward_weight(cp, n, shape, precision, sum_splits):
     F, H = shape
     rng = np.random.default_rng([n, F, H, 2])
     p = Fc1Params(cp, rng, F, H)  # here the gradients' blocks
-    x, dy = _random(cp, rng, K * n, F), _random(cp, rng, K * n, H)
+    x, dy = _input(cp, rng, precision, K * n, F), _random(cp, rng, K * n, H)
     size = fc1.weight_partial_size(n, F, H)
     splits, _ = fc1.weight_splits(n, F, H)
 

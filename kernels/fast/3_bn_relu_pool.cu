@@ -152,11 +152,13 @@ extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, 
 // pooled = maxpool2x2(relu(batchnorm(a))) with the window position, NO_POSITION where the ReLU blocked
 // the window (pool_position), and a_at, a at that position: the backward reads the position alone, and
 // its reduction reads a_at instead of gathering a at the positions (a quarter of a's values, nearly all of
-// its sectors). One thread per pooled pixel, reading its window as two rows of two (load_pair).
+// its sectors). One thread per pooled pixel, reading its window as two rows of two (load_pair). T: a's and
+// pooled's type (bfloat16 in --precision bf16: conv2's output and fc1's input, pooled rounded to the nearest;
+// the position is taken from the float value).
 template <class T>
 __global__ void batchnorm_relu_maxpool_fast(const T* a, const float* mean, const float* invstd, const float* gamma,
-                                            const float* beta, int N, int C, int S, float* pooled,
-                                            unsigned char* argmax, float* a_at, int param_stride) {
+                                            const float* beta, int N, int C, int S, T* pooled, unsigned char* argmax,
+                                            float* a_at, int param_stride) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
@@ -177,7 +179,7 @@ __global__ void batchnorm_relu_maxpool_fast(const T* a, const float* mean, const
     int at;
     const float v = relu_max4(batchnorm_apply(top.x, m, is, g, b), batchnorm_apply(top.y, m, is, g, b),
                               batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
-    pooled[idx] = v;
+    store_value(pooled + idx, v);
     argmax[idx] = pool_position(v, at);
     a_at[idx] = at == 0 ? top.x : at == 1 ? top.y : at == 2 ? bottom.x : bottom.y;
 }
@@ -191,9 +193,9 @@ __global__ void batchnorm_relu_maxpool_fast(const T* a, const float* mean, const
 #define BN_REDUCE_IMAGES 2  // images whose loads a warp has in flight together
 
 // Images n0 .. n0 + K - 1 of channel c added to (sdz, sdzx) in image order, by the warp that owns c.
-template <int K>
-__device__ __forceinline__ void reduce_images(const float* a_at, const float* d_pooled, const unsigned char* argmax,
-                                              int n0, int C, int c, int pooled_hw, float mean, float invstd, float* sdz,
+template <int K, class T>
+__device__ __forceinline__ void reduce_images(const float* a_at, const T* d_pooled, const unsigned char* argmax, int n0,
+                                              int C, int c, int pooled_hw, float mean, float invstd, float* sdz,
                                               float* sdzx) {
     const int lane = threadIdx.x % 32;
     float dz[K][BN_POOLED_VALUES], aa[K][BN_POOLED_VALUES];
@@ -204,7 +206,7 @@ __device__ __forceinline__ void reduce_images(const float* a_at, const float* d_
         for (int i = 0; i < BN_POOLED_VALUES; i++) {
             const int t = lane + 32 * i, idx = ((n0 + j) * C + c) * pooled_hw + t;
             const bool in = t < pooled_hw;
-            dz[j][i] = in ? d_pooled[idx] : 0.0f;
+            dz[j][i] = in ? load_value(d_pooled + idx) : 0.0f;
             aa[j][i] = in ? a_at[idx] : 0.0f;
             passed[j][i] = in && argmax[idx] != NO_POSITION;
         }
@@ -218,9 +220,11 @@ __device__ __forceinline__ void reduce_images(const float* a_at, const float* d_
             }
 }
 
-extern "C" __global__ void __launch_bounds__(BN_THREADS)
+// T: d_pooled's type (bfloat16 in --precision bf16: fc1's input gradient).
+template <class T>
+__global__ void __launch_bounds__(BN_THREADS)
     batchnorm_backward_reduce_fast(const float* a_at, const float* save_mean, const float* save_invstd,
-                                   const float* d_pooled, const unsigned char* argmax, int N, int C, int S,
+                                   const T* d_pooled, const unsigned char* argmax, int N, int C, int S,
                                    int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
                                    float* dbeta, int param_stride) {
     const int model = model_index();
@@ -258,11 +262,11 @@ extern "C" __global__ void __launch_bounds__(BN_THREADS)
 
 // d_a = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
 // from the pooled gradient at the window's argmax (none where it is NO_POSITION): one thread per 2x2
-// window, writing its four elements.
+// window, writing its four elements. T: a's, d_pooled's and d_a's type (bfloat16 in --precision bf16).
 template <class T>
 __global__ void batchnorm_backward_apply_fast(const T* a, const float* save_mean, const float* save_invstd,
                                               const float* gamma, const float* dgamma, const float* dbeta,
-                                              const float* d_pooled, const unsigned char* argmax, int N, int C, int S,
+                                              const T* d_pooled, const unsigned char* argmax, int N, int C, int S,
                                               T* d_a, int param_stride) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
@@ -281,7 +285,7 @@ __global__ void batchnorm_backward_apply_fast(const T* a, const float* save_mean
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
     const float count = (float)N * S * S, mean = save_mean[c], invstd = save_invstd[c];
     const float k = gamma[c] * invstd / count, db = dbeta[c], dg = dgamma[c];
-    const float dz = d_pooled[idx];
+    const float dz = load_value(d_pooled + idx);
     const int at = argmax[idx];
     const int base = (nc * S + 2 * ph) * S + 2 * pw;
     float out[4];

@@ -20,7 +20,10 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
         N, I, O = _linear_geometry(d, "fc1")
         x, w, b, dy = _f32(rng, (N, I)), _f32(rng, (O, I), 1 / np.sqrt(I)), _f32(rng, O), _f32(rng, (N, O))
         x64, w64, dy64 = (a.astype(np.float64) for a in (x, w, dy))
-        xd, wd, bd, dyd = _dev(x), _dev(w), _dev(b), _dev(dy)
+        # x and dx as the step stores fc1's input and its gradient (bf16 in bf16: x with the rounding the products
+        # give it anyway, dx rounded once more, within bf16's tolerance)
+        stored = linear_splitk.input_dtype(precision)
+        xd, wd, bd, dyd = _dev(x, stored), _dev(w), _dev(b), _dev(dy)
         if part == "forward":
             y = _poison((N, O))
             partial = _poison(linear_splitk.forward_partial_size(N, I, O))
@@ -29,19 +32,19 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
                 run,
                 {"y": y},
                 {"y": ref.relu_forward(ref.linear_forward(x64, w64, b))},
-                (2.0 * N * I * O, _bytes(x, w, y)),
+                (2.0 * N * I * O, _bytes(xd, w, y)),
             )
         dx_want, dw_want, _ = ref.linear_backward(x64, w64, dy64)
         if part == "backward_input":
-            dx = _poison((N, I))
+            dx = _poison((N, I), stored)
             run = lambda: linear_splitk.backward_input(
                 dyd, wd, dx, N, I, O, narrow=narrow, precision=precision, form=form
             )
-            return Prepared(run, {"dx": dx}, {"dx": dx_want}, (2.0 * N * I * O, _bytes(dy, w, dx)))
+            return Prepared(run, {"dx": dx}, {"dx": dx_want}, (2.0 * N * I * O, _bytes(dyd, wd, dx)))
         dw = _poison((O, I))
         partial = _poison(linear_splitk.weight_partial_size(N, I, O))
         run = lambda: linear_splitk.backward_weight(xd, dyd, dw, partial, N, I, O, precision)
-        return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(x, dy, dw)))
+        return Prepared(run, {"dw": dw}, {"dw": dw_want}, (2.0 * N * I * O, _bytes(xd, dy, dw)))
 
     assert part in ("forward", "backward_input", "backward_weight") and form in linear_splitk.FORMS
     assert not narrow or (part, form) == ("backward_input", "tiled")

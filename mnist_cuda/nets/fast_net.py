@@ -65,7 +65,10 @@ class FastNet(_Net):
         self.moment_parts2 = cp.empty(conv2_implicit_gemm.moment_parts_size(c2, B, moments), f32) if moments else None
         self.counters2 = cp.zeros((2, *rows(c2)), cp.uint32)  # last-block counters: statistics, backward
         self.a2, self.d_a2 = cp.empty((KB, c2, S2, S2), stored), cp.empty((KB, c2, S2, S2), stored)
-        self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), f32), cp.empty((KB, c2, S3, S3), cp.uint8)
+        # block 2's pooled output and its gradient, fc1's input and its gradient: as bf16 in bf16 too
+        # (linear_splitk.input_dtype)
+        pooled2 = linear_splitk.input_dtype(precision)
+        self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), pooled2), cp.empty((KB, c2, S3, S3), cp.uint8)
         self.a2_at = cp.empty((KB, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
         self.d_out1 = cp.empty((KB, c1, S2, S2), stored)
         self.w2_partial = cp.empty(rows(conv2_implicit_gemm.weight_grad_partial_size(c1, c2)), f32)
@@ -78,7 +81,7 @@ class FastNet(_Net):
         quads = conv2_implicit_gemm.weight_quads(c2, c1, precision, self.conv2_input_grad)
         self.input_grad_quads = cp.empty((self.count * quads, 4), f32)
         # fc1 and the head
-        self.fc1_out, self.d_features = cp.empty((KB, H), f32), cp.empty((KB, F), f32)
+        self.fc1_out, self.d_features = cp.empty((KB, H), f32), cp.empty((KB, F), pooled2)
         self.fc1_partial = cp.empty(rows(linear_splitk.forward_partial_size(B, F, H)), f32)
         self.fc1_w_partial = cp.empty(rows(linear_splitk.weight_partial_size(B, F, H)), f32)
         self.d_pre = cp.empty((KB, H), f32)  # the gradient at fc1's pre-activation
@@ -341,6 +344,6 @@ class FastNet(_Net):
 
         return {
             "block1": (positions(self.argmax1), widen(self.out1[:n].get()) > 0),
-            "block2": (positions(self.argmax2), self.out2[:n].get() > 0),
+            "block2": (positions(self.argmax2), widen(self.out2[:n].get()) > 0),
             "fc1": self.fc1_out[:n].get() > 0,
         }

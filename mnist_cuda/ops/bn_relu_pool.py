@@ -28,7 +28,7 @@ _stats_from_tiles = _src.kernel("batchnorm_stats_from_tiles_fast")
 FROM_PARTS_MAX = 32 * 16  # the parts stats_from_parts merges at most (BN_FROM_PARTS_PER_LANE a lane)
 _eval_stats = _src.kernel("batchnorm_eval_stats_fast")
 _forward = stored_kernels(_src, "batchnorm_relu_maxpool_fast")
-_backward_reduce = _src.kernel("batchnorm_backward_reduce_fast")
+_backward_reduce = stored_kernels(_src, "batchnorm_backward_reduce_fast")
 _backward_apply = stored_kernels(_src, "batchnorm_backward_apply_fast")
 
 
@@ -174,8 +174,9 @@ def forward(
 ):
     """pooled, argmax, a_at [n, channels, size/2, size/2] with pooled = maxpool(relu(bn(a))), a [n, channels,
     size, size]; argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window
-    (pooled <= 0); a_at is a at the window's position (backward_reduce reads it)."""
-    stored_kernel(_forward, "a", a).launch_1d(
+    (pooled <= 0); a_at is a at the window's position (backward_reduce reads it). a and pooled are float32, or
+    bf16 bits alike (in --precision bf16 conv2's output and fc1's input, pooled rounded to the nearest)."""
+    stored_kernel(_forward, "a and pooled", a, pooled).launch_1d(
         n * channels * (size // 2) ** 2,
         a,
         mean,
@@ -211,9 +212,10 @@ def backward_reduce(
 ):
     """dgamma and dbeta from the pooled gradient, forward's argmax (with NO_POSITION: the pooled values are
     not read) and a_at, forward's a at the argmax; size is a's. counter: one uint32 per channel group (and
-    model), zero, left zero."""
+    model), zero, left zero. d_pooled is float32, or bf16 bits (in --precision bf16 fc1's input gradient)."""
+    kernel = stored_kernel(_backward_reduce, "d_pooled", d_pooled)
     parts, per_part = parts_of(n)
-    _backward_reduce.launch(
+    kernel.launch(
         _grid(parts, channels, models),
         BN_THREADS,
         a_at,
@@ -250,8 +252,10 @@ def backward_apply(
     models: int = 1,
     param_stride: int = 0,
 ):
-    """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta."""
-    stored_kernel(_backward_apply, "a and d_a", a, d_a).launch_1d(
+    """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta. a, d_pooled and d_a are
+    float32, or bf16 bits alike (in --precision bf16: conv2's output, fc1's input gradient and conv2's output
+    gradient)."""
+    stored_kernel(_backward_apply, "a, d_pooled and d_a", a, d_pooled, d_a).launch_1d(
         n * channels * (size // 2) ** 2,
         a,
         mean,

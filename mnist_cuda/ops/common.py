@@ -40,9 +40,9 @@ def precision_kernels(src: cuda.Source, op: str, names, precisions: dict):
     return kernel
 
 
-# bf16 activations in device memory (conv2's input, its output and the output's gradient with --precision bf16): the
-# upper 16 bits of each float32, as uint16 arrays (CuPy has no bfloat16); the kernels' type for them is bfloat16
-# (common.cuh)
+# bf16 activations in device memory (conv2's input and output, fc1's input, and their gradients with --precision
+# bf16): the upper 16 bits of each float32, as uint16 arrays (CuPy has no bfloat16); the kernels' type for them is
+# bfloat16 (common.cuh)
 BF16 = np.uint16
 STORED_TYPES = {np.dtype(np.float32): "float", np.dtype(BF16): "bfloat16"}
 
@@ -62,6 +62,12 @@ def widen(stored: np.ndarray) -> np.ndarray:
     """A host array of stored activations (float32, or BF16 bits) as float32 (exact)."""
     stored = np.asarray(stored)
     return bf16_values(stored) if stored.dtype == np.dtype(BF16) else stored.astype(np.float32, copy=False)
+
+
+def check_stored(array, name: str, want, layer: str, precision: str):
+    """A product's activation array must have the dtype its layer stores it in at `precision` (want)."""
+    if np.dtype(array.dtype) != want:
+        raise ValueError(f"{name} is {np.dtype(array.dtype)}; {layer} stores it as {want} in {precision}")
 
 
 def stored_kernel(kernels: dict, what: str, *arrays):

@@ -23,7 +23,7 @@ import numpy as np
 
 from ..cuda import ceil_div, shared_memory_per_sm, sm_count
 from .bn_relu_pool import FROM_PARTS_MAX
-from .common import BF16, I32, NULL, precision_kernels, source
+from .common import BF16, I32, NULL, check_stored, precision_kernels, source
 
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS)
 KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
@@ -119,9 +119,7 @@ def stored_dtype(precision: str):
 
 
 def _check_stored(array, name: str, precision: str):
-    want = stored_dtype(precision)
-    if np.dtype(array.dtype) != want:
-        raise ValueError(f"{name} is {np.dtype(array.dtype)}; conv2 stores it as {want} in {precision}")
+    check_stored(array, name, stored_dtype(precision), "conv2", precision)
 
 
 def _image_tile_kernel(product: str, precision: str):

@@ -9,7 +9,10 @@ its loss at large ones (docs/performance.md).
 
 precision: the step's precision (conv2_implicit_gemm.KERNEL_PRECISION). fc1 runs in 3xTF32 (float32's accuracy)
 at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 by default while its
-convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast.
+convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast, and fc1's input
+x (block 2's pooled output, read by the forward and the weight gradient) and its gradient dx (the input gradient's
+output, BatchNorm 2's backward's input) are stored as bf16 (input_dtype: uint16 arrays of bf16 bits), as autocast
+keeps them: the products see the same x from half the bytes, and dx is rounded to the nearest.
 
 models: K models in one launch (kernels/include/common.cuh), each of n samples: x, dy, dx and out [K][n][...],
 the weight (and gradient) of model m at m * param_stride from model 0's, and the partial results dense, model m's
@@ -18,9 +21,11 @@ them. Splits and forms are chosen from n, one model's batch, so each model's bit
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import cuda
 from ..cuda import ceil_div, sm_count
-from .common import I32, precision_kernels, source
+from .common import BF16, I32, check_stored, precision_kernels, source
 from .splitk_reduce import splitk_reduce
 
 TILE, TILE_K = 64, 16  # a block's output tile is TILE x TILE (narrow: half as wide); k steps of TILE_K
@@ -47,12 +52,25 @@ _src = source(
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS): under tf32 fc1
 # stays 3xTF32, as PyTorch's matrix products stay fp32 where its convolutions take TF32
 KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
+# and the type of x and dx (the kernels' X; input_dtype)
+X_TYPE = {"fp32": "float", "tf32": "float", "bf16": "bfloat16"}
 _kernel = precision_kernels(
     _src,
     "linear",
     ("forward", "backward_input", "backward_input_narrow", "backward_weight", "backward_input_wgmma"),
-    KERNEL_PRECISION,
+    {p: f"{e}, {X_TYPE[p]}" for p, e in KERNEL_PRECISION.items()},
 )
+
+
+def input_dtype(precision: str):
+    """The dtype of fc1's input x and its gradient dx at `precision`: bf16 bits (common.BF16) in "bf16", float32
+    otherwise (the kernels' X)."""
+    _kernel("forward", precision)  # checks the precision
+    return np.dtype(BF16 if precision == "bf16" else np.float32)
+
+
+def _check_input(array, name: str, precision: str):
+    check_stored(array, name, input_dtype(precision), "fc1", precision)
 
 
 def wgmma_shared_bytes(precision: str) -> int:
@@ -111,7 +129,9 @@ def forward(
     models: int = 1,
     param_stride: int = 0,
 ):
-    """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size] (of each model)."""
+    """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size] (of each model); x in
+    input_dtype(precision)."""
+    _check_input(x, "x", precision)
     splits, k_per_split = split_k(n_in, ceil_div(n_out, TILE) * ceil_div(n, TILE))
     _kernel("forward", precision).launch(
         (ceil_div(n_out, TILE), ceil_div(n, TILE), splits * models),
@@ -160,7 +180,8 @@ def backward_input(
 ):
     """dx [n, n_in] = dy [n, n_out] w. The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
     tiles, or 32-wide ones (narrow) where the wide would be fewer blocks than the GPU has SMs (narrow=None:
-    chosen so, from one model's blocks; True or False forces one)."""
+    chosen so, from one model's blocks; True or False forces one). dx in input_dtype(precision)."""
+    _check_input(dx, "dx", precision)
     if _form(form, precision, n) == "wgmma":
         if narrow:
             raise ValueError("narrow tiles are the tiled form's")
@@ -221,7 +242,8 @@ def backward_weight(
     """dw [n_out, n_in] = dy^T x, the batch cut into weight_splits(n, n_in, n_out) splits through partial
     [weight_partial_size] (of each model; with one split, straight into dw). With sum_splits False, more than one
     are left in partial for the caller to sum into dw (splitk_reduce, with models and out_stride=param_stride),
-    where the step has room for it."""
+    where the step has room for it. x in input_dtype(precision)."""
+    _check_input(x, "x", precision)
     splits, k_per_split = weight_splits(n, n_in, n_out)
     _kernel("backward_weight", precision).launch(
         (ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits * models),

@@ -167,15 +167,28 @@ def prepare_product(s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax
 def prepare_product_bf16(
     s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
 ):
-    """Rung 10: the product in --precision bf16, where conv2's output and its gradient are stored as bf16: x rounded
-    to bf16 (and x_at with it, as the forward stores it), dx written as bf16 and put into the float32 output after
-    the launch (untimed); the sums stay float32. Against the reference on the unrounded x."""
+    """Rung 10: the product in --precision bf16, where conv2's output and its gradient, and fc1's input gradient (the
+    pooled gradient), are stored as bf16: x rounded to bf16 (and x_at with it, as the forward stores it), the pooled
+    gradient rounded to bf16, dx written as bf16 and put into the float32 output after the launch (untimed); the sums
+    stay float32. Against the reference on the unrounded x and pooled gradient."""
     import cupy
 
     x_at_rounded, dx_bits = cupy.empty_like(x_at), cupy.empty(dx.shape, cupy.uint16)
     from_bf16(to_bf16(x_at), x_at_rounded)
     run = prepare_product(
-        s, to_bf16(x), mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at_rounded, dx_bits, dgamma, dbeta
+        s,
+        to_bf16(x),
+        mean,
+        invstd,
+        gamma,
+        to_bf16(d_pooled),
+        relu_out,
+        argmax,
+        position,
+        x_at_rounded,
+        dx_bits,
+        dgamma,
+        dbeta,
     )
     return run, lambda: from_bf16(dx_bits, dx)
 
@@ -231,9 +244,9 @@ def _work(s: Block) -> tuple[float, float]:
 
 
 def _work_bf16(s: Block) -> tuple[float, float]:
-    """As _work, with x read and dx written as bf16 (2 bytes a value each)."""
+    """As _work, with x read, dx written and the pooled gradient read as bf16 (2 bytes a value each)."""
     elements, windows = s.n * s.c * s.s * s.s, s.n * s.c * (s.s // 2) ** 2
-    return 8.0 * elements, 4.0 * elements + 5.0 * windows + 4.0 * 5 * s.c
+    return 8.0 * elements, 4.0 * elements + 3.0 * windows + 4.0 * 5 * s.c
 
 
 OP = Op(
@@ -255,7 +268,7 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/3_bn_relu_pool.cu",
-            "batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast<float>",
+            "batchnorm_backward_reduce_fast<float> + batchnorm_backward_apply_fast<float>",
             prepare_product,
             product_accepts,
             unit="fp32",
@@ -263,7 +276,7 @@ OP = Op(
         ProductRung(
             "10_product_bf16",
             "fast/3_bn_relu_pool.cu",
-            "batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast<bfloat16>",
+            "batchnorm_backward_reduce_fast<bfloat16> + batchnorm_backward_apply_fast<bfloat16>",
             prepare_product_bf16,
             product_accepts,
             unit="fp32",

@@ -10,10 +10,11 @@ linear layer's output there before its ReLU (the naive net's two launches), and 
 import dataclasses
 
 import numpy as np
-from ladder_op import Op, ProductRung, Rung
+from ladder_op import Op, ProductRung, Rung, to_bf16
 
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
+from mnist_cuda.kernel_cases import BF16_TOL
 from mnist_cuda.ops import linear_splitk
 from mnist_cuda.sizes import GRID_LIMIT
 
@@ -120,6 +121,16 @@ def prepare_product(s: Linear, x, w, b, y, scratch):
     return lambda: linear_splitk.forward(x, w, b, partial, y, s.n, s.i, s.o, "fp32")
 
 
+def prepare_product_bf16(s: Linear, x, w, b, y, scratch):
+    """Rung 10: the product in --precision bf16: both operands rounded to bf16 on the tensor cores, x read as bf16,
+    as the step stores fc1's input there (rounded here, untimed: the products would round it to the same values)."""
+    import cupy
+
+    partial = cupy.empty(linear_splitk.forward_partial_size(s.n, s.i, s.o), cupy.float32)
+    x_bits = to_bf16(x)
+    return lambda: linear_splitk.forward(x_bits, w, b, partial, y, s.n, s.i, s.o, "bf16")
+
+
 def inputs(rng, s: Linear) -> dict:
     """x ~ N(0, 1), W ~ N(0, 1 / I), b ~ N(0, 1), as mnist_cuda.kernel_cases draws them."""
     x = rng.standard_normal((s.n, s.i)).astype(np.float32)
@@ -131,6 +142,12 @@ def inputs(rng, s: Linear) -> dict:
 def _work(s: Linear) -> tuple[float, float]:
     """2 FLOPs per multiply-add; x, W and b read and y written once, as float32."""
     return 2.0 * s.n * s.i * s.o, 4.0 * (s.n * s.i + s.o * s.i + s.o + s.n * s.o)
+
+
+def _work_bf16(s: Linear) -> tuple[float, float]:
+    """As _work, with x read as bf16 (2 bytes a value)."""
+    flops, _ = _work(s)
+    return flops, 2.0 * s.n * s.i + 4.0 * (s.o * s.i + s.o + s.n * s.o)
 
 
 OP = Op(
@@ -152,9 +169,20 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/4_linear_splitk.cu",
-            "linear_forward_fast<Precision::Fp32>, then the split sum with bias and ReLU (6_splitk_reduce.cu)",
+            "linear_forward_fast<Precision::Fp32, float>, then the split sum with bias and ReLU (6_splitk_reduce.cu)",
             prepare_product,
             lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/4_linear_splitk.cu",
+            "linear_forward_fast<Precision::Bf16, bfloat16>, then the split sum with bias and ReLU "
+            "(6_splitk_reduce.cu)",
+            prepare_product_bf16,
+            lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="x [N,3136], W [128,3136], b [128] -> y [N,128] = relu(x W^T + b)",

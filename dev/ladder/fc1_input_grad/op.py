@@ -9,10 +9,11 @@ network I = 3136 (conv2's pooled features, 64 x 7 x 7), O = 128, and dy is the g
 import dataclasses
 
 import numpy as np
-from ladder_op import Op, ProductRung, Rung
+from ladder_op import Op, ProductRung, Rung, from_bf16
 
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
+from mnist_cuda.kernel_cases import BF16_TOL
 from mnist_cuda.ops import linear_splitk
 from mnist_cuda.sizes import GRID_LIMIT
 
@@ -83,6 +84,18 @@ def prepare_product(s: Linear, dy, w, dx):
     return lambda: linear_splitk.backward_input(dy, w, dx, s.n, s.i, s.o, precision="fp32")
 
 
+def prepare_product_bf16(s: Linear, dy, w, dx):
+    """Rung 10: the product in --precision bf16, in the form the step takes (the wgmma form from
+    linear_splitk.WG_MIN_BATCH samples on Hopper, else the tiled one): both operands rounded to bf16 on the tensor
+    cores, dx written as bf16, as the step stores fc1's input gradient there (put into the float32 output after the
+    launch, untimed)."""
+    import cupy
+
+    dx_bits = cupy.empty(dx.shape, cupy.uint16)
+    run = lambda: linear_splitk.backward_input(dy, w, dx_bits, s.n, s.i, s.o, precision="bf16")
+    return run, lambda: from_bf16(dx_bits, dx)
+
+
 def inputs(rng, s: Linear) -> dict:
     """dy ~ N(0, 1) and W ~ N(0, 1 / I), as mnist_cuda.kernel_cases draws them."""
     dy = rng.standard_normal((s.n, s.o)).astype(np.float32)
@@ -101,6 +114,12 @@ def _work(s: Linear) -> tuple[float, float]:
     return 2.0 * s.n * s.i * s.o, 4.0 * (s.n * s.o + s.o * s.i + s.n * s.i)
 
 
+def _work_bf16(s: Linear) -> tuple[float, float]:
+    """As _work, with dx written as bf16 (2 bytes a value)."""
+    flops, _ = _work(s)
+    return flops, 4.0 * (s.n * s.o + s.o * s.i) + 2.0 * s.n * s.i
+
+
 OP = Op(
     rungs=(
         Rung("01_naive.cu", "linear_backward_input_naive", launch_naive),
@@ -114,10 +133,21 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/4_linear_splitk.cu",
-            "linear_backward_input_fast<Precision::Fp32> (linear_backward_input_narrow_fast<Precision::Fp32> where "
-            "64 x 64 tiles are fewer than the SMs)",
+            "linear_backward_input_fast<Precision::Fp32, float> (linear_backward_input_narrow_fast<Precision::Fp32, "
+            "float> where 64 x 64 tiles are fewer than the SMs)",
             prepare_product,
             lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/4_linear_splitk.cu",
+            "linear_backward_input_wgmma_fast<Precision::Bf16, bfloat16> from 256 samples, else "
+            "linear_backward_input_fast<Precision::Bf16, bfloat16> (or its narrow form, as rung 09)",
+            prepare_product_bf16,
+            lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="dy [N,128], W [128,3136] -> dx [N,3136] = dy W",

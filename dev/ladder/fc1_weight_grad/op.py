@@ -12,10 +12,11 @@ kernel, which also sums the bias gradient) writes the bias gradient there, and r
 import dataclasses
 
 import numpy as np
-from ladder_op import Op, ProductRung, Rung
+from ladder_op import Op, ProductRung, Rung, to_bf16
 
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
+from mnist_cuda.kernel_cases import BF16_TOL
 from mnist_cuda.ops import linear_splitk
 from mnist_cuda.ops.splitk_reduce import splitk_reduce
 from mnist_cuda.sizes import GRID_LIMIT
@@ -116,21 +117,32 @@ def launch_split_k(kernels, s: Linear, x, dy, dw, scratch):
         reduce.launch_1d(s.o * s.i, scratch, dw, np.int32(count), *s.ints())
 
 
-def prepare_product(s: Linear, x, dy, dw, scratch):
-    """The top rung: linear_splitk.backward_weight as FastNet._fc1_weight_grad calls it (fp32: 3xTF32 on the tensor
-    cores; the splits left in its partial sums, of the size FastNet allocates), then the sum of the splits that
-    FastNet._conv2_weight_grad launches later on its side stream (splitk_reduce), where there is more than one."""
+def _prepare(s: Linear, x, dy, dw, precision: str):
+    """linear_splitk.backward_weight at `precision` as FastNet._fc1_weight_grad calls it (the splits left in its
+    partial sums, of the size FastNet allocates), then the sum of the splits that FastNet._conv2_weight_grad
+    launches later on its side stream (splitk_reduce), where there is more than one."""
     import cupy
 
     partial = cupy.empty(linear_splitk.weight_partial_size(s.n, s.i, s.o), cupy.float32)
     count, _ = linear_splitk.weight_splits(s.n, s.i, s.o)
 
     def run():
-        linear_splitk.backward_weight(x, dy, dw, partial, s.n, s.i, s.o, "fp32", sum_splits=False)
+        linear_splitk.backward_weight(x, dy, dw, partial, s.n, s.i, s.o, precision, sum_splits=False)
         if count > 1:
             splitk_reduce(partial, count, dw)
 
     return run
+
+
+def prepare_product(s: Linear, x, dy, dw, scratch):
+    """The top rung: the product in fp32 (3xTF32 on the tensor cores), as _prepare says."""
+    return _prepare(s, x, dy, dw, "fp32")
+
+
+def prepare_product_bf16(s: Linear, x, dy, dw, scratch):
+    """Rung 10: the product in --precision bf16: both operands rounded to bf16 on the tensor cores, x read as bf16,
+    as the step stores fc1's input there (rounded here, untimed: the products would round it to the same values)."""
+    return _prepare(s, to_bf16(x), dy, dw, "bf16")
 
 
 def inputs(rng, s: Linear) -> dict:
@@ -149,6 +161,12 @@ def reference(x, dy) -> dict:
 def _work(s: Linear) -> tuple[float, float]:
     """2 FLOPs per multiply-add; x and dy read and dW written once, as float32."""
     return 2.0 * s.n * s.i * s.o, 4.0 * (s.n * s.i + s.n * s.o + s.o * s.i)
+
+
+def _work_bf16(s: Linear) -> tuple[float, float]:
+    """As _work, with x read as bf16 (2 bytes a value)."""
+    flops, _ = _work(s)
+    return flops, 2.0 * s.n * s.i + 4.0 * (s.n * s.o + s.o * s.i)
 
 
 OP = Op(
@@ -170,10 +188,21 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/4_linear_splitk.cu",
-            "linear_backward_weight_fast<Precision::Fp32>, then the sum of its splits where there are several "
+            "linear_backward_weight_fast<Precision::Fp32, float>, then the sum of its splits where there are several "
             "(6_splitk_reduce.cu)",
             prepare_product,
             lambda s: ceil_div(s.o, linear_splitk.TILE) <= GRID_LIMIT,
+        ),
+        ProductRung(
+            "10_product_bf16",
+            "fast/4_linear_splitk.cu",
+            "linear_backward_weight_fast<Precision::Bf16, bfloat16>, then the sum of its splits where there are "
+            "several (6_splitk_reduce.cu)",
+            prepare_product_bf16,
+            lambda s: ceil_div(s.o, linear_splitk.TILE) <= GRID_LIMIT,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
         ),
     ),
     geometry="x [N,3136], dy [N,128] -> dW [128,3136] = dy^T x",
