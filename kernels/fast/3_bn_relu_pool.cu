@@ -4,8 +4,9 @@
 // channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
 // for each group of channels, the last of its blocks combines the parts in a fixed order
 // (last_block_done). counter: one per group.
-// conv2's output a and its gradient d_a are float32, or bf16 with --precision bf16 (T: float or bfloat16,
-// common.cuh); everything else, the statistics and sums included, is float32.
+// conv2's output a and its gradient d_a, and the pooled output and its gradient (fc1's input and its gradient), are
+// float32, or bf16 with --precision bf16 (T: float or bfloat16, common.cuh); everything else, the statistics and sums
+// included, is float32.
 // Several models at once (common.cuh), in every kernel but batchnorm_eval_stats_fast (evaluation, one model) and
 // batchnorm_stats_from_parts_fast and _from_tiles_fast (conv2's forward's moments, one model):
 // the grid's z is the model; a, the pooled tensors and their gradients are [models][N][...], mean and invstd

@@ -71,8 +71,8 @@ __device__ __forceinline__ T* model_part(T* p, size_t per_model, int model) {
     return p + per_model * (size_t)model;
 }
 
-// Activations stored as bf16 between stages (--precision bf16: conv2's input, its output and their gradients, as
-// torch.autocast stores a convolution's): a bfloat16 is the upper 16 bits of a float32, rounded to the
+// Activations stored as bf16 between stages (--precision bf16: conv2's input and output, fc1's input, and their
+// gradients, as torch.autocast stores them): a bfloat16 is the upper 16 bits of a float32, rounded to the
 // nearest (ties to even, as the products' pack_bf16) when stored and exact when read. load_value, load_pair,
 // store_value and store_pair read and write either type, so one kernel body serves both.
 struct bfloat16 {

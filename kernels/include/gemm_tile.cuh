@@ -53,6 +53,7 @@ struct Staged {
     static constexpr int CHUNKS = LINES * TILE_K / VALUES;  // copies of VALUES adjacent elements per step
     static constexpr int PER_THREAD = (CHUNKS + GEMM_THREADS - 1) / GEMM_THREADS;
     static_assert(STRIDE * sizeof(T) % 16 == 0, "rows 16-byte aligned");
+    static_assert(TILE_K % VALUES == 0 && LINES % VALUES == 0, "whole 16-byte copies along a row and a step");
     __device__ static int at(int line, int k) { return K_CONTIGUOUS ? line * STRIDE + k : k * STRIDE + line; }
 
     // Elements (line, k) and (line, k + 1) of a staged step, k even, as a bf16 pair (the lower k in the lower

@@ -29,8 +29,8 @@ from .common import (
     round_bf16,
 )
 
-# The type conv2's output (block 2's input a) and its gradient are stored in, as the case names show it: float32,
-# or bf16 in --precision bf16 (conv2_implicit_gemm.stored_dtype)
+# The type the blocks' stored activations and gradients take (conv2's input and output, the pooled outputs and their
+# gradients), as the case names show it: float32, or bf16 in --precision bf16 (conv2_implicit_gemm.stored_dtype)
 STORED = {name: dtype for dtype, name in STORED_TYPES.items()}
 
 

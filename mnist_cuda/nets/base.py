@@ -17,8 +17,8 @@ EPS, MOMENTUM = reference.BN_EPS, reference.BN_MOMENTUM
 KERNEL_VERSIONS = ("naive", "fast")
 # the precision of the fast kernels' tensor-core products (conv2's and fc1's): fp32 keeps float32's accuracy
 # (3xTF32); tf32 runs conv2 in plain TF32, as PyTorch's cuDNN convolutions by default; bf16 runs conv2 and
-# fc1 on bf16 operands, as torch.autocast(dtype=torch.bfloat16), and stores conv2's input, its output and the
-# output's gradient as bf16, as autocast does. Accumulation, BatchNorm's statistics, the loss and the update stay
+# fc1 on bf16 operands, as torch.autocast(dtype=torch.bfloat16), and stores conv2's input and output, fc1's input,
+# and their gradients as bf16, as autocast does. Accumulation, BatchNorm's statistics, the loss and the update stay
 # float32 in all three. The naive kernels compute in plain fp32.
 PRECISIONS = ("fp32", "tf32", "bf16")
 LOSS_CAPACITY = 1 << 16  # losses logged on the GPU between two reads

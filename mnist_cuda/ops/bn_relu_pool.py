@@ -7,8 +7,9 @@ sizes are one model's (n is the per-model batch) and its buffers hold the models
 counter [models][groups]); gamma, beta and their gradients are param_stride floats apart, the running statistics
 running_stride.
 
-conv2's output a and its gradient d_a are float32 arrays, or bf16 ones (common.BF16) in --precision bf16: the
-kernel is chosen by their dtype. Everything else is float32."""
+conv2's output a and its gradient d_a, and block 2's pooled output and its gradient (fc1's input and its gradient), are
+float32 arrays, or bf16 ones (common.BF16) in --precision bf16: the kernel is chosen by their dtype. Everything else is
+float32."""
 
 from __future__ import annotations
 
