@@ -64,6 +64,12 @@ def widen(stored: np.ndarray) -> np.ndarray:
     return bf16_values(stored) if stored.dtype == np.dtype(BF16) else stored.astype(np.float32, copy=False)
 
 
+def activation_dtype(precision: str):
+    """The dtype the step stores the activations between conv2 and fc1 (and their gradients) in at `precision`: bf16
+    bits (BF16) in "bf16", as autocast stores them, float32 otherwise. The precision is the caller's to check."""
+    return np.dtype(BF16 if precision == "bf16" else np.float32)
+
+
 def check_stored(array, name: str, want, layer: str, precision: str):
     """A product's activation array must have the dtype its layer stores it in at `precision` (want)."""
     if np.dtype(array.dtype) != want:

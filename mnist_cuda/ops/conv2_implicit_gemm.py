@@ -19,11 +19,9 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from ..cuda import ceil_div, shared_memory_per_sm, sm_count
 from .bn_relu_pool import FROM_PARTS_MAX
-from .common import BF16, I32, NULL, check_stored, precision_kernels, source
+from .common import I32, NULL, activation_dtype, check_stored, precision_kernels, source
 
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS)
 KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Tf32", "bf16": "Precision::Bf16"}
@@ -115,7 +113,7 @@ def stored_dtype(precision: str):
     """The dtype conv2's input, its output and their gradients are stored in at `precision`: bf16 bits
     (common.BF16) in "bf16", float32 otherwise (the kernels' conv2_stored)."""
     _kernel("forward", precision)  # checks the precision
-    return np.dtype(BF16 if precision == "bf16" else np.float32)
+    return activation_dtype(precision)
 
 
 def _check_stored(array, name: str, precision: str):

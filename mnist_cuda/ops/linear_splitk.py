@@ -21,11 +21,9 @@ them. Splits and forms are chosen from n, one model's batch, so each model's bit
 
 from __future__ import annotations
 
-import numpy as np
-
 from .. import cuda
 from ..cuda import ceil_div, sm_count
-from .common import BF16, I32, check_stored, precision_kernels, source
+from .common import I32, STORED_TYPES, activation_dtype, check_stored, precision_kernels, source
 from .splitk_reduce import splitk_reduce
 
 TILE, TILE_K = 64, 16  # a block's output tile is TILE x TILE (narrow: half as wide); k steps of TILE_K
@@ -53,12 +51,11 @@ _src = source(
 # stays 3xTF32, as PyTorch's matrix products stay fp32 where its convolutions take TF32
 KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
 # and the type of x and dx (the kernels' X; input_dtype)
-X_TYPE = {"fp32": "float", "tf32": "float", "bf16": "bfloat16"}
 _kernel = precision_kernels(
     _src,
     "linear",
     ("forward", "backward_input", "backward_input_narrow", "backward_weight", "backward_input_wgmma"),
-    {p: f"{e}, {X_TYPE[p]}" for p, e in KERNEL_PRECISION.items()},
+    {p: f"{e}, {STORED_TYPES[activation_dtype(p)]}" for p, e in KERNEL_PRECISION.items()},
 )
 
 
@@ -66,7 +63,7 @@ def input_dtype(precision: str):
     """The dtype of fc1's input x and its gradient dx at `precision`: bf16 bits (common.BF16) in "bf16", float32
     otherwise (the kernels' X)."""
     _kernel("forward", precision)  # checks the precision
-    return np.dtype(BF16 if precision == "bf16" else np.float32)
+    return activation_dtype(precision)
 
 
 def _check_input(array, name: str, precision: str):
