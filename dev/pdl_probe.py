@@ -12,7 +12,11 @@ Variants, each timed as dev/time_step.py times the step:
 - plain: the kernels and launches as the product has them;
 - wait: the wait and the attribute; a kernel lets the next one launch when its blocks exit (the implicit trigger);
 - wait+trigger: also `griddepcontrol.launch_dependents` right after the wait, so the next kernel's blocks may be
-  resident, waiting, while this one runs.
+  resident, waiting, while this one runs;
+- prologue: the wait after each kernel's independent prologue (PROLOGUES: work that reads only what no kernel of
+  the step writes), first in the kernels that have none; the implicit trigger;
+- trigger+prologue: also `launch_dependents` first in every kernel, so the next kernel's prologue may run while
+  this one does.
 Each variant's weights after --check-steps steps from the same start are compared with plain's, byte for byte.
 
     PYTHONPATH=. python dev/pdl_probe.py --data-dir data/mnist --batch-sizes 64,512,4096 [--repeats 2] [--json F]
@@ -48,7 +52,6 @@ from mnist_cuda.cli import (
 PROG = "pdl_probe.py"
 WAIT = ' asm volatile("griddepcontrol.wait;" ::: "memory");'
 TRIGGER = ' asm volatile("griddepcontrol.launch_dependents;" ::: "memory");'
-VARIANTS = {"plain": None, "wait": WAIT, "wait+trigger": WAIT + TRIGGER}
 PROGRAMMATIC_STREAM_SERIALIZATION = 6  # CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION (cuda.h)
 PROGRAMMATIC_DEPENDENCY = 1  # CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC
 
@@ -123,12 +126,74 @@ def programmatic_launcher(cp):
     return hook
 
 
-def first_statement(statement: str | None):
-    """The cuda.transform_sources fn that puts statement first in every kernel's body (None: the sources as
-    they are)."""
-    if statement is None:
-        return None
+def first_statement(statement: str):
+    """The cuda.transform_sources fn that puts statement first in every kernel's body."""
     return lambda path, text: with_first_statements(text, lambda name: statement)
+
+
+# The independent prologues: (the kernels, the text where their prologue ends, that text with the wait placed).
+# What comes before the wait reads only what no kernel of the step writes: the parameters (the update, last in the
+# step, writes them after its own wait) and conv2's staged weights (its staging kernel, on a side stream, is joined
+# before conv2's forward by a full edge). conv2's image tiles issue their first chunk's weights before the wait and
+# the image after it; the buffers' zeros are written before it too.
+_TILE_KERNELS = (
+    "conv2_forward_fast",
+    "conv2_forward_tile_moments_fast",
+    "conv2_forward_stacked_fast",
+    "conv2_backward_input_fast",
+    "conv2_backward_input_paired_fast",
+)
+PROLOGUES = (
+    (
+        ("conv1_bn_relu_pool_fast",),
+        "    load_channel_weights<CHANNELS>(w, C, c0, ws);\n",
+        "    load_channel_weights<CHANNELS>(w, C, c0, ws);\n" + WAIT + "\n",
+    ),
+    (
+        ("conv1_mma_bn_relu_pool_fast",),
+        "    load_channel_weights<CONV1_MMA_CHANNELS>(w, C, c0, ws);\n",
+        "    load_channel_weights<CONV1_MMA_CHANNELS>(w, C, c0, ws);\n" + WAIT + "\n",
+    ),
+    (
+        _TILE_KERNELS,
+        "    staging.fetch_image(0);\n    staging.fetch_weights(0);\n",
+        "    staging.fetch_weights(0);\n" + WAIT + "\n    staging.fetch_image(0);\n",
+    ),
+    (
+        ("conv2_forward_persistent_fast",),
+        "    staging.fetch_image(0);\n    staging.fetch_weights(0, 0);\n",
+        "    staging.fetch_weights(0, 0);\n" + WAIT + "\n    staging.fetch_image(0);\n",
+    ),
+)
+PROLOGUE_KERNELS = frozenset(name for kernels, _, _ in PROLOGUES for name in kernels)
+
+
+def after_prologues(trigger: bool):
+    """The cuda.transform_sources fn that puts the wait where each kernel's independent prologue ends (PROLOGUES),
+    first in every other kernel, and with trigger `launch_dependents` first in every kernel."""
+
+    def transform(path, text: str) -> str:
+        names = set(cuda.entry_points(text))
+        first = TRIGGER if trigger else ""
+        text = with_first_statements(text, lambda name: first + ("" if name in PROLOGUE_KERNELS else WAIT))
+        for kernels, end, placed in PROLOGUES:
+            if names.isdisjoint(kernels):
+                continue
+            if text.count(end) != 1:  # the kernel changed: its prologue's end must be named again
+                raise RuntimeError(f"{path}: the end of {kernels[0]}'s prologue is not found once")
+            text = text.replace(end, placed)
+        return text
+
+    return transform
+
+
+VARIANTS = {
+    "plain": None,
+    "wait": first_statement(WAIT),
+    "wait+trigger": first_statement(WAIT + TRIGGER),
+    "prologue": after_prologues(False),
+    "trigger+prologue": after_prologues(True),
+}
 
 
 class _EdgeData(ctypes.Structure):  # CUgraphEdgeData
@@ -211,11 +276,11 @@ def main(argv=None) -> int:
     same, graph_edges = {v: {} for v in VARIANTS}, {v: {} for v in VARIANTS}
     plain_weights = {}
     for _ in range(args.repeats):
-        for variant, statement in VARIANTS.items():
-            cuda.transform_sources(first_statement(statement))
+        for variant, transform in VARIANTS.items():
+            cuda.transform_sources(transform)
             for batch in args.batch_sizes:
                 us, weights, (programmatic, edges) = measure(
-                    cp, ds, batch, precision, args.steps, args.check_steps, None if statement is None else hook
+                    cp, ds, batch, precision, args.steps, args.check_steps, None if transform is None else hook
                 )
                 times[variant][batch].append(us)
                 plain_weights.setdefault(batch, weights)

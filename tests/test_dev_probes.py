@@ -34,20 +34,36 @@ def test_bf16_distance_measures_both_distances(tmp_path):
 PDL = REPO / "dev" / "pdl_probe.py"
 
 
-def test_pdl_probe_waits_first_in_every_kernel():
+def test_pdl_probe_places_one_wait_per_kernel():
+    """Each variant waits once in every kernel: first, or where PROLOGUES ends its prologue (each found once where
+    its kernels are); the trigger variants trigger in every kernel."""
     import mnist_cuda.ops  # noqa: F401  (its modules declare the sources)
     from mnist_cuda import cuda
 
     probe = load_script(PDL)
-    for variant, statement in probe.VARIANTS.items():
-        transform = probe.first_statement(statement)
+    found = set()
+    for variant, transform in probe.VARIANTS.items():
+        if transform is None:
+            continue
         for source in cuda.sources():
-            text, names = cuda.read_source(source.path), cuda.entry_points(cuda.read_source(source.path))
-            if transform is None:
-                continue
+            text = cuda.read_source(source.path)
+            names = set(cuda.entry_points(text))
             out = transform(source.path, text)
-            assert out.count("griddepcontrol.wait;") == len(names), (variant, source.path)
+            waits = len(names)
+            if "prologue" in variant:
+                placed = [kernels for kernels, end, _ in probe.PROLOGUES if not names.isdisjoint(kernels)]
+                waits += len(placed) - len(names & probe.PROLOGUE_KERNELS)
+                found.update(name for kernels in placed for name in kernels)
+            assert out.count("griddepcontrol.wait;") == waits, (variant, source.path)
             assert out.count("griddepcontrol.launch_dependents;") == (len(names) if "trigger" in variant else 0)
+    assert found == probe.PROLOGUE_KERNELS  # every kernel named is one of the product's
+
+
+def test_pdl_probe_refuses_a_prologue_it_cannot_find():
+    probe = load_script(PDL)
+    source = 'extern "C" __global__ void conv2_forward_persistent_fast(const float* x) {\n    x += 1;\n}\n'
+    with pytest.raises(RuntimeError, match="prologue"):
+        probe.after_prologues(False)("k.cu", source)
 
 
 def test_pdl_probe_rejects_a_bad_flag_in_one_line():
@@ -76,6 +92,7 @@ def test_pdl_probe_launches_give_the_plain_steps_bits(tmp_path):
     )
     assert r.returncode == 0, r.stderr[-2000:]
     result = json.loads(out.read_text())
-    assert result["weights_as_plain"] == {v: {"64": True} for v in ("plain", "wait", "wait+trigger")}
+    variants = ("plain", "wait", "wait+trigger", "prologue", "trigger+prologue")
+    assert result["weights_as_plain"] == {v: {"64": True} for v in variants}
     programmatic = {v: edges["64"]["programmatic"] for v, edges in result["graph_edges"].items()}
-    assert programmatic["plain"] == 0 and programmatic["wait"] > 0 and programmatic["wait+trigger"] > 0
+    assert programmatic["plain"] == 0 and all(programmatic[v] > 0 for v in variants[1:])
