@@ -148,6 +148,16 @@ def case_kernels(case) -> list[str]:
     return [re.sub(r"<.*", "", k) for k in case.name.split("[")[0].split("+")]
 
 
+def test_kernel_cases_name_declared_kernels():
+    """Every kernel a case's name lists is one an ops module declares, template arguments and all (a name left at
+    a kernel's old instantiation fails here, not only in the GPU test that compares it with the launches)."""
+    from mnist_cuda import kernel_cases as kc
+
+    declared = {name for s in SOURCES.values() for name in s.kernels}
+    for case in kc.all_cases():
+        assert kc.listed_kernels(case) <= declared, (case.name, kc.listed_kernels(case) - declared)
+
+
 def test_kernel_cases_group_by_op_family():
     """mnist_cuda.kernel_cases' OPS: one family per naive file (its op) and one per kernels/both/ file (its
     kernel); every case listed; each family's cases without a fast kernel first; such a case under exactly

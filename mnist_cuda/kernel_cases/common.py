@@ -82,6 +82,16 @@ def runnable(case: Case) -> bool:
     return not case.sm90a or cuda.arch_specific()
 
 
+def listed_kernels(case: Case) -> set[str]:
+    """The kernels the case's name lists, as the ops modules declare them: conv2's short precision names written
+    out ("conv2_forward_fast<tf32>" -> "conv2_forward_fast<Precision::Tf32>"), the other template arguments as
+    they are."""
+    listed = case.name.split("[")[0]
+    for short, full in conv2.KERNEL_PRECISION.items():
+        listed = listed.replace(f"<{short}>", f"<{full}>")
+    return set(listed.split("+"))
+
+
 def rel_err(got, want) -> float:
     got, want = np.asarray(got, np.float64).ravel(), np.asarray(want, np.float64).ravel()
     if not np.all(np.isfinite(got)):

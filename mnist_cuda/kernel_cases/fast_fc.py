@@ -7,6 +7,7 @@ import numpy as np
 
 from .. import reference as ref
 from ..ops import head, linear_splitk
+from ..ops.common import STORED_TYPES
 from .common import Case, Prepared, _bytes, _dev, _f32, _linear_geometry, _poison, _tol
 
 
@@ -51,7 +52,9 @@ def linear_fast_case(part, narrow=False, precision="fp32", form="tiled"):
     assert form == "tiled" or part == "backward_input"
     assert precision in ("fp32", "bf16"), "fc1 runs in 3xTF32 or in bf16 (linear_splitk.KERNEL_PRECISION)"
     ops = ("linear", "relu") if part == "forward" else ("linear",)  # the forward's ReLU is in splitk_reduce
-    p, wg = f"<{precision}>", "_wgmma" if form == "wgmma" else ""
+    # the kernels' template arguments: the products' precision and x's stored type
+    kernel_precision, stored = linear_splitk.KERNEL_PRECISION[precision], linear_splitk.input_dtype(precision)
+    p, wg = f"<{kernel_precision}, {STORED_TYPES[stored]}>", "_wgmma" if form == "wgmma" else ""
     name = {
         "forward": f"linear_forward_fast{p}+splitk_reduce_fast",
         "backward_input": f"linear_backward_input_narrow_fast{p}" if narrow else f"linear_backward_input{wg}_fast{p}",
