@@ -43,19 +43,19 @@ def _random(cp, rng, *shape):
 
 
 def _poison(cp, precision, *shape):
-    """fc1's input gradient dx as the step stores it, filled with NaN (bf16 bits in bf16)."""
+    """fc1's input gradient dx as the step stores it (linear_splitk.input_dtype), filled with NaN."""
+    from mnist_cuda.kernel_cases.common import _poison as poison
     from mnist_cuda.ops import linear_splitk as fc1
 
-    dtype = fc1.input_dtype(precision)
-    return cp.full(shape, 0x7FC0 if dtype == np.uint16 else np.nan, dtype)
+    return poison(shape, fc1.input_dtype(precision))
 
 
 def _input(cp, rng, precision, *shape):
     """fc1's input x as the step stores it (linear_splitk.input_dtype: bf16 bits in bf16)."""
-    from mnist_cuda.kernel_cases.common import round_bf16_bits
+    from mnist_cuda.kernel_cases.common import _dev
+    from mnist_cuda.ops import linear_splitk as fc1
 
-    x = rng.standard_normal(shape).astype(np.float32)
-    return cp.asarray(round_bf16_bits(x) if precision == "bf16" else x)
+    return _dev(rng.standard_normal(shape), fc1.input_dtype(precision))
 
 
 class Fc1Params:

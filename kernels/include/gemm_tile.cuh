@@ -252,24 +252,9 @@ __device__ __forceinline__ void gemm_tile(const Dense<TA>& A, const Dense<TB>& B
     }
 }
 
-// Hand each of this thread's accumulators to store(m, n, value) with its row and column in C; the
-// store decides where (and whether: m or n past the end) the value goes.
-template <int TM, int TN, class Store>
-__device__ __forceinline__ void gemm_store(const float acc[4][4], int m0, int n0, Store store) {
-    using W = WarpTiles<TM, TN>;
-    const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-#pragma unroll
-    for (int mi = 0; mi < W::MI; mi++)
-#pragma unroll
-        for (int ni = 0; ni < W::NI; ni++)
-#pragma unroll
-            for (int r = 0; r < 4; r++)
-                store(m0 + W::row0() + mi * 16 + g + 8 * (r / 2), n0 + W::col0() + ni * 8 + 2 * t + r % 2,
-                      acc[mi * W::NI + ni][r]);
-}
-
-// The same a pair at a time: store(m, n, first, second) takes the values at columns n (even) and n + 1 of row m, which
-// a lane's fragment holds side by side, so that a store of two bf16 values is one 4-byte word.
+// Hand this thread's accumulators to store(m, n, first, second) a pair at a time: the values at columns n (even) and
+// n + 1 of row m in C, which a lane's fragment holds side by side (a store of two bf16 values is then one 4-byte word).
+// The store decides where (and whether: m or n past the end) the values go.
 template <int TM, int TN, class Store>
 __device__ __forceinline__ void gemm_store_pairs(const float acc[4][4], int m0, int n0, Store store) {
     using W = WarpTiles<TM, TN>;
@@ -282,6 +267,15 @@ __device__ __forceinline__ void gemm_store_pairs(const float acc[4][4], int m0, 
             for (int h = 0; h < 2; h++)
                 store(m0 + W::row0() + mi * 16 + g + 8 * h, n0 + W::col0() + ni * 8 + 2 * t,
                       acc[mi * W::NI + ni][2 * h], acc[mi * W::NI + ni][2 * h + 1]);
+}
+
+// The same a value at a time: store(m, n, value), in the same order.
+template <int TM, int TN, class Store>
+__device__ __forceinline__ void gemm_store(const float acc[4][4], int m0, int n0, Store store) {
+    gemm_store_pairs<TM, TN>(acc, m0, n0, [&](int m, int n, float first, float second) {
+        store(m, n, first);
+        store(m, n + 1, second);
+    });
 }
 
 // The k range of split `split` when k_total is cut into pieces of k_per_split (a multiple of TILE_K).

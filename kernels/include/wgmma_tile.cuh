@@ -183,17 +183,8 @@ __device__ __forceinline__ void wgmma_tile(const float* a, int m_total, int lda,
     }
 }
 
-// Hand each accumulator to store(m, n, value) with its row and column in C.
-template <int BN, class Store>
-__device__ __forceinline__ void wgmma_store(const float* acc, int m0, int n0, Store store) {
-    const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
-#pragma unroll
-    for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-        for (int r = 0; r < 4; r++) store(m0 + 16 * warp + g + 8 * (r / 2), n0 + 8 * j + 2 * t + r % 2, acc[4 * j + r]);
-}
-
-// The same a pair at a time, as gemm_store_pairs: store(m, n, first, second) takes columns n (even) and n + 1 of row m.
+// Hand each accumulator pair to store(m, n, first, second), as gemm_store_pairs: columns n (even) and n + 1 of row
+// m in C.
 template <int BN, class Store>
 __device__ __forceinline__ void wgmma_store_pairs(const float* acc, int m0, int n0, Store store) {
     const int warp = threadIdx.x / 32, g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
@@ -202,6 +193,15 @@ __device__ __forceinline__ void wgmma_store_pairs(const float* acc, int m0, int 
 #pragma unroll
         for (int h = 0; h < 2; h++)
             store(m0 + 16 * warp + g + 8 * h, n0 + 8 * j + 2 * t, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+}
+
+// The same a value at a time: store(m, n, value), in the same order.
+template <int BN, class Store>
+__device__ __forceinline__ void wgmma_store(const float* acc, int m0, int n0, Store store) {
+    wgmma_store_pairs<BN>(acc, m0, n0, [&](int m, int n, float first, float second) {
+        store(m, n, first);
+        store(m, n + 1, second);
+    });
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
