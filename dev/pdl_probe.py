@@ -2,19 +2,21 @@
 """Programmatic dependent launch in the step graph: does letting each kernel start while the one before it on
 its stream drains hide part of the launch gaps?
 
-Every kernel is compiled with `griddepcontrol.wait` as the first statement of its body (it waits there until
-the kernel before it on its stream has finished and its writes are visible, so every kernel computes what it
-did; with no programmatic dependency it returns at once). The kernels of the step's main stream are launched
-through the driver's cuLaunchKernelEx with the programmatic-stream-serialization attribute (CuPy's launch takes
-no attributes), so the step graph captures programmatic edges between its consecutive kernels; the side streams'
-kernels launch as they are (with the attribute there, the capture ends with its side streams unjoined).
+Every kernel is compiled with `griddepcontrol.wait` before its first read of global memory (it waits there until
+the kernels it depends on have finished and their writes are visible, so every kernel computes what it did; with
+no programmatic dependency it returns at once). The kernels of the step's main stream are launched through the
+driver's cuLaunchKernelEx with the programmatic-stream-serialization attribute (CuPy's launch takes no attributes),
+so the step graph captures programmatic edges into them: from the kernel before on the stream, and from the side
+streams' last kernels where they are joined (conv2's weight staging into conv2's forward, the branches into the
+update). The side streams' kernels launch as they are (with the attribute there, the capture ends with its side
+streams unjoined).
 Variants, each timed as dev/time_step.py times the step:
 - plain: the kernels and launches as the product has them;
 - wait: the wait and the attribute; a kernel lets the next one launch when its blocks exit (the implicit trigger);
 - wait+trigger: also `griddepcontrol.launch_dependents` right after the wait, so the next kernel's blocks may be
   resident, waiting, while this one runs;
-- prologue: the wait after each kernel's independent prologue (PROLOGUES: work that reads only what no kernel of
-  the step writes), first in the kernels that have none; the implicit trigger;
+- prologue: the wait after each kernel's independent prologue (PROLOGUES: work that reads no global memory a
+  kernel of the step writes), first in the kernels that have none; the implicit trigger;
 - trigger+prologue: also `launch_dependents` first in every kernel, so the next kernel's prologue may run while
   this one does.
 Each variant's weights after --check-steps steps from the same start are compared with plain's, byte for byte.
@@ -132,10 +134,11 @@ def first_statement(statement: str):
 
 
 # The independent prologues: (the kernels, the text where their prologue ends, that text with the wait placed).
-# What comes before the wait reads only what no kernel of the step writes: the parameters (the update, last in the
-# step, writes them after its own wait) and conv2's staged weights (its staging kernel, on a side stream, is joined
-# before conv2's forward by a full edge). conv2's image tiles issue their first chunk's weights before the wait and
-# the image after it; the buffers' zeros are written before it too.
+# Before the wait a kernel may touch only what no kernel of the step writes, nor any it depends on: conv2's staged
+# weights are written in the step (their staging's join into conv2's forward is a programmatic edge too), and each
+# other kernel's first loads are of what the kernel before it wrote, or interleave the parameters with it in one
+# copy pipeline. What is left: conv2's image tiles write the zero border of their staged image's buffers in shared
+# memory. (conv1's forward is the first kernel on its stream: no programmatic edge reaches it.)
 _TILE_KERNELS = (
     "conv2_forward_fast",
     "conv2_forward_tile_moments_fast",
@@ -145,24 +148,14 @@ _TILE_KERNELS = (
 )
 PROLOGUES = (
     (
-        ("conv1_bn_relu_pool_fast",),
-        "    load_channel_weights<CHANNELS>(w, C, c0, ws);\n",
-        "    load_channel_weights<CHANNELS>(w, C, c0, ws);\n" + WAIT + "\n",
-    ),
-    (
-        ("conv1_mma_bn_relu_pool_fast",),
-        "    load_channel_weights<CONV1_MMA_CHANNELS>(w, C, c0, ws);\n",
-        "    load_channel_weights<CONV1_MMA_CHANNELS>(w, C, c0, ws);\n" + WAIT + "\n",
-    ),
-    (
         _TILE_KERNELS,
         "    staging.fetch_image(0);\n    staging.fetch_weights(0);\n",
-        "    staging.fetch_weights(0);\n" + WAIT + "\n    staging.fetch_image(0);\n",
+        WAIT + "\n    staging.fetch_image(0);\n    staging.fetch_weights(0);\n",
     ),
     (
         ("conv2_forward_persistent_fast",),
         "    staging.fetch_image(0);\n    staging.fetch_weights(0, 0);\n",
-        "    staging.fetch_weights(0, 0);\n" + WAIT + "\n    staging.fetch_image(0);\n",
+        WAIT + "\n    staging.fetch_image(0);\n    staging.fetch_weights(0, 0);\n",
     ),
 )
 PROLOGUE_KERNELS = frozenset(name for kernels, _, _ in PROLOGUES for name in kernels)
@@ -179,7 +172,7 @@ def after_prologues(trigger: bool):
         for kernels, end, placed in PROLOGUES:
             if names.isdisjoint(kernels):
                 continue
-            if text.count(end) != 1:  # the kernel changed: its prologue's end must be named again
+            if text.count(end) != 1:  # PROLOGUES names an end the source does not have once
                 raise RuntimeError(f"{path}: the end of {kernels[0]}'s prologue is not found once")
             text = text.replace(end, placed)
         return text
