@@ -66,9 +66,10 @@ def test_the_table_lists_every_rung_file_in_order():
     file itself, numbered above the others, and holds the kernels it names; the product in bf16, NN_product_bf16,
     may stand above it, and above that the bf16 product in its persistent form, NN_product_bf16_persistent, and that
     form with its output's moments for BatchNorm's statistics, NN_product_bf16_moments, and above that the fp32
-    product with its output's moments a block per tile, NN_product_tile_moments; below the
-    product, the product in its CUDA cores' form, NN_product_cuda_cores, where it takes the tensor cores too, or without
-    its staging's L2 prefetch, NN_product_no_l2_prefetch."""
+    product with its output's moments a block per tile, NN_product_tile_moments; or above the product in bf16 the
+    product in another form for large batches, in fp32 and in bf16, NN_product_staged and NN_product_staged_bf16;
+    below the product, the product in its CUDA cores' form, NN_product_cuda_cores, where it takes the tensor cores
+    too, or without its staging's L2 prefetch, NN_product_no_l2_prefetch."""
     folders = sorted(p.name for p in ladder.LADDER.iterdir() if p.is_dir())
     assert folders == sorted(ladder.OPS)
     for op, spec in ladder.OPS.items():
@@ -84,6 +85,7 @@ def test_the_table_lists_every_rung_file_in_order():
             ["product", "product_bf16", "product_bf16_persistent", "product_bf16_moments", "product_tile_moments"],
             ["product_cuda_cores", "product", "product_bf16"],
             ["product_no_l2_prefetch", "product", "product_bf16"],
+            ["product", "product_bf16", "product_staged", "product_staged_bf16"],
         )
         assert [re.sub(r"^\d\d_", "", r.name) for r in top] in tops, op
         files = sorted(p.name for p in (ladder.LADDER / op).glob("*.cu"))

@@ -95,7 +95,7 @@ def _bn_model(rng, m: int, B: int, C: int, lay: dict, stored) -> dict:
     }
 
 
-def _bn_step(b: dict, models: int, B: int, C: int, lay: dict) -> None:
+def _bn_step(b: dict, models: int, B: int, C: int, lay: dict, form: str) -> None:
     """Block 2's BatchNorm in training, forward and backward, as the nets launch it; one model's launches as
     today's (no strides), several with theirs."""
     p, g, r = b["params"], b["grads"], b["running"]
@@ -116,19 +116,40 @@ def _bn_step(b: dict, models: int, B: int, C: int, lay: dict) -> None:
     )  # fmt: skip
     bn_relu_pool.backward_apply(
         b["a"], b["mean"], b["invstd"], gamma, dgamma, dbeta, b["d_pooled"], b["argmax"], B, C, S, b["d_a"],
-        **params,
+        form=form, **params,
     )  # fmt: skip
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("form", bn_relu_pool.APPLY_FORMS)
+@pytest.mark.parametrize("stored", [np.float32, BF16], ids=["float32", "bf16"])
+@pytest.mark.parametrize("channels", [64, 7])
+@pytest.mark.parametrize("batch", BATCHES)
+def test_block2_batchnorm_models_match_single_launches(batch, channels, stored, form):
+    """Each apply form (the staged one's runs of another model's part, or of 3 x 7 planes, not in 16-byte units)."""
+    rng = np.random.default_rng(1000 * batch + channels)
+    lay = _bn_layout(channels)
+    per_model = [_bn_model(rng, m, batch, channels, lay, stored) for m in range(K)]
+    _stacked_vs_single(per_model, lambda b, models: _bn_step(b, models, batch, channels, lay, form))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stored", [np.float32, BF16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("channels", [64, 7])
-@pytest.mark.parametrize("batch", BATCHES)
-def test_block2_batchnorm_models_match_single_launches(batch, channels, stored):
-    rng = np.random.default_rng(1000 * batch + channels)
-    lay = _bn_layout(channels)
-    per_model = [_bn_model(rng, m, batch, channels, lay, stored) for m in range(K)]
-    _stacked_vs_single(per_model, lambda b, models: _bn_step(b, models, batch, channels, lay))
+@pytest.mark.parametrize("batch", [3, 64])
+def test_block2_apply_forms_give_the_same_bits(batch, channels, stored):
+    """backward_apply's two forms run the same arithmetic on each value: the same bits in every buffer, for runs in
+    whole 16-byte units (64 images of 64 channels) and not (3 x 7 planes)."""
+    import cupy
+
+    model = _bn_model(np.random.default_rng(batch + channels), 0, batch, channels, _bn_layout(channels), stored)
+    outs = []
+    for form in bn_relu_pool.APPLY_FORMS:
+        own = {k: cupy.asarray(v) for k, v in model.items()}
+        _bn_step(own, 1, batch, channels, _bn_layout(channels), form)
+        outs.append({k: _bits(v.get()) for k, v in own.items()})
+    for k in outs[0]:
+        assert np.array_equal(outs[0][k], outs[1][k]), k
 
 
 # ---- the head --------------------------------------------------------------------------------------

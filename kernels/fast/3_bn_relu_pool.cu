@@ -14,7 +14,11 @@
 // and their gradients are param_stride floats apart, the running statistics running_stride.
 #include "common.cuh"
 #include "part_reduce.cuh"
+#include "tensor_core.cuh"
 #if !defined(BN_CHANNELS) || !defined(BN_THREADS) || !defined(BN_TILES_THREADS)
+#error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
+#endif
+#if !defined(BN_APPLY_PLANES) || !defined(BN_APPLY_THREADS) || !defined(BN_APPLY_WINDOWS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
@@ -261,9 +265,19 @@ __global__ void __launch_bounds__(BN_THREADS)
                     dgamma);
 }
 
-// d_a = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt
-// from the pooled gradient at the window's argmax (none where it is NO_POSITION): one thread per 2x2
-// window, writing its four elements. T: a's, d_pooled's and d_a's type (bfloat16 in --precision bf16).
+// BatchNorm's input gradient at one value x of a channel: gamma invstd / count (count dz - dbeta - xhat dgamma),
+// with k = gamma invstd / count.
+__device__ __forceinline__ float bn_input_grad(float x, float dz, float mean, float invstd, float k, float count,
+                                               float db, float dg) {
+    const float xhat = (x - mean) * invstd;
+    return k * (count * dz - db - xhat * dg);
+}
+
+// d_a = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt from the pooled
+// gradient at the window's argmax (none where it is NO_POSITION): one thread per 2x2 window, reading and writing its
+// two rows as pairs, 6 memory instructions of 1 to 8 bytes per 4 values. The form for small batches, where the staged
+// form's chain per block (copy, barrier, write) is the longer one (mnist_cuda/ops/bn_relu_pool.py chooses).
+// T: a's, d_pooled's and d_a's type (bfloat16 in --precision bf16).
 template <class T>
 __global__ void batchnorm_backward_apply_fast(const T* a, const float* save_mean, const float* save_invstd,
                                               const float* gamma, const float* dgamma, const float* dbeta,
@@ -289,12 +303,106 @@ __global__ void batchnorm_backward_apply_fast(const T* a, const float* save_mean
     const float dz = load_value(d_pooled + idx);
     const int at = argmax[idx];
     const int base = (nc * S + 2 * ph) * S + 2 * pw;
+    const float2 top = load_pair(a + base), bottom = load_pair(a + base + S);
+    const float v[4] = {top.x, top.y, bottom.x, bottom.y};
     float out[4];
 #pragma unroll
-    for (int p = 0; p < 4; p++) {
-        const float xhat = (load_value(a + base + (p / 2) * S + p % 2) - mean) * invstd;
-        out[p] = k * (count * (p == at ? dz : 0.0f) - db - xhat * dg);
-    }
+    for (int p = 0; p < 4; p++) out[p] = bn_input_grad(v[p], p == at ? dz : 0.0f, mean, invstd, k, count, db, dg);
     store_pair(d_a + base, out[0], out[1]);
     store_pair(d_a + base + S, out[2], out[3]);
+}
+
+// Whether `values` values of type T from `from` to `to` are whole 16-byte units at both ends.
+template <class T>
+__device__ __forceinline__ bool whole_units(const void* from, const void* to, int values) {
+    return (reinterpret_cast<size_t>(from) | reinterpret_cast<size_t>(to) | (values * sizeof(T))) % 16 == 0;
+}
+
+// values of type T from global memory into shared memory: by cp.async in 16-byte units where whole_units, else value
+// by value (loads, then stores: the caller's barrier shows either).
+template <class T>
+__device__ __forceinline__ void stage_run(const T* from, T* to, int values) {
+    if (whole_units<T>(from, to, values)) {
+        for (int i = threadIdx.x; i < values * (int)sizeof(T) / 16; i += BN_APPLY_THREADS)
+            cp_async16(reinterpret_cast<float*>(to) + 4 * i, reinterpret_cast<const float*>(from) + 4 * i);
+    } else {
+        for (int i = threadIdx.x; i < values; i += BN_APPLY_THREADS) to[i] = from[i];
+    }
+}
+
+// ... and from shared memory out to global memory.
+template <class T>
+__device__ __forceinline__ void write_run(const T* from, T* to, int values) {
+    if (whole_units<T>(from, to, values)) {
+        const uint4* f = reinterpret_cast<const uint4*>(from);
+        uint4* d = reinterpret_cast<uint4*>(to);
+        for (int i = threadIdx.x; i < values * (int)sizeof(T) / 16; i += BN_APPLY_THREADS) d[i] = f[i];
+    } else {
+        for (int i = threadIdx.x; i < values; i += BN_APPLY_THREADS) to[i] = from[i];
+    }
+}
+
+// batchnorm_backward_apply_fast's d_a, the same values from the same arithmetic, staged (the form for large
+// batches): a block takes BN_APPLY_PLANES whole (image, channel) planes of a, contiguous in memory. It copies them
+// into shared memory by cp.async in 16-byte units, with their pooled gradients and positions, every copy in flight at
+// once; a thread per 2x2 window rewrites its four values there in place; the block writes the planes out to d_a in
+// 16-byte units. About one memory instruction per 16 bytes (docs/performance.md). A run that is not whole 16-byte
+// units at both ends (another model's part, a batch's last planes) goes value by value.
+// grid (ceil(N*C / BN_APPLY_PLANES), 1, models), BN_APPLY_THREADS threads; S even, (S/2)^2 <= BN_APPLY_WINDOWS.
+// T: a's, d_pooled's and d_a's type (bfloat16 in --precision bf16).
+template <class T>
+__global__ void __launch_bounds__(BN_APPLY_THREADS)
+    batchnorm_backward_apply_staged_fast(const T* a, const float* save_mean, const float* save_invstd,
+                                         const float* gamma, const float* dgamma, const float* dbeta, const T* d_pooled,
+                                         const unsigned char* argmax, int N, int C, int S, T* d_a, int param_stride) {
+    __shared__ __align__(16) T planes_s[BN_APPLY_PLANES * 4 * BN_APPLY_WINDOWS];
+    __shared__ __align__(16) T dz_s[BN_APPLY_PLANES * BN_APPLY_WINDOWS];
+    __shared__ __align__(16) unsigned char at_s[BN_APPLY_PLANES * BN_APPLY_WINDOWS];
+    __shared__ float coef_s[BN_APPLY_PLANES][5];  // mean, invstd, k, dbeta, dgamma of the plane's channel
+    const int model = model_index();
+    const int So = S / 2, W = So * So, SS = S * S, p0 = blockIdx.x * BN_APPLY_PLANES;
+    const int planes = min(BN_APPLY_PLANES, N * C - p0);
+    const size_t pooled_size = (size_t)N * C * W, size = (size_t)N * C * SS;
+    a = model_part(a, size, model) + (size_t)p0 * SS;
+    d_a = model_part(d_a, size, model) + (size_t)p0 * SS;
+    d_pooled = model_part(d_pooled, pooled_size, model) + (size_t)p0 * W;
+    argmax = model_part(argmax, pooled_size, model) + (size_t)p0 * W;
+    save_mean = model_part(save_mean, C, model);
+    save_invstd = model_part(save_invstd, C, model);
+    gamma = model_part(gamma, param_stride, model);
+    dgamma = model_part(dgamma, param_stride, model);
+    dbeta = model_part(dbeta, param_stride, model);
+    stage_run(a, planes_s, planes * SS);
+    stage_run(d_pooled, dz_s, planes * W);
+    stage_run(argmax, at_s, planes * W);
+    cp_async_commit();
+    const float count = (float)N * S * S;
+    if (threadIdx.x < planes) {  // while the copies are in flight
+        const int c = (p0 + threadIdx.x) % C;
+        const float invstd = save_invstd[c];
+        float* coef = coef_s[threadIdx.x];
+        coef[0] = save_mean[c];
+        coef[1] = invstd;
+        coef[2] = gamma[c] * invstd / count;
+        coef[3] = dbeta[c];
+        coef[4] = dgamma[c];
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i = threadIdx.x; i < planes * W; i += BN_APPLY_THREADS) {
+        const int plane = i / W, w = i % W, at = at_s[i];
+        const float* coef = coef_s[plane];
+        const float mean = coef[0], invstd = coef[1], k = coef[2], db = coef[3], dg = coef[4];
+        const float dz = load_value(dz_s + i);
+        T* window = planes_s + plane * SS + 2 * (w / So) * S + 2 * (w % So);
+        const float2 top = load_pair(window), bottom = load_pair(window + S);
+        const float v[4] = {top.x, top.y, bottom.x, bottom.y};
+        float out[4];
+#pragma unroll
+        for (int p = 0; p < 4; p++) out[p] = bn_input_grad(v[p], p == at ? dz : 0.0f, mean, invstd, k, count, db, dg);
+        store_pair(window, out[0], out[1]);
+        store_pair(window + S, out[2], out[3]);
+    }
+    __syncthreads();
+    write_run(static_cast<const T*>(planes_s), d_a, planes * SS);
 }

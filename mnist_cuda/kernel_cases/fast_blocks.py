@@ -265,13 +265,14 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float", t
     return Case(f"batchnorm_relu_maxpool_fast<{stored}>[block2]", make, tol, ops=BLOCK2_OPS)
 
 
-def block_backward_fast_case(layer, per_block=None, stored="float"):
+def block_backward_fast_case(layer, per_block=None, stored="float", form="windows"):
     """The BN backward of a block from its pooled gradient: layer 1 runs conv1_backward_fast (-> dgamma,
     dbeta, dw; from the batch's image moments; per_block channels per block); layer 2 runs
     batchnorm_backward_reduce_fast + batchnorm_backward_apply_fast (-> dgamma, dbeta, dx). The pooled gradient is
     stored as `stored` in both (conv2's input gradient, fc1's: "bfloat16" in --precision bf16, rounded here, so that
     float32's tolerance holds), and in layer 2 a and dx too ("bfloat16": dx then carries bf16's rounding, and the
-    case bf16's tolerance, while dgamma and dbeta are held to float32's)."""
+    case bf16's tolerance, while dgamma and dbeta are held to float32's). form: layer 2's apply form
+    (bn_relu_pool.APPLY_FORMS)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
@@ -314,7 +315,7 @@ def block_backward_fast_case(layer, per_block=None, stored="float"):
 
         def run():
             bn_relu_pool.backward_reduce(a_at, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)
-            bn_relu_pool.backward_apply(xd, *common, gd, dg, db, *pooled_in, N, K, S, dx)
+            bn_relu_pool.backward_apply(xd, *common, gd, dg, db, *pooled_in, N, K, S, dx, form=form)
 
         # reads: x once, the pooled gradient and argmax twice (the reduce and the apply), a_at once; writes dx
         sums = held_to(FP32_TOL, tol) if stored == "bfloat16" else None
@@ -329,5 +330,6 @@ def block_backward_fast_case(layer, per_block=None, stored="float"):
     if layer == 1:
         return Case(f"conv1_backward_fast<{per_block}, {stored}>[block1]", make, ops=BLOCK1_OPS)
     tol = BF16_TOL if stored == "bfloat16" else FP32_TOL
-    name = f"batchnorm_backward_reduce_fast<{stored}>+batchnorm_backward_apply_fast<{stored}>[block2]"
+    apply = "batchnorm_backward_apply_staged_fast" if form == "staged" else "batchnorm_backward_apply_fast"
+    name = f"batchnorm_backward_reduce_fast<{stored}>+{apply}<{stored}>[block2]"
     return Case(name, make, tol, ops=BLOCK2_OPS)

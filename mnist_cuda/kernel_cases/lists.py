@@ -3,6 +3,7 @@ OPS, all of them by op family."""
 
 from __future__ import annotations
 
+from ..ops import bn_relu_pool as bn
 from ..ops import conv1_bn_relu_pool as conv1
 from ..ops import conv2_implicit_gemm as conv2
 from .both import count_correct_case, shift_images_case
@@ -58,7 +59,7 @@ def fast_cases() -> list[Case]:
         ]
         + [bn_relu_pool_fast_case(2, stored=stored) for stored in STORED]
         + [block_backward_fast_case(1, per_block, stored) for per_block in conv1.BACKWARD_CHANNELS for stored in STORED]
-        + [block_backward_fast_case(2, stored=stored) for stored in STORED]
+        + [block_backward_fast_case(2, stored=stored, form=form) for stored in STORED for form in bn.APPLY_FORMS]
         + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
         + [head_fast_case(), sgd_fast_case()]
         + [sgd_momentum_case("fast", started) for started in (False, True)]

@@ -13,15 +13,29 @@ float32."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..cuda import ceil_div
-from .common import F32, I32, MAX_PARTS, parts_of, source, stored_kernel, stored_kernels
+from .common import F32, I32, MAX_PARTS, STORED_TYPES, parts_of, source, stored_kernel, stored_kernels
 
 BN_CHANNELS = 8  # channels per block of the reductions: a warp each
 BN_THREADS = 32 * BN_CHANNELS
 FROM_TILES_THREADS = 512  # stats_from_tiles: a block per channel
+# backward_apply's staged form: a block of APPLY_THREADS threads per APPLY_PLANES (image, channel) planes, each of at
+# most APPLY_WINDOWS pooled windows (conv2's 14x14 output has 49), from APPLY_STAGED_MIN_BATCH images of one model
+# (by the stored type; below it a thread per window: apply_form)
+APPLY_PLANES, APPLY_THREADS, APPLY_WINDOWS = 32, 256, 64
+APPLY_STAGED_MIN_BATCH = {"float": 2048, "bfloat16": 256}
+APPLY_FORMS = ("windows", "staged")
 
 _src = source(
-    "fast/3_bn_relu_pool.cu", BN_CHANNELS=BN_CHANNELS, BN_THREADS=BN_THREADS, BN_TILES_THREADS=FROM_TILES_THREADS
+    "fast/3_bn_relu_pool.cu",
+    BN_CHANNELS=BN_CHANNELS,
+    BN_THREADS=BN_THREADS,
+    BN_TILES_THREADS=FROM_TILES_THREADS,
+    BN_APPLY_PLANES=APPLY_PLANES,
+    BN_APPLY_THREADS=APPLY_THREADS,
+    BN_APPLY_WINDOWS=APPLY_WINDOWS,
 )
 _stats = stored_kernels(_src, "batchnorm_stats_fast")
 _stats_from_parts = _src.kernel("batchnorm_stats_from_parts_fast")
@@ -30,7 +44,10 @@ FROM_PARTS_MAX = 32 * 16  # the parts stats_from_parts merges at most (BN_FROM_P
 _eval_stats = _src.kernel("batchnorm_eval_stats_fast")
 _forward = stored_kernels(_src, "batchnorm_relu_maxpool_fast")
 _backward_reduce = stored_kernels(_src, "batchnorm_backward_reduce_fast")
-_backward_apply = stored_kernels(_src, "batchnorm_backward_apply_fast")
+_backward_apply = {
+    "windows": stored_kernels(_src, "batchnorm_backward_apply_fast"),
+    "staged": stored_kernels(_src, "batchnorm_backward_apply_staged_fast"),
+}
 
 
 def _grid(parts: int, channels: int, models: int) -> tuple:
@@ -237,6 +254,14 @@ def backward_reduce(
     )
 
 
+def apply_form(n: int, dtype) -> str:
+    """backward_apply's form for batches of n images of one model with a and d_a of `dtype` (float32 or BF16): "staged"
+    from APPLY_STAGED_MIN_BATCH images, where a block's planes in 16-byte units pay for its chain of copy, barrier and
+    write, else "windows", a thread per window (docs/performance.md measures both)."""
+    stored = STORED_TYPES.get(np.dtype(dtype))  # (another type: stored_kernel names the two)
+    return "staged" if stored and n >= APPLY_STAGED_MIN_BATCH[stored] else "windows"
+
+
 def backward_apply(
     a,
     mean,
@@ -252,24 +277,21 @@ def backward_apply(
     d_a,
     models: int = 1,
     param_stride: int = 0,
+    form: str | None = None,
 ):
     """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta. a, d_pooled and d_a are
     float32, or bf16 bits alike (in --precision bf16: conv2's output, fc1's input gradient and conv2's output
-    gradient)."""
-    stored_kernel(_backward_apply, "a, d_pooled and d_a", a, d_pooled, d_a).launch_1d(
-        n * channels * (size // 2) ** 2,
-        a,
-        mean,
-        invstd,
-        gamma,
-        dgamma,
-        dbeta,
-        d_pooled,
-        argmax,
-        I32(n),
-        I32(channels),
-        I32(size),
-        d_a,
-        I32(param_stride),
-        models=models,
-    )
+    gradient). form: one of APPLY_FORMS (None: apply_form's for one model's n), the same values either way; the staged
+    form takes an even size of at most APPLY_WINDOWS windows."""
+    form = form or apply_form(n, a.dtype)
+    if form not in APPLY_FORMS:
+        raise ValueError(f"unknown form {form!r}; choose from {APPLY_FORMS}")
+    kernel = stored_kernel(_backward_apply[form], "a, d_pooled and d_a", a, d_pooled, d_a)
+    args = (a, mean, invstd, gamma, dgamma, dbeta, d_pooled, argmax, I32(n), I32(channels), I32(size), d_a)
+    if form == "windows":
+        kernel.launch_1d(n * channels * (size // 2) ** 2, *args, I32(param_stride), models=models)
+        return
+    if size % 2 or (size // 2) ** 2 > APPLY_WINDOWS:
+        raise ValueError(f"the staged form takes an even size of at most {APPLY_WINDOWS} windows; got {size}")
+    grid = ceil_div(n * channels, APPLY_PLANES)
+    kernel.launch(grid if models == 1 else (grid, 1, models), APPLY_THREADS, *args, I32(param_stride), models=models)

@@ -16,6 +16,7 @@ argmax, or NO_POSITION where the ReLU blocked the window) and, from rung 04 on, 
 """
 
 import dataclasses
+import functools
 
 import numpy as np
 from ladder_op import Op, ProductRung, Rung, from_bf16, to_bf16
@@ -146,9 +147,12 @@ def launch_warp_per_channel(
     _apply(apply, s, x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, dx)
 
 
-def prepare_product(s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta):
-    """The top rung: bn_relu_pool.backward_reduce then backward_apply as FastNet.backward launches them, with their
-    scratch (partial) and zeroed counters (a row of c, as FastNet's counters2[1])."""
+def prepare_product(
+    s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta, form="windows"
+):
+    """Rung 09: bn_relu_pool.backward_reduce then backward_apply as FastNet.backward launches them, with their scratch
+    (partial) and zeroed counters (a row of c, as FastNet's counters2[1]); the apply in its form `form`
+    (bn_relu_pool.APPLY_FORMS: rung 09's a thread per window, rung 11's staged planes)."""
     import cupy
 
     partial = cupy.empty(bn_relu_pool.partial_size(s.c), cupy.float32)
@@ -159,18 +163,20 @@ def prepare_product(s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax
         bn_relu_pool.backward_reduce(
             x_at, mean, invstd, d_pooled, position, s.n, s.c, s.s, partial, counter, dgamma, dbeta
         )
-        bn_relu_pool.backward_apply(x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, s.n, s.c, s.s, dx)
+        bn_relu_pool.backward_apply(
+            x, mean, invstd, gamma, dgamma, dbeta, d_pooled, position, s.n, s.c, s.s, dx, form=form
+        )
 
     return run
 
 
 def prepare_product_bf16(
-    s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta
+    s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta, form="windows"
 ):
     """Rung 10: the product in --precision bf16, where conv2's output and its gradient, and fc1's input gradient (the
     pooled gradient), are stored as bf16: x rounded to bf16 (and x_at with it, as the forward stores it), the pooled
     gradient rounded to bf16, dx written as bf16 and put into the float32 output after the launch (untimed); the sums
-    stay float32. Against the reference on the unrounded x and pooled gradient."""
+    stay float32. Against the reference on the unrounded x and pooled gradient. Rung 12: the same, the apply staged."""
     import cupy
 
     x_at_rounded, dx_bits = cupy.empty_like(x_at), cupy.empty(dx.shape, cupy.uint16)
@@ -189,6 +195,7 @@ def prepare_product_bf16(
         dx_bits,
         dgamma,
         dbeta,
+        form,
     )
     return run, lambda: from_bf16(dx_bits, dx)
 
@@ -278,6 +285,24 @@ OP = Op(
             "fast/3_bn_relu_pool.cu",
             "batchnorm_backward_reduce_fast<bfloat16> + batchnorm_backward_apply_fast<bfloat16>",
             prepare_product_bf16,
+            product_accepts,
+            unit="fp32",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
+        ),
+        ProductRung(
+            "11_product_staged",
+            "fast/3_bn_relu_pool.cu",
+            "batchnorm_backward_reduce_fast<float> + batchnorm_backward_apply_staged_fast<float>",
+            functools.partial(prepare_product, form="staged"),
+            product_accepts,
+            unit="fp32",
+        ),
+        ProductRung(
+            "12_product_staged_bf16",
+            "fast/3_bn_relu_pool.cu",
+            "batchnorm_backward_reduce_fast<bfloat16> + batchnorm_backward_apply_staged_fast<bfloat16>",
+            functools.partial(prepare_product_bf16, form="staged"),
             product_accepts,
             unit="fp32",
             tolerance=BF16_TOL,
