@@ -464,6 +464,25 @@ def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
     return small if small_part else big
 
 
+def test_bn2_backward_apply_form_by_batch_size_and_type():
+    """The staged apply from APPLY_STAGED_MIN_BATCH images of its type, only for sizes it takes (even, at most
+    APPLY_WINDOWS windows); asked for a size it cannot take, or a form that does not exist, a one-line error."""
+    from mnist_cuda.ops import bn_relu_pool as bn
+    from mnist_cuda.ops.common import BF16
+
+    f32 = np.float32
+    assert bn.APPLY_STAGED_MIN_BATCH == {"float": 2048, "bfloat16": 256}
+    assert [bn.apply_form(n, 14, f32) for n in (64, 1024, 2047, 2048, 4096)] == ["windows"] * 3 + ["staged"] * 2
+    assert [bn.apply_form(n, 14, BF16) for n in (64, 255, 256, 4096)] == ["windows"] * 2 + ["staged"] * 2
+    assert bn.apply_form(4096, 28, f32) == bn.apply_form(4096, 13, BF16) == "windows"  # 196 windows; odd
+    assert bn.apply_form(4096, 16, f32) == "staged"  # 64 windows, the most
+    a, pooled = np.empty((1, 8, 13, 13), f32), np.empty((1, 8, 6, 6), f32)
+    with pytest.raises(ValueError, match="the staged form takes an even size of at most 64 windows; got 13"):
+        bn.backward_apply(a, *[None] * 5, pooled, None, 1, 8, 13, a, form="staged")
+    with pytest.raises(ValueError, match="unknown form 'rows'; choose from \\('windows', 'staged'\\)"):
+        bn.backward_apply(a, *[None] * 5, pooled, None, 1, 8, 14, a, form="rows")
+
+
 def test_conv2_weight_mirror_is_the_kernels_arithmetic():
     """mnist_cuda.kernel_cases.weight_quads, the mirror the GPU tests compare conv2_stage_weights_fast with, holds
     what the kernel's index arithmetic (ported above) writes, in every 3xTF32 form, over partial tiles and

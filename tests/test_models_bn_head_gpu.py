@@ -136,10 +136,11 @@ def test_block2_batchnorm_models_match_single_launches(batch, channels, stored, 
 @pytest.mark.gpu
 @pytest.mark.parametrize("stored", [np.float32, BF16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("channels", [64, 7])
-@pytest.mark.parametrize("batch", [3, 64])
+@pytest.mark.parametrize("batch", [3, 64, 65])
 def test_block2_apply_forms_give_the_same_bits(batch, channels, stored):
     """backward_apply's two forms run the same arithmetic on each value: the same bits in every buffer, for runs in
-    whole 16-byte units (64 images of 64 channels) and not (3 x 7 planes)."""
+    whole 16-byte units (64 images of 64 channels) and not (3 x 7 planes), and for grids of several blocks whose last
+    is partial (65 x 7 planes)."""
     import cupy
 
     model = _bn_model(np.random.default_rng(batch + channels), 0, batch, channels, _bn_layout(channels), stored)

@@ -1,6 +1,7 @@
 // 3_bn_relu_pool.cu: the second block's BatchNorm fused with ReLU and max pooling (a = conv2's output
 // [N,C,S,S], S even): the fast form of naive/3_batchnorm.cu, 4_relu.cu and 5_maxpool.cu for block 2, forward
-// and backward. Reductions are split into parts of imgs_per_block images (at most MAX_PARTS), one warp per
+// and backward (the backward's apply in two forms: a thread per window, or staged a block of BN_APPLY_PLANES planes
+// at a time). Reductions are split into parts of imgs_per_block images (at most MAX_PARTS), one warp per
 // channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
 // for each group of channels, the last of its blocks combines the parts in a fixed order
 // (last_block_done). counter: one per group.
@@ -275,9 +276,9 @@ __device__ __forceinline__ float bn_input_grad(float x, float dz, float mean, fl
 
 // d_a = gamma*invstd/count * (count*dz - dbeta - xhat*dgamma) over every element (dense), dz rebuilt from the pooled
 // gradient at the window's argmax (none where it is NO_POSITION): one thread per 2x2 window, reading and writing its
-// two rows as pairs, 6 memory instructions of 1 to 8 bytes per 4 values. The form for small batches, where the staged
-// form's chain per block (copy, barrier, write) is the longer one (mnist_cuda/ops/bn_relu_pool.py chooses).
-// T: a's, d_pooled's and d_a's type (bfloat16 in --precision bf16).
+// two rows as pairs, 6 memory instructions of 1 to 8 bytes per 4 values besides its channel's five coefficients. The
+// form for small batches, where the staged form's chain per block (copy, barrier, write) is the longer one
+// (mnist_cuda/ops/bn_relu_pool.py chooses). T: a's, d_pooled's and d_a's type (bfloat16 in --precision bf16).
 template <class T>
 __global__ void batchnorm_backward_apply_fast(const T* a, const float* save_mean, const float* save_invstd,
                                               const float* gamma, const float* dgamma, const float* dbeta,

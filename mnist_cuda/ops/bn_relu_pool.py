@@ -254,12 +254,14 @@ def backward_reduce(
     )
 
 
-def apply_form(n: int, dtype) -> str:
-    """backward_apply's form for batches of n images of one model with a and d_a of `dtype` (float32 or BF16): "staged"
-    from APPLY_STAGED_MIN_BATCH images, where a block's planes in 16-byte units pay for its chain of copy, barrier and
-    write, else "windows", a thread per window (docs/performance.md measures both)."""
+def apply_form(n: int, size: int, dtype) -> str:
+    """backward_apply's form for batches of n images of one model, size x size values a plane, with a and d_a of
+    `dtype` (float32 or BF16): "staged" from APPLY_STAGED_MIN_BATCH images, where a block's planes in 16-byte units pay
+    for its chain of copy, barrier and write, if the staged form takes the size (even, at most APPLY_WINDOWS windows);
+    else "windows", a thread per window (docs/performance.md measures both)."""
     stored = STORED_TYPES.get(np.dtype(dtype))  # (another type: stored_kernel names the two)
-    return "staged" if stored and n >= APPLY_STAGED_MIN_BATCH[stored] else "windows"
+    fits = size % 2 == 0 and (size // 2) ** 2 <= APPLY_WINDOWS
+    return "staged" if stored and fits and n >= APPLY_STAGED_MIN_BATCH[stored] else "windows"
 
 
 def backward_apply(
@@ -283,7 +285,7 @@ def backward_apply(
     float32, or bf16 bits alike (in --precision bf16: conv2's output, fc1's input gradient and conv2's output
     gradient). form: one of APPLY_FORMS (None: apply_form's for one model's n), the same values either way; the staged
     form takes an even size of at most APPLY_WINDOWS windows."""
-    form = form or apply_form(n, a.dtype)
+    form = form or apply_form(n, size, a.dtype)
     if form not in APPLY_FORMS:
         raise ValueError(f"unknown form {form!r}; choose from {APPLY_FORMS}")
     kernel = stored_kernel(_backward_apply[form], "a, d_pooled and d_a", a, d_pooled, d_a)
