@@ -153,6 +153,32 @@ def is_conv2(s: Conv) -> bool:
     return (s.c, s.k, s.h, s.w) == (32, 64, 14, 14)
 
 
+# ---- the shape BN2's block ops share (bn_forward, bn_backward) ----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+    """x [n, c, s, s] (BatchNorm's input), pooled to [n, c, s/2, s/2] (an odd s's last row and column in no window)."""
+
+    n: int
+    c: int
+    s: int
+
+    def __str__(self):
+        return f"N={self.n},C={self.c},{self.s}x{self.s}"
+
+    def ints(self) -> tuple:
+        return tuple(np.int32(v) for v in (self.n, self.c, self.s))
+
+    @property
+    def pooled(self) -> tuple:
+        return self.n, self.c, self.s // 2, self.s // 2
+
+    @property
+    def windows(self) -> int:
+        return self.n * self.c * (self.s // 2) ** 2
+
+
 # ---- bf16 storage, for the products' bf16 forms ------------------------------------------------------------------
 
 

@@ -295,9 +295,13 @@ def device_buffers(
                 4,
                 1,
             ),
-            # as bf16 in bf16: fc1's input
+            # as bf16 in bf16: fc1's input, and conv2's output at each window's position
             "block 2's pooled output": (B * c2 * S3, linear_splitk.input_dtype(precision).itemsize, 1),
-            "block 2's a at each window's position": (B * c2 * S3, 4, 1),
+            "block 2's a at each window's position": (
+                B * c2 * S3,
+                conv2_implicit_gemm.stored_dtype(precision).itemsize,
+                1,
+            ),
             "block 2's pooling choices": (B * c2 * S3, 1, 1),
             "conv2's weight-gradient parts": (sms * c1 * c2 * 9, 4, 1),
             "conv2's staged weights": (4 * quads, 4, 2),

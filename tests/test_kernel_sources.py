@@ -464,23 +464,36 @@ def _staged_weight_quad(w, q, flipped, tile, quads_per_chunk, paired):
     return small if small_part else big
 
 
-def test_bn2_backward_apply_form_by_batch_size_and_type():
-    """The staged apply from APPLY_STAGED_MIN_BATCH images of its type, only for sizes it takes (even, at most
-    APPLY_WINDOWS windows); asked for a size it cannot take, or a form that does not exist, a one-line error."""
+def test_bn2_forms_by_op_batch_size_and_type():
+    """The staged forward and apply from STAGED_MIN_BATCH images of their op and type, only for sizes they take (even,
+    at most STAGED_WINDOWS windows); asked for a size they cannot take, or a form that does not exist, a one-line
+    error."""
     from mnist_cuda.ops import bn_relu_pool as bn
     from mnist_cuda.ops.common import BF16
 
     f32 = np.float32
-    assert bn.APPLY_STAGED_MIN_BATCH == {"float": 2048, "bfloat16": 256}
-    assert [bn.apply_form(n, 14, f32) for n in (64, 1024, 2047, 2048, 4096)] == ["windows"] * 3 + ["staged"] * 2
-    assert [bn.apply_form(n, 14, BF16) for n in (64, 255, 256, 4096)] == ["windows"] * 2 + ["staged"] * 2
-    assert bn.apply_form(4096, 28, f32) == bn.apply_form(4096, 13, BF16) == "windows"  # 196 windows; odd
-    assert bn.apply_form(4096, 16, f32) == "staged"  # 64 windows, the most
+    assert bn.STAGED_MIN_BATCH == {
+        "forward": {"float": 512, "bfloat16": 256},
+        "backward_apply": {"float": 2048, "bfloat16": 256},
+    }
+    apply = [bn.form_of("backward_apply", n, 14, f32) for n in (64, 1024, 2047, 2048, 4096)]
+    assert apply == ["windows"] * 3 + ["staged"] * 2
+    assert [bn.form_of("forward", n, 14, f32) for n in (64, 511, 512, 4096)] == ["windows"] * 2 + ["staged"] * 2
+    for op in bn.STAGED_OPS:
+        assert [bn.form_of(op, n, 14, BF16) for n in (64, 255, 256, 4096)] == ["windows"] * 2 + ["staged"] * 2
+        assert bn.form_of(op, 4096, 28, f32) == bn.form_of(op, 4096, 13, BF16) == "windows"  # 196 windows; odd
+        assert bn.form_of(op, 4096, 16, f32) == "staged"  # 64 windows, the most
     a, pooled = np.empty((1, 8, 13, 13), f32), np.empty((1, 8, 6, 6), f32)
-    with pytest.raises(ValueError, match="the staged form takes an even size of at most 64 windows; got 13"):
+    staged = "the staged form takes an even size of at most 64 windows; got 13"
+    unknown = "unknown form 'rows'; choose from \\('windows', 'staged'\\)"
+    with pytest.raises(ValueError, match=staged):
         bn.backward_apply(a, *[None] * 5, pooled, None, 1, 8, 13, a, form="staged")
-    with pytest.raises(ValueError, match="unknown form 'rows'; choose from \\('windows', 'staged'\\)"):
+    with pytest.raises(ValueError, match=unknown):
         bn.backward_apply(a, *[None] * 5, pooled, None, 1, 8, 14, a, form="rows")
+    with pytest.raises(ValueError, match=staged):
+        bn.forward(a, *[None] * 4, 1, 8, 13, pooled, None, pooled, form="staged")
+    with pytest.raises(ValueError, match=unknown):
+        bn.forward(a, *[None] * 4, 1, 8, 14, pooled, None, pooled, form="rows")
 
 
 def test_conv2_weight_mirror_is_the_kernels_arithmetic():
@@ -544,15 +557,26 @@ def test_conv2_input_output_and_gradients_are_stored_as_bf16_in_bf16():
         ValueError, match="a, d_pooled and d_a must be float32, or bf16 \\(uint16\\) alike; got uint16, uint16, float32"
     ):
         bn_relu_pool.backward_apply(a, *[None] * 5, d_pooled16, None, 1, 8, 14, d_a)
-    with pytest.raises(ValueError, match="d_pooled must be float32, or bf16 \\(uint16\\) alike; got float64"):
-        bn_relu_pool.backward_reduce(None, None, None, np.empty(4, np.float64), None, 1, 8, 14, *[None] * 4)
+    at32 = np.empty((1, 8, 7, 7), np.float32)
+    with pytest.raises(
+        ValueError, match="d_pooled and a_at must be float32, or bf16 \\(uint16\\) alike; got float64, float32"
+    ):
+        bn_relu_pool.backward_reduce(at32, None, None, np.empty(4, np.float64), None, 1, 8, 14, *[None] * 4)
+    with pytest.raises(
+        ValueError, match="d_pooled and a_at must be float32, or bf16 \\(uint16\\) alike; got uint16, float32"
+    ):  # a_at as the fp32 step stores it, beside bf16's pooled gradient
+        bn_relu_pool.backward_reduce(at32, None, None, d_pooled16, None, 1, 8, 14, *[None] * 4)
     with pytest.raises(ValueError, match="a must be float32, or bf16"):
         bn_relu_pool.stats(np.empty(4, np.float64), 1, 8, 196, *[None] * 4, 0.1, 0.1, *[None] * 4)
     pooled32 = np.empty((1, 8, 7, 7), np.float32)
     with pytest.raises(
-        ValueError, match="a and pooled must be float32, or bf16 \\(uint16\\) alike; got uint16, float32"
+        ValueError, match="a, pooled and a_at must be float32, or bf16 \\(uint16\\) alike; got uint16, float32, uint16"
     ):
-        bn_relu_pool.forward(a, *[None] * 4, 1, 8, 14, pooled32, None, None)
+        bn_relu_pool.forward(a, *[None] * 4, 1, 8, 14, pooled32, None, d_pooled16)
+    with pytest.raises(
+        ValueError, match="a, pooled and a_at must be float32, or bf16 \\(uint16\\) alike; got uint16, uint16, float32"
+    ):
+        bn_relu_pool.forward(a, *[None] * 4, 1, 8, 14, d_pooled16, None, at32)
 
 
 def test_fc1_input_and_its_gradient_are_stored_as_bf16_in_bf16():

@@ -65,14 +65,14 @@ def _bn_layout(channels: int) -> dict:
 
 
 def _bn_model(rng, m: int, B: int, C: int, lay: dict, stored) -> dict:
-    """Model m's buffers: inputs (its own scale and offset) and outputs (poisoned); a, d_a, pooled and d_pooled
+    """Model m's buffers: inputs (its own scale and offset) and outputs (poisoned); a, d_a, pooled, a_at and d_pooled
     stored as `stored` (float32, or BF16: bf16 bits, NaN patterns for the poison)."""
     So, groups = S // 2, -(-C // bn_relu_pool.BN_CHANNELS)
     a, d_pooled = _normal(rng, (B, C, S, S), 1.0 + m, 0.3 * m), _normal(rng, (B, C, So, So))
-    d_a, pooled_out = _poison((B, C, S, S)), _poison((B, C, So, So))
+    d_a, pooled_out, a_at = _poison((B, C, S, S)), _poison((B, C, So, So)), _poison((B, C, So, So))
     if stored == BF16:  # the upper halves: truncated, which is as good as rounded for inputs
-        stored_arrays = (np.ascontiguousarray(v).view(np.uint32) >> 16 for v in (a, d_pooled, d_a, pooled_out))
-        a, d_pooled, d_a, pooled_out = (v.astype(BF16) for v in stored_arrays)
+        arrays = (np.ascontiguousarray(v).view(np.uint32) >> 16 for v in (a, d_pooled, d_a, pooled_out, a_at))
+        a, d_pooled, d_a, pooled_out, a_at = (v.astype(BF16) for v in arrays)
     running = _normal(rng, lay["R"])
     running[lay["var"] : lay["var"] + C] = np.abs(running[lay["var"] : lay["var"] + C]) + 0.5
     pooled = (B, C, So, So)
@@ -90,7 +90,7 @@ def _bn_model(rng, m: int, B: int, C: int, lay: dict, stored) -> dict:
         "backward_counter": np.zeros(groups, np.uint32),
         "pooled": pooled_out,
         "argmax": _poison(pooled, np.uint8),
-        "a_at": _poison(pooled),
+        "a_at": a_at,
         "d_a": d_a,
     }
 
@@ -108,7 +108,7 @@ def _bn_step(b: dict, models: int, B: int, C: int, lay: dict, form: str) -> None
         r[lay["mean"] :], r[lay["var"] :], **running,
     )  # fmt: skip
     bn_relu_pool.forward(
-        b["a"], b["mean"], b["invstd"], gamma, beta, B, C, S, b["pooled"], b["argmax"], b["a_at"], **params
+        b["a"], b["mean"], b["invstd"], gamma, beta, B, C, S, b["pooled"], b["argmax"], b["a_at"], form=form, **params
     )
     bn_relu_pool.backward_reduce(
         b["a_at"], b["mean"], b["invstd"], b["d_pooled"], b["argmax"], B, C, S, b["backward_partial"],
@@ -121,12 +121,13 @@ def _bn_step(b: dict, models: int, B: int, C: int, lay: dict, form: str) -> None
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("form", bn_relu_pool.APPLY_FORMS)
+@pytest.mark.parametrize("form", bn_relu_pool.FORMS)
 @pytest.mark.parametrize("stored", [np.float32, BF16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("channels", [64, 7])
 @pytest.mark.parametrize("batch", BATCHES)
 def test_block2_batchnorm_models_match_single_launches(batch, channels, stored, form):
-    """Each apply form (the staged one's runs of another model's part, or of 3 x 7 planes, not in 16-byte units)."""
+    """Each form of the forward and the apply (the staged ones' runs of another model's part, or of 3 x 7 planes, not in
+    16-byte units)."""
     rng = np.random.default_rng(1000 * batch + channels)
     lay = _bn_layout(channels)
     per_model = [_bn_model(rng, m, batch, channels, lay, stored) for m in range(K)]
@@ -137,15 +138,15 @@ def test_block2_batchnorm_models_match_single_launches(batch, channels, stored, 
 @pytest.mark.parametrize("stored", [np.float32, BF16], ids=["float32", "bf16"])
 @pytest.mark.parametrize("channels", [64, 7])
 @pytest.mark.parametrize("batch", [3, 64, 65])
-def test_block2_apply_forms_give_the_same_bits(batch, channels, stored):
-    """backward_apply's two forms run the same arithmetic on each value: the same bits in every buffer, for runs in
-    whole 16-byte units (64 images of 64 channels) and not (3 x 7 planes), and for grids of several blocks whose last
-    is partial (65 x 7 planes)."""
+def test_block2_forms_give_the_same_bits(batch, channels, stored):
+    """forward's and backward_apply's two forms run the same arithmetic on each value: the same bits in every buffer,
+    for runs in whole 16-byte units (64 images of 64 channels) and not (3 x 7 planes), and for grids of several blocks
+    whose last is partial (65 x 7 planes)."""
     import cupy
 
     model = _bn_model(np.random.default_rng(batch + channels), 0, batch, channels, _bn_layout(channels), stored)
     outs = []
-    for form in bn_relu_pool.APPLY_FORMS:
+    for form in bn_relu_pool.FORMS:
         own = {k: cupy.asarray(v) for k, v in model.items()}
         _bn_step(own, 1, batch, channels, _bn_layout(channels), form)
         outs.append({k: _bits(v.get()) for k, v in own.items()})

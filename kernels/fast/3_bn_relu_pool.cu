@@ -1,25 +1,25 @@
 // 3_bn_relu_pool.cu: the second block's BatchNorm fused with ReLU and max pooling (a = conv2's output
 // [N,C,S,S], S even): the fast form of naive/3_batchnorm.cu, 4_relu.cu and 5_maxpool.cu for block 2, forward
-// and backward (the backward's apply in two forms: a thread per window, or staged a block of BN_APPLY_PLANES planes
-// at a time). Reductions are split into parts of imgs_per_block images (at most MAX_PARTS), one warp per
-// channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
+// and backward (the forward and the backward's apply in two forms each: a thread per window, or staged, a block of
+// BN_STAGED_PLANES planes at a time). Reductions are split into parts of imgs_per_block images (at most MAX_PARTS), one
+// warp per channel, BN_CHANNELS channels per block of BN_THREADS threads (both from mnist_cuda/ops/bn_relu_pool.py);
 // for each group of channels, the last of its blocks combines the parts in a fixed order
 // (last_block_done). counter: one per group.
-// conv2's output a and its gradient d_a, and the pooled output and its gradient (fc1's input and its gradient), are
-// float32, or bf16 with --precision bf16 (T: float or bfloat16, common.cuh); everything else, the statistics and sums
-// included, is float32.
-// Several models at once (common.cuh), in every kernel but batchnorm_eval_stats_fast (evaluation, one model) and
-// batchnorm_stats_from_parts_fast and _from_tiles_fast (conv2's forward's moments, one model):
-// the grid's z is the model; a, the pooled tensors and their gradients are [models][N][...], mean and invstd
-// [models][C], the reductions' partial [models][MAX_PARTS * C * 2] and counter [models][groups]; gamma, beta
-// and their gradients are param_stride floats apart, the running statistics running_stride.
+// conv2's output a and its gradient d_a, the pooled output and its gradient (fc1's input and its gradient), and a at
+// each window's position (a_at), are float32, or bf16 with --precision bf16 (T: float or bfloat16, common.cuh);
+// everything else, the statistics and sums included, is float32. Several models at once (common.cuh), in every kernel
+// but batchnorm_eval_stats_fast (evaluation, one model) and batchnorm_stats_from_parts_fast and _from_tiles_fast
+// (conv2's forward's moments, one model): the grid's z is the model; a, the pooled tensors and their gradients are
+// [models][N][...], mean and invstd [models][C], the reductions' partial [models][MAX_PARTS * C * 2] and counter
+// [models][groups]; gamma, beta and their gradients are param_stride floats apart, the running statistics
+// running_stride.
 #include "common.cuh"
 #include "part_reduce.cuh"
 #include "tensor_core.cuh"
 #if !defined(BN_CHANNELS) || !defined(BN_THREADS) || !defined(BN_TILES_THREADS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
-#if !defined(BN_APPLY_PLANES) || !defined(BN_APPLY_THREADS) || !defined(BN_APPLY_WINDOWS)
+#if !defined(BN_STAGED_PLANES) || !defined(BN_STAGED_THREADS) || !defined(BN_STAGED_WINDOWS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 static_assert(BN_THREADS == 32 * BN_CHANNELS, "a warp per channel");
@@ -155,16 +155,29 @@ extern "C" __global__ void batchnorm_eval_stats_fast(const float* running_mean, 
     invstd[c] = rsqrtf(running_var[c] + eps);
 }
 
+// One 2x2 window of BatchNorm + ReLU + max pool, its two rows as pairs: the pooled value, its position
+// (pool_position: NO_POSITION where the ReLU blocked the window) and a's value there (*a_at).
+__device__ __forceinline__ float bn_relu_pool_window(float2 top, float2 bottom, float m, float is, float g, float b,
+                                                     int* position, float* a_at) {
+    int at;
+    const float v = relu_max4(batchnorm_apply(top.x, m, is, g, b), batchnorm_apply(top.y, m, is, g, b),
+                              batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
+    *position = pool_position(v, at);
+    *a_at = at == 0 ? top.x : at == 1 ? top.y : at == 2 ? bottom.x : bottom.y;
+    return v;
+}
+
 // pooled = maxpool2x2(relu(batchnorm(a))) with the window position, NO_POSITION where the ReLU blocked
 // the window (pool_position), and a_at, a at that position: the backward reads the position alone, and
 // its reduction reads a_at instead of gathering a at the positions (a quarter of a's values, nearly all of
-// its sectors). One thread per pooled pixel, reading its window as two rows of two (load_pair). T: a's and
-// pooled's type (bfloat16 in --precision bf16: conv2's output and fc1's input, pooled rounded to the nearest;
-// the position is taken from the float value).
+// its sectors). One thread per pooled pixel, reading its window as two rows of two (load_pair): the form for small
+// batches, where the staged form's chain per block (copy, barrier) is the longer one. T: a's,
+// pooled's and a_at's type (bfloat16 in --precision bf16: conv2's output and fc1's input, pooled rounded to the
+// nearest, a_at exact, a value of a; the position is taken from the float value).
 template <class T>
 __global__ void batchnorm_relu_maxpool_fast(const T* a, const float* mean, const float* invstd, const float* gamma,
                                             const float* beta, int N, int C, int S, T* pooled, unsigned char* argmax,
-                                            float* a_at, int param_stride) {
+                                            T* a_at, int param_stride) {
     const int So = S / 2;
     int idx = blockIdx.x * blockDim.x + threadIdx.x;
     if (idx >= N * C * So * So) return;
@@ -180,14 +193,13 @@ __global__ void batchnorm_relu_maxpool_fast(const T* a, const float* mean, const
     a_at = model_part(a_at, pooled_size, model);
     const int pw = idx % So, ph = (idx / So) % So, nc = idx / (So * So), c = nc % C;
     const T* row = a + (nc * S + 2 * ph) * S + 2 * pw;
-    const float2 top = load_pair(row), bottom = load_pair(row + S);
-    const float m = mean[c], is = invstd[c], g = gamma[c], b = beta[c];
-    int at;
-    const float v = relu_max4(batchnorm_apply(top.x, m, is, g, b), batchnorm_apply(top.y, m, is, g, b),
-                              batchnorm_apply(bottom.x, m, is, g, b), batchnorm_apply(bottom.y, m, is, g, b), &at);
+    int position;
+    float at_value;
+    const float v = bn_relu_pool_window(load_pair(row), load_pair(row + S), mean[c], invstd[c], gamma[c], beta[c],
+                                        &position, &at_value);
     store_value(pooled + idx, v);
-    argmax[idx] = pool_position(v, at);
-    a_at[idx] = at == 0 ? top.x : at == 1 ? top.y : at == 2 ? bottom.x : bottom.y;
+    argmax[idx] = position;
+    store_value(a_at + idx, at_value);
 }
 
 // dbeta = sum dz, dgamma = sum dz*xhat, where dz (the gradient at BN's output) is nonzero only at each
@@ -200,7 +212,7 @@ __global__ void batchnorm_relu_maxpool_fast(const T* a, const float* mean, const
 
 // Images n0 .. n0 + K - 1 of channel c added to (sdz, sdzx) in image order, by the warp that owns c.
 template <int K, class T>
-__device__ __forceinline__ void reduce_images(const float* a_at, const T* d_pooled, const unsigned char* argmax, int n0,
+__device__ __forceinline__ void reduce_images(const T* a_at, const T* d_pooled, const unsigned char* argmax, int n0,
                                               int C, int c, int pooled_hw, float mean, float invstd, float* sdz,
                                               float* sdzx) {
     const int lane = threadIdx.x % 32;
@@ -213,7 +225,7 @@ __device__ __forceinline__ void reduce_images(const float* a_at, const T* d_pool
             const int t = lane + 32 * i, idx = ((n0 + j) * C + c) * pooled_hw + t;
             const bool in = t < pooled_hw;
             dz[j][i] = in ? load_value(d_pooled + idx) : 0.0f;
-            aa[j][i] = in ? a_at[idx] : 0.0f;
+            aa[j][i] = in ? load_value(a_at + idx) : 0.0f;
             passed[j][i] = in && argmax[idx] != NO_POSITION;
         }
 #pragma unroll
@@ -226,13 +238,12 @@ __device__ __forceinline__ void reduce_images(const float* a_at, const T* d_pool
             }
 }
 
-// T: d_pooled's type (bfloat16 in --precision bf16: fc1's input gradient).
+// T: d_pooled's and a_at's type (bfloat16 in --precision bf16: fc1's input gradient, and a at the argmax).
 template <class T>
 __global__ void __launch_bounds__(BN_THREADS)
-    batchnorm_backward_reduce_fast(const float* a_at, const float* save_mean, const float* save_invstd,
-                                   const T* d_pooled, const unsigned char* argmax, int N, int C, int S,
-                                   int imgs_per_block, float* partial, unsigned int* counter, float* dgamma,
-                                   float* dbeta, int param_stride) {
+    batchnorm_backward_reduce_fast(const T* a_at, const float* save_mean, const float* save_invstd, const T* d_pooled,
+                                   const unsigned char* argmax, int N, int C, int S, int imgs_per_block, float* partial,
+                                   unsigned int* counter, float* dgamma, float* dbeta, int param_stride) {
     const int model = model_index();
     const size_t pooled_size = (size_t)N * C * (S / 2) * (S / 2);
     a_at = model_part(a_at, pooled_size, model);
@@ -324,10 +335,10 @@ __device__ __forceinline__ bool whole_units(const void* from, const void* to, in
 template <class T>
 __device__ __forceinline__ void stage_run(const T* from, T* to, int values) {
     if (whole_units<T>(from, to, values)) {
-        for (int i = threadIdx.x; i < values * (int)sizeof(T) / 16; i += BN_APPLY_THREADS)
+        for (int i = threadIdx.x; i < values * (int)sizeof(T) / 16; i += BN_STAGED_THREADS)
             cp_async16(reinterpret_cast<float*>(to) + 4 * i, reinterpret_cast<const float*>(from) + 4 * i);
     } else {
-        for (int i = threadIdx.x; i < values; i += BN_APPLY_THREADS) to[i] = from[i];
+        for (int i = threadIdx.x; i < values; i += BN_STAGED_THREADS) to[i] = from[i];
     }
 }
 
@@ -337,32 +348,32 @@ __device__ __forceinline__ void write_run(const T* from, T* to, int values) {
     if (whole_units<T>(from, to, values)) {
         const uint4* f = reinterpret_cast<const uint4*>(from);
         uint4* d = reinterpret_cast<uint4*>(to);
-        for (int i = threadIdx.x; i < values * (int)sizeof(T) / 16; i += BN_APPLY_THREADS) d[i] = f[i];
+        for (int i = threadIdx.x; i < values * (int)sizeof(T) / 16; i += BN_STAGED_THREADS) d[i] = f[i];
     } else {
-        for (int i = threadIdx.x; i < values; i += BN_APPLY_THREADS) to[i] = from[i];
+        for (int i = threadIdx.x; i < values; i += BN_STAGED_THREADS) to[i] = from[i];
     }
 }
 
 // batchnorm_backward_apply_fast's d_a, the same values from the same arithmetic, staged (the form for large
-// batches): a block takes BN_APPLY_PLANES whole (image, channel) planes of a, contiguous in memory. It copies them
+// batches): a block takes BN_STAGED_PLANES whole (image, channel) planes of a, contiguous in memory. It copies them
 // into shared memory by cp.async in 16-byte units, with their pooled gradients and positions, every copy in flight at
 // once; a thread per 2x2 window rewrites its four values there in place; the block writes the planes out to d_a in
 // 16-byte units. About one memory instruction per 16 bytes (docs/performance.md). A run that is not whole 16-byte
 // units at both ends (another model's part, a batch's last planes) goes value by value.
-// grid (ceil(N*C / BN_APPLY_PLANES), 1, models), BN_APPLY_THREADS threads; S even, (S/2)^2 <= BN_APPLY_WINDOWS.
+// grid (ceil(N*C / BN_STAGED_PLANES), 1, models), BN_STAGED_THREADS threads; S even, (S/2)^2 <= BN_STAGED_WINDOWS.
 // T: a's, d_pooled's and d_a's type (bfloat16 in --precision bf16).
 template <class T>
-__global__ void __launch_bounds__(BN_APPLY_THREADS)
+__global__ void __launch_bounds__(BN_STAGED_THREADS)
     batchnorm_backward_apply_staged_fast(const T* a, const float* save_mean, const float* save_invstd,
                                          const float* gamma, const float* dgamma, const float* dbeta, const T* d_pooled,
                                          const unsigned char* argmax, int N, int C, int S, T* d_a, int param_stride) {
-    __shared__ __align__(16) T planes_s[BN_APPLY_PLANES * 4 * BN_APPLY_WINDOWS];
-    __shared__ __align__(16) T dz_s[BN_APPLY_PLANES * BN_APPLY_WINDOWS];
-    __shared__ __align__(16) unsigned char at_s[BN_APPLY_PLANES * BN_APPLY_WINDOWS];
-    __shared__ float coef_s[BN_APPLY_PLANES][5];  // mean, invstd, k, dbeta, dgamma of the plane's channel
+    __shared__ __align__(16) T planes_s[BN_STAGED_PLANES * 4 * BN_STAGED_WINDOWS];
+    __shared__ __align__(16) T dz_s[BN_STAGED_PLANES * BN_STAGED_WINDOWS];
+    __shared__ __align__(16) unsigned char at_s[BN_STAGED_PLANES * BN_STAGED_WINDOWS];
+    __shared__ float coef_s[BN_STAGED_PLANES][5];  // mean, invstd, k, dbeta, dgamma of the plane's channel
     const int model = model_index();
-    const int So = S / 2, W = So * So, SS = S * S, p0 = blockIdx.x * BN_APPLY_PLANES;
-    const int planes = min(BN_APPLY_PLANES, N * C - p0);
+    const int So = S / 2, W = So * So, SS = S * S, p0 = blockIdx.x * BN_STAGED_PLANES;
+    const int planes = min(BN_STAGED_PLANES, N * C - p0);
     const size_t pooled_size = (size_t)N * C * W, size = (size_t)N * C * SS;
     a = model_part(a, size, model) + (size_t)p0 * SS;
     d_a = model_part(d_a, size, model) + (size_t)p0 * SS;
@@ -390,7 +401,7 @@ __global__ void __launch_bounds__(BN_APPLY_THREADS)
     }
     cp_async_wait<0>();
     __syncthreads();
-    for (int i = threadIdx.x; i < planes * W; i += BN_APPLY_THREADS) {
+    for (int i = threadIdx.x; i < planes * W; i += BN_STAGED_THREADS) {
         const int plane = i / W, w = i % W, at = at_s[i];
         const float* coef = coef_s[plane];
         const float mean = coef[0], invstd = coef[1], k = coef[2], db = coef[3], dg = coef[4];
@@ -406,4 +417,55 @@ __global__ void __launch_bounds__(BN_APPLY_THREADS)
     }
     __syncthreads();
     write_run(static_cast<const T*>(planes_s), d_a, planes * SS);
+}
+
+// batchnorm_relu_maxpool_fast's outputs, the same values from the same arithmetic (bn_relu_pool_window), staged (the
+// form for large batches): a block takes BN_STAGED_PLANES whole (image, channel) planes of a, contiguous in memory,
+// copies them into shared memory by cp.async in 16-byte units, every copy in flight at once; a thread per 2x2 window
+// reads its window there and writes its three outputs, consecutive threads consecutive windows (staging the outputs
+// too measured slower: docs/performance.md).
+// grid (ceil(N*C / BN_STAGED_PLANES), 1, models), BN_STAGED_THREADS threads; S even, (S/2)^2 <= BN_STAGED_WINDOWS.
+template <class T>
+__global__ void __launch_bounds__(BN_STAGED_THREADS)
+    batchnorm_relu_maxpool_staged_fast(const T* a, const float* mean, const float* invstd, const float* gamma,
+                                       const float* beta, int N, int C, int S, T* pooled, unsigned char* argmax,
+                                       T* a_at, int param_stride) {
+    __shared__ __align__(16) T planes_s[BN_STAGED_PLANES * 4 * BN_STAGED_WINDOWS];
+    __shared__ float coef_s[BN_STAGED_PLANES][4];  // mean, invstd, gamma, beta of the plane's channel
+    const int model = model_index();
+    const int So = S / 2, W = So * So, SS = S * S, p0 = blockIdx.x * BN_STAGED_PLANES;
+    const int planes = min(BN_STAGED_PLANES, N * C - p0);
+    const size_t pooled_size = (size_t)N * C * W;
+    a = model_part(a, (size_t)N * C * SS, model) + (size_t)p0 * SS;
+    pooled = model_part(pooled, pooled_size, model) + (size_t)p0 * W;
+    argmax = model_part(argmax, pooled_size, model) + (size_t)p0 * W;
+    a_at = model_part(a_at, pooled_size, model) + (size_t)p0 * W;
+    mean = model_part(mean, C, model);
+    invstd = model_part(invstd, C, model);
+    gamma = model_part(gamma, param_stride, model);
+    beta = model_part(beta, param_stride, model);
+    stage_run(a, planes_s, planes * SS);
+    cp_async_commit();
+    if (threadIdx.x < planes) {  // while the copies are in flight
+        const int c = (p0 + threadIdx.x) % C;
+        float* coef = coef_s[threadIdx.x];
+        coef[0] = mean[c];
+        coef[1] = invstd[c];
+        coef[2] = gamma[c];
+        coef[3] = beta[c];
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    for (int i = threadIdx.x; i < planes * W; i += BN_STAGED_THREADS) {
+        const int plane = i / W, w = i % W;
+        const float* coef = coef_s[plane];
+        const T* window = planes_s + plane * SS + 2 * (w / So) * S + 2 * (w % So);
+        int position;
+        float at_value;
+        const float v = bn_relu_pool_window(load_pair(window), load_pair(window + S), coef[0], coef[1], coef[2],
+                                            coef[3], &position, &at_value);
+        store_value(pooled + i, v);
+        argmax[i] = position;
+        store_value(a_at + i, at_value);
+    }
 }

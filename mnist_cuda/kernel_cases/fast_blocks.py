@@ -182,12 +182,12 @@ def bn_eval_stats_fast_case():
     return Case("batchnorm_eval_stats_fast[bn2]", make, ops=("batchnorm",))
 
 
-def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float", tensor_cores=False):
+def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float", tensor_cores=False, form="windows"):
     """conv1_bn_relu_pool_fast (layer 1, per_block channels per block; conv1_mma_bn_relu_pool_fast with
-    tensor_cores; pooled stored as `stored`, "float" or "bfloat16") or batchnorm_relu_maxpool_fast (a and pooled
-    stored as `stored`: conv2's output and fc1's input): pooled = maxpool(relu(bn(a))) with given statistics; for
-    layer 1 in training (train=True) with the batch's own, from its image moments (the kernel also saves them and
-    updates the running statistics)."""
+    tensor_cores; pooled stored as `stored`, "float" or "bfloat16") or batchnorm_relu_maxpool_fast (a, pooled and
+    a_at stored as `stored`: conv2's output and fc1's input; in `form`, one of bn_relu_pool.FORMS): pooled =
+    maxpool(relu(bn(a))) with given statistics; for layer 1 in training (train=True) with the batch's own, from its
+    image moments (the kernel also saves them and updates the running statistics)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
@@ -242,9 +242,9 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float", t
             stats_compare = {k: held for k in ("mean", "invstd", "running_mean", "running_var") if held and k in outs}
             return Prepared(run, outs, expected, work, compare={"argmax": compare, **stats_compare})
         a_windows = ref._pool_windows(x.astype(np.float64))
-        outs["a_at"] = _poison(pooled.shape)
+        outs["a_at"] = _poison(pooled.shape, pooled_type)
         expected["a_at"] = np.take_along_axis(a_windows, argmax.astype(np.int64)[..., None] % 4, -1)[..., 0]
-        run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am, outs["a_at"])
+        run = lambda: bn_relu_pool.forward(xd, *stats, N, K, S, y, am, outs["a_at"], form=form)
         work = (3.0 * x.size, _bytes(xd, y, am, outs["a_at"]))
         return Prepared(
             run,
@@ -262,7 +262,8 @@ def bn_relu_pool_fast_case(layer, train=False, per_block=None, stored="float", t
         return Case(f"{name}[block1]{mode}", make, tol, ops=BLOCK1_OPS)
     assert not train, "block 2's training statistics come apart: batchnorm_stats_fast, or conv2's forward's moments"
     tol = BF16_TOL if stored == "bfloat16" else FP32_TOL  # pooled as bf16 carries bf16's rounding
-    return Case(f"batchnorm_relu_maxpool_fast<{stored}>[block2]", make, tol, ops=BLOCK2_OPS)
+    name = "batchnorm_relu_maxpool_staged_fast" if form == "staged" else "batchnorm_relu_maxpool_fast"
+    return Case(f"{name}<{stored}>[block2]", make, tol, ops=BLOCK2_OPS)
 
 
 def block_backward_fast_case(layer, per_block=None, stored="float", form="windows"):
@@ -272,7 +273,7 @@ def block_backward_fast_case(layer, per_block=None, stored="float", form="window
     stored as `stored` in both (conv2's input gradient, fc1's: "bfloat16" in --precision bf16, rounded here, so that
     float32's tolerance holds), and in layer 2 a and dx too ("bfloat16": dx then carries bf16's rounding, and the
     case bf16's tolerance, while dgamma and dbeta are held to float32's). form: layer 2's apply form
-    (bn_relu_pool.APPLY_FORMS)."""
+    (bn_relu_pool.FORMS)."""
 
     def make(rng, d):
         N, C_in, K, S = _geometry(d, layer)
@@ -310,8 +311,10 @@ def block_backward_fast_case(layer, per_block=None, stored="float", form="window
         dx = _poison(x.shape, STORED[stored])
         partial = _poison(bn_relu_pool.partial_size(K))
         pooled_in = (_dev(d_pooled, STORED[stored]), _dev(blocked_positions(pooled, argmax), np.uint8))
-        # a_at, a (here the block's input x) at the argmax, as the forward stores it (float32 values picked, so exact)
-        a_at = _dev(np.take_along_axis(ref._pool_windows(x), argmax.astype(np.int64)[..., None], -1)[..., 0])
+        # a_at, a (here the block's input x) at the argmax, as the forward stores it (x's values picked, so exact)
+        a_at = _dev(
+            np.take_along_axis(ref._pool_windows(x), argmax.astype(np.int64)[..., None], -1)[..., 0], STORED[stored]
+        )
 
         def run():
             bn_relu_pool.backward_reduce(a_at, *common, *pooled_in, N, K, S, partial, counters[0], dg, db)

@@ -57,9 +57,9 @@ def fast_cases() -> list[Case]:
             for train in (True, False)
             for stored in STORED
         ]
-        + [bn_relu_pool_fast_case(2, stored=stored) for stored in STORED]
+        + [bn_relu_pool_fast_case(2, stored=stored, form=form) for stored in STORED for form in bn.FORMS]
         + [block_backward_fast_case(1, per_block, stored) for per_block in conv1.BACKWARD_CHANNELS for stored in STORED]
-        + [block_backward_fast_case(2, stored=stored, form=form) for stored in STORED for form in bn.APPLY_FORMS]
+        + [block_backward_fast_case(2, stored=stored, form=form) for stored in STORED for form in bn.FORMS]
         + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
         + [head_fast_case(), sgd_fast_case()]
         + [sgd_momentum_case("fast", started) for started in (False, True)]

@@ -69,7 +69,7 @@ class FastNet(_Net):
         # (linear_splitk.input_dtype)
         pooled2 = linear_splitk.input_dtype(precision)
         self.out2, self.argmax2 = cp.empty((KB, c2, S3, S3), pooled2), cp.empty((KB, c2, S3, S3), cp.uint8)
-        self.a2_at = cp.empty((KB, c2, S3, S3), f32)  # a2 at each window's argmax, for BN2's backward sums
+        self.a2_at = cp.empty((KB, c2, S3, S3), stored)  # a2 at each window's argmax, for BN2's backward sums
         self.d_out1 = cp.empty((KB, c1, S2, S2), stored)
         self.w2_partial = cp.empty(rows(conv2_implicit_gemm.weight_grad_partial_size(c1, c2)), f32)
         # conv2's weights as its two image-tile products read them (stage_weights), the forward and the input

@@ -21,28 +21,32 @@ from .common import F32, I32, MAX_PARTS, STORED_TYPES, parts_of, source, stored_
 BN_CHANNELS = 8  # channels per block of the reductions: a warp each
 BN_THREADS = 32 * BN_CHANNELS
 FROM_TILES_THREADS = 512  # stats_from_tiles: a block per channel
-# backward_apply's staged form: a block of APPLY_THREADS threads per APPLY_PLANES (image, channel) planes, each of at
-# most APPLY_WINDOWS pooled windows (conv2's 14x14 output has 49), from APPLY_STAGED_MIN_BATCH images of one model
-# (by the stored type; below it a thread per window: apply_form)
-APPLY_PLANES, APPLY_THREADS, APPLY_WINDOWS = 32, 256, 64
-APPLY_STAGED_MIN_BATCH = {"float": 2048, "bfloat16": 256}
-APPLY_FORMS = ("windows", "staged")
+# forward's and backward_apply's staged forms: a block of STAGED_THREADS threads per STAGED_PLANES (image, channel)
+# planes, each of at most STAGED_WINDOWS pooled windows (conv2's 14x14 output has 49), from STAGED_MIN_BATCH images of
+# one model (by the op and the stored type; below it a thread per window: form_of)
+STAGED_PLANES, STAGED_THREADS, STAGED_WINDOWS = 32, 256, 64
+STAGED_OPS = ("forward", "backward_apply")
+STAGED_MIN_BATCH = {"forward": {"float": 512, "bfloat16": 256}, "backward_apply": {"float": 2048, "bfloat16": 256}}
+FORMS = ("windows", "staged")
 
 _src = source(
     "fast/3_bn_relu_pool.cu",
     BN_CHANNELS=BN_CHANNELS,
     BN_THREADS=BN_THREADS,
     BN_TILES_THREADS=FROM_TILES_THREADS,
-    BN_APPLY_PLANES=APPLY_PLANES,
-    BN_APPLY_THREADS=APPLY_THREADS,
-    BN_APPLY_WINDOWS=APPLY_WINDOWS,
+    BN_STAGED_PLANES=STAGED_PLANES,
+    BN_STAGED_THREADS=STAGED_THREADS,
+    BN_STAGED_WINDOWS=STAGED_WINDOWS,
 )
 _stats = stored_kernels(_src, "batchnorm_stats_fast")
 _stats_from_parts = _src.kernel("batchnorm_stats_from_parts_fast")
 _stats_from_tiles = _src.kernel("batchnorm_stats_from_tiles_fast")
 FROM_PARTS_MAX = 32 * 16  # the parts stats_from_parts merges at most (BN_FROM_PARTS_PER_LANE a lane)
 _eval_stats = _src.kernel("batchnorm_eval_stats_fast")
-_forward = stored_kernels(_src, "batchnorm_relu_maxpool_fast")
+_forward = {
+    "windows": stored_kernels(_src, "batchnorm_relu_maxpool_fast"),
+    "staged": stored_kernels(_src, "batchnorm_relu_maxpool_staged_fast"),
+}
 _backward_reduce = stored_kernels(_src, "batchnorm_backward_reduce_fast")
 _backward_apply = {
     "windows": stored_kernels(_src, "batchnorm_backward_apply_fast"),
@@ -189,27 +193,17 @@ def forward(
     a_at,
     models: int = 1,
     param_stride: int = 0,
+    form: str | None = None,
 ):
     """pooled, argmax, a_at [n, channels, size/2, size/2] with pooled = maxpool(relu(bn(a))), a [n, channels,
     size, size]; argmax is the window position 0..3, or NO_POSITION where the ReLU blocked the window
-    (pooled <= 0); a_at is a at the window's position (backward_reduce reads it). a and pooled are float32, or
-    bf16 bits alike (in --precision bf16 conv2's output and fc1's input, pooled rounded to the nearest)."""
-    stored_kernel(_forward, "a and pooled", a, pooled).launch_1d(
-        n * channels * (size // 2) ** 2,
-        a,
-        mean,
-        invstd,
-        gamma,
-        beta,
-        I32(n),
-        I32(channels),
-        I32(size),
-        pooled,
-        argmax,
-        a_at,
-        I32(param_stride),
-        models=models,
-    )
+    (pooled <= 0); a_at is a at the window's position (backward_reduce reads it). a, pooled and a_at are float32, or
+    bf16 bits alike (in --precision bf16 conv2's output and fc1's input, pooled rounded to the nearest, a_at exact).
+    form: one of FORMS (None: form_of's for one model's n), the same values either way."""
+    form = _checked_form("forward", form, n, size, a.dtype)
+    kernel = stored_kernel(_forward[form], "a, pooled and a_at", a, pooled, a_at)
+    args = (a, mean, invstd, gamma, beta, I32(n), I32(channels), I32(size), pooled, argmax, a_at, I32(param_stride))
+    _launch(kernel, form, n, channels, size, args, models)
 
 
 def backward_reduce(
@@ -230,8 +224,9 @@ def backward_reduce(
 ):
     """dgamma and dbeta from the pooled gradient, forward's argmax (with NO_POSITION: the pooled values are
     not read) and a_at, forward's a at the argmax; size is a's. counter: one uint32 per channel group (and
-    model), zero, left zero. d_pooled is float32, or bf16 bits (in --precision bf16 fc1's input gradient)."""
-    kernel = stored_kernel(_backward_reduce, "d_pooled", d_pooled)
+    model), zero, left zero. d_pooled and a_at are float32, or bf16 bits alike (in --precision bf16 fc1's input
+    gradient and conv2's output at the argmax)."""
+    kernel = stored_kernel(_backward_reduce, "d_pooled and a_at", d_pooled, a_at)
     parts, per_part = parts_of(n)
     kernel.launch(
         _grid(parts, channels, models),
@@ -254,14 +249,35 @@ def backward_reduce(
     )
 
 
-def apply_form(n: int, size: int, dtype) -> str:
-    """backward_apply's form for batches of n images of one model, size x size values a plane, with a and d_a of
-    `dtype` (float32 or BF16): "staged" from APPLY_STAGED_MIN_BATCH images, where a block's planes in 16-byte units pay
-    for its chain of copy, barrier and write, if the staged form takes the size (even, at most APPLY_WINDOWS windows);
-    else "windows", a thread per window (docs/performance.md measures both)."""
+def form_of(op: str, n: int, size: int, dtype) -> str:
+    """The form of `op` (forward or backward_apply) for batches of n images of one model, size x size values a plane,
+    with a (and the outputs) of `dtype` (float32 or BF16): "staged" from STAGED_MIN_BATCH[op] images, where a block's
+    planes in 16-byte units pay for its chain of copy, barrier and write, if the staged form takes the size (even, at
+    most STAGED_WINDOWS windows); else "windows", a thread per window (docs/performance.md measures both; counting
+    every model's images of a many-model launch gained nothing)."""
     stored = STORED_TYPES.get(np.dtype(dtype))  # (another type: stored_kernel names the two)
-    fits = size % 2 == 0 and (size // 2) ** 2 <= APPLY_WINDOWS
-    return "staged" if stored and fits and n >= APPLY_STAGED_MIN_BATCH[stored] else "windows"
+    fits = size % 2 == 0 and (size // 2) ** 2 <= STAGED_WINDOWS
+    return "staged" if stored and fits and n >= STAGED_MIN_BATCH[op][stored] else "windows"
+
+
+def _checked_form(op: str, form: str | None, n: int, size: int, dtype) -> str:
+    """form, or form_of's for n images of one model where it is None; a one-line error for a form that does not exist
+    or cannot take the size."""
+    form = form or form_of(op, n, size, dtype)
+    if form not in FORMS:
+        raise ValueError(f"unknown form {form!r}; choose from {FORMS}")
+    if form == "staged" and (size % 2 or (size // 2) ** 2 > STAGED_WINDOWS):
+        raise ValueError(f"the staged form takes an even size of at most {STAGED_WINDOWS} windows; got {size}")
+    return form
+
+
+def _launch(kernel, form: str, n: int, channels: int, size: int, args: tuple, models: int):
+    """A thread per window, or a block of STAGED_THREADS per STAGED_PLANES planes (of each model: the grid's z)."""
+    if form == "windows":
+        kernel.launch_1d(n * channels * (size // 2) ** 2, *args, models=models)
+        return
+    grid = ceil_div(n * channels, STAGED_PLANES)
+    kernel.launch(grid if models == 1 else (grid, 1, models), STAGED_THREADS, *args, models=models)
 
 
 def backward_apply(
@@ -283,17 +299,8 @@ def backward_apply(
 ):
     """d_a, the gradient at BatchNorm's input, from the pooled gradient and dgamma, dbeta. a, d_pooled and d_a are
     float32, or bf16 bits alike (in --precision bf16: conv2's output, fc1's input gradient and conv2's output
-    gradient). form: one of APPLY_FORMS (None: apply_form's for one model's n), the same values either way; the staged
-    form takes an even size of at most APPLY_WINDOWS windows."""
-    form = form or apply_form(n, size, a.dtype)
-    if form not in APPLY_FORMS:
-        raise ValueError(f"unknown form {form!r}; choose from {APPLY_FORMS}")
+    gradient). form: one of FORMS (None: form_of's for one model's n), the same values either way."""
+    form = _checked_form("backward_apply", form, n, size, a.dtype)
     kernel = stored_kernel(_backward_apply[form], "a, d_pooled and d_a", a, d_pooled, d_a)
     args = (a, mean, invstd, gamma, dgamma, dbeta, d_pooled, argmax, I32(n), I32(channels), I32(size), d_a)
-    if form == "windows":
-        kernel.launch_1d(n * channels * (size // 2) ** 2, *args, I32(param_stride), models=models)
-        return
-    if size % 2 or (size // 2) ** 2 > APPLY_WINDOWS:
-        raise ValueError(f"the staged form takes an even size of at most {APPLY_WINDOWS} windows; got {size}")
-    grid = ceil_div(n * channels, APPLY_PLANES)
-    kernel.launch(grid if models == 1 else (grid, 1, models), APPLY_THREADS, *args, I32(param_stride), models=models)
+    _launch(kernel, form, n, channels, size, (*args, I32(param_stride)), models)

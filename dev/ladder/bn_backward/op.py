@@ -15,11 +15,10 @@ reads the ReLU's output (relu_out) and the pool's argmax (0..3); the fused rungs
 argmax, or NO_POSITION where the ReLU blocked the window) and, from rung 04 on, x_at (x at the argmax).
 """
 
-import dataclasses
 import functools
 
 import numpy as np
-from ladder_op import Op, ProductRung, Rung, from_bf16, to_bf16
+from ladder_op import Block, Op, ProductRung, Rung, from_bf16, to_bf16
 
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
@@ -31,25 +30,6 @@ I32 = np.int32
 MAX_CHANNELS = 1024  # the channels the rungs' own scratch (part_sums, blocks_done) has room for
 NAIVE_THREADS = 256  # mnist_cuda.ops.naive.REDUCE_THREADS: BatchNorm's backward, a block per channel
 PRODUCT_MAX_WINDOWS = 32 * 2  # the product holds a channel's windows of an image in 2 registers a lane
-
-
-@dataclasses.dataclass(frozen=True)
-class Block:
-    """x [n, c, s, s] (BatchNorm's input), pooled to [n, c, s/2, s/2] (an odd s's last row and column in no window)."""
-
-    n: int
-    c: int
-    s: int
-
-    def __str__(self):
-        return f"N={self.n},C={self.c},{self.s}x{self.s}"
-
-    def ints(self) -> tuple:
-        return I32(self.n), I32(self.c), I32(self.s)
-
-    @property
-    def pooled(self) -> tuple:
-        return self.n, self.c, self.s // 2, self.s // 2
 
 
 def _scratch_fits(s: Block):
@@ -152,7 +132,7 @@ def prepare_product(
 ):
     """Rung 09: bn_relu_pool.backward_reduce then backward_apply as FastNet.backward launches them, with their scratch
     (partial) and zeroed counters (a row of c, as FastNet's counters2[1]); the apply in its form `form`
-    (bn_relu_pool.APPLY_FORMS: rung 09's a thread per window, rung 11's staged planes)."""
+    (bn_relu_pool.FORMS: rung 09's a thread per window, rung 11's staged planes)."""
     import cupy
 
     partial = cupy.empty(bn_relu_pool.partial_size(s.c), cupy.float32)
@@ -174,13 +154,13 @@ def prepare_product_bf16(
     s: Block, x, mean, invstd, gamma, d_pooled, relu_out, argmax, position, x_at, dx, dgamma, dbeta, form="windows"
 ):
     """Rung 10: the product in --precision bf16, where conv2's output and its gradient, and fc1's input gradient (the
-    pooled gradient), are stored as bf16: x rounded to bf16 (and x_at with it, as the forward stores it), the pooled
-    gradient rounded to bf16, dx written as bf16 and put into the float32 output after the launch (untimed); the sums
-    stay float32. Against the reference on the unrounded x and pooled gradient. Rung 12: the same, the apply staged."""
+    pooled gradient), are stored as bf16: x rounded to bf16 (and x_at, stored as bf16 as the forward stores it), the
+    pooled gradient rounded to bf16, dx written as bf16 and put into the float32 output after the launch (untimed); the
+    sums stay float32. Against the reference on the unrounded x and pooled gradient. Rung 12: the same, the apply
+    staged."""
     import cupy
 
-    x_at_rounded, dx_bits = cupy.empty_like(x_at), cupy.empty(dx.shape, cupy.uint16)
-    from_bf16(to_bf16(x_at), x_at_rounded)
+    dx_bits = cupy.empty(dx.shape, cupy.uint16)
     run = prepare_product(
         s,
         to_bf16(x),
@@ -191,7 +171,7 @@ def prepare_product_bf16(
         relu_out,
         argmax,
         position,
-        x_at_rounded,
+        to_bf16(x_at),
         dx_bits,
         dgamma,
         dbeta,
