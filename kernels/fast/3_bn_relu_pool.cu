@@ -423,7 +423,7 @@ __global__ void __launch_bounds__(BN_STAGED_THREADS)
 // form for large batches): a block takes BN_STAGED_PLANES whole (image, channel) planes of a, contiguous in memory,
 // copies them into shared memory by cp.async in 16-byte units, every copy in flight at once; a thread per 2x2 window
 // reads its window there and writes its three outputs, consecutive threads consecutive windows (staging the outputs
-// too measured slower: docs/performance.md).
+// too is slower: docs/performance.md).
 // grid (ceil(N*C / BN_STAGED_PLANES), 1, models), BN_STAGED_THREADS threads; S even, (S/2)^2 <= BN_STAGED_WINDOWS.
 template <class T>
 __global__ void __launch_bounds__(BN_STAGED_THREADS)

@@ -254,7 +254,7 @@ def form_of(op: str, n: int, size: int, dtype) -> str:
     with a (and the outputs) of `dtype` (float32 or BF16): "staged" from STAGED_MIN_BATCH[op] images, where a block's
     planes in 16-byte units pay for its chain of copy, barrier and write, if the staged form takes the size (even, at
     most STAGED_WINDOWS windows); else "windows", a thread per window (docs/performance.md measures both; counting
-    every model's images of a many-model launch gained nothing)."""
+    every model's images of a many-model launch gains nothing)."""
     stored = STORED_TYPES.get(np.dtype(dtype))  # (another type: stored_kernel names the two)
     fits = size % 2 == 0 and (size // 2) ** 2 <= STAGED_WINDOWS
     return "staged" if stored and fits and n >= STAGED_MIN_BATCH[op][stored] else "windows"

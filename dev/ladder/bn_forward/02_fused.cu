@@ -2,7 +2,8 @@
 // and the max at once, and writes the pooled value with the record the backward reads.
 //   pooled[n,c,i,j] = max over the window of relu((x - mean[c]) invstd[c] gamma[c] + beta[c]);
 //   position = the window's argmax 0..3, or NO_POSITION where the ReLU blocked the window (pooled not positive);
-//   x_at = x at the argmax (what the backward's sums read instead of gathering x)
+//   x_at = x at the argmax (what the backward's sums read instead of gathering x; where the ReLU blocked the window
+//   nothing reads it, and the product stores the window's first value there)
 //
 // What it adds over rung 01: no full-size intermediate. Each value of x is read once, in registers from there on;
 // the ReLU is taken once per window on its largest value (relu(max) = max(relu)), and its mask becomes one byte per
