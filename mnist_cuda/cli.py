@@ -10,10 +10,13 @@ and is writable, the path is not a folder) and written through a temporary file 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
+import signal
 import sys
+import threading
 from pathlib import Path
 
 # the argument types: the commands name them as cli.X, so those cli does not use itself are re-exported
@@ -327,6 +330,23 @@ def require_matplotlib(parser: Parser, flag: str):
     import matplotlib.pyplot as plt
 
     return plt
+
+
+@contextlib.contextmanager
+def interrupt_deferred():
+    """Ctrl-C (SIGINT) held until the block ends, then raised as KeyboardInterrupt: what the block writes and what
+    it records of it stay together. Outside the main thread, where no handler can be set, the block runs as it is."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if caught:
+        raise KeyboardInterrupt
 
 
 def run(parser: Parser, work, argv=None) -> int:

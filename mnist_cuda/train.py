@@ -155,12 +155,13 @@ def train(args, parser) -> int:
                 f"{len(chunk.batches) * s.batch_size / epoch_seconds:,.0f} img/s"
             )
             if args.save:
-                checkpoint.save_checkpoint(
-                    args.save,
-                    {**params.state_dict(), **optimizer.buffer_state()},
-                    checkpoint_meta(s, at, test_accuracy=accuracy),
-                )
-                saved = at
+                with cli.interrupt_deferred():  # a Ctrl-C here would leave `saved` behind the file it names
+                    checkpoint.save_checkpoint(
+                        args.save,
+                        {**params.state_dict(), **optimizer.buffer_state()},
+                        checkpoint_meta(s, at, test_accuracy=accuracy),
+                    )
+                    saved = at
             if args.target_accuracy is not None and 100 * accuracy >= args.target_accuracy:
                 reached = (epoch + 1, train_seconds, eval_seconds)
                 break

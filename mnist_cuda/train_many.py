@@ -264,10 +264,11 @@ class _Run:
                 f"{len(c0.batches) * K * B / seconds:,.0f} img/s"
             )
             if self.args.save:
-                for m, (s, path, acc) in enumerate(zip(self.setups, saves, self.accuracy)):
-                    state = self.engine.state(m)
-                    checkpoint.save_checkpoint(path, state, checkpoint_meta(s, c0.end, test_accuracy=acc))
-                self.saved = c0.end
+                with cli.interrupt_deferred():  # every model's checkpoint of this epoch, and `saved` saying so
+                    for m, (s, path, acc) in enumerate(zip(self.setups, saves, self.accuracy)):
+                        state = self.engine.state(m)
+                        checkpoint.save_checkpoint(path, state, checkpoint_meta(s, c0.end, test_accuracy=acc))
+                    self.saved = c0.end
             self.done = c0.end.step - self.setups[0].start.step
 
     def _record(self, chunks, losses):

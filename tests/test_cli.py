@@ -540,3 +540,22 @@ def test_a_batch_too_large_for_the_init_checkpoints_model_blames_the_checkpoint(
         r, "--init", "the --init checkpoint's model (channels 32,4096, hidden 128)", "at most batch 668"
     )
     assert "--channels" not in r.stderr
+
+
+def test_interrupt_deferred_holds_ctrl_c_until_the_block_ends():
+    """A SIGINT inside cli.interrupt_deferred() is raised as KeyboardInterrupt only after the block has run to its
+    end (the checkpoint written and recorded together); without one, nothing is raised; the handler is restored."""
+    import signal
+
+    from mnist_cuda import cli
+
+    before = signal.getsignal(signal.SIGINT)
+    done = []
+    with pytest.raises(KeyboardInterrupt):
+        with cli.interrupt_deferred():
+            signal.raise_signal(signal.SIGINT)
+            done.append("the rest of the block")
+    assert done == ["the rest of the block"] and signal.getsignal(signal.SIGINT) is before
+    with cli.interrupt_deferred():
+        done.append("quiet")
+    assert done[-1] == "quiet" and signal.getsignal(signal.SIGINT) is before
