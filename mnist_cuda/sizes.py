@@ -304,6 +304,14 @@ def device_buffers(
             ),
             "block 2's pooling choices": (B * c2 * S3, 1, 1),
             "conv2's weight-gradient parts": (sms * c1 * c2 * 9, 4, 1),
+            # conv2's input and its output's gradient in the weight gradient's layout, where the step writes them
+            "conv2's input and output gradient in the weight gradient's layout": (
+                sum(conv2_implicit_gemm.weight_grad_layout_size(B, c, precision) for c in (c1, c2))
+                if conv2_implicit_gemm.weight_grad_from_layout(B, precision)
+                else 0,
+                conv2_implicit_gemm.stored_dtype(precision).itemsize,
+                1,
+            ),
             "conv2's staged weights": (4 * quads, 4, 2),
             "fc1's activations": (B * H, 4, 2),
             "fc1's input gradient": (B * F, linear_splitk.input_dtype(precision).itemsize, 1),

@@ -551,6 +551,12 @@ def test_conv2_input_output_and_gradients_are_stored_as_bf16_in_bf16():
         conv2.backward_weight(x16, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "bf16")
     with pytest.raises(ValueError, match="x is uint16; conv2 stores it as float32 in fp32"):
         conv2.backward_weight(x16, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "fp32")
+    with pytest.raises(ValueError, match="without the L2 prefetch is built in fp32 from x and dy as they are"):
+        conv2.backward_weight(x32, x32, None, 1, 32, 32, "fp32", l2_prefetch=False, from_layout=True)
+    with pytest.raises(ValueError, match="dst holds 10 values; 1 x 50176 needed"):
+        conv2.to_weight_grad_layout(x16, np.empty(10, BF16), 1, 32, "bf16")
+    with pytest.raises(ValueError, match="dst is float32; conv2 stores it as uint16 in bf16"):
+        conv2.to_weight_grad_layout(x16, np.empty(50176, np.float32), 1, 32, "bf16")
     a, d_a = np.empty((1, 8, 14, 14), BF16), np.empty((1, 8, 14, 14), np.float32)
     d_pooled16 = np.empty((1, 8, 7, 7), BF16)
     with pytest.raises(
@@ -729,3 +735,15 @@ def test_a_local_include_is_inlined_with_a_comment_after_it():
         assert cuda._INCLUDE.fullmatch(line).group(1) == "common.cuh", line
     assert cuda._INCLUDE.search("#include <cuda_bf16.h>") is None
     assert "kept" not in cuda._INCLUDE.search('#include "common.cuh"\n\n// kept\n').group(0)  # the next line
+
+
+def test_weight_grad_from_its_layout_by_precision_and_images():
+    """The step hands the weight gradient x and dy in its layout in bf16 from WGRAD_LAYOUT_MIN_BATCH images (a
+    model's batch), never in float32's layouts; the layout holds whole groups of images."""
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
+    least = conv2.WGRAD_LAYOUT_MIN_BATCH
+    assert conv2.weight_grad_from_layout(least, "bf16") and not conv2.weight_grad_from_layout(least - 1, "bf16")
+    assert not any(conv2.weight_grad_from_layout(1 << 20, p) for p in ("fp32", "tf32"))
+    assert conv2.weight_grad_layout_size(100, 32, "bf16") == 13 * 196 * 32 * 8
+    assert conv2.weight_grad_layout_size(100, 64, "fp32") == 25 * 196 * 64 * 4

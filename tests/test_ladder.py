@@ -69,7 +69,8 @@ def test_the_table_lists_every_rung_file_in_order():
     product with its output's moments a block per tile, NN_product_tile_moments; or above the product in bf16 the
     product in another form for large batches, in fp32 and in bf16, NN_product_staged and NN_product_staged_bf16;
     below the product, the product in its CUDA cores' form, NN_product_cuda_cores, where it takes the tensor cores
-    too, or without its staging's L2 prefetch, NN_product_no_l2_prefetch."""
+    too, or without its staging's L2 prefetch, NN_product_no_l2_prefetch (and above the product in bf16 the same
+    reading its operands from the layout its staging reads best, NN_product_bf16_from_layout)."""
     folders = sorted(p.name for p in ladder.LADDER.iterdir() if p.is_dir())
     assert folders == sorted(ladder.OPS)
     for op, spec in ladder.OPS.items():
@@ -85,6 +86,7 @@ def test_the_table_lists_every_rung_file_in_order():
             ["product", "product_bf16", "product_bf16_persistent", "product_bf16_moments", "product_tile_moments"],
             ["product_cuda_cores", "product", "product_bf16"],
             ["product_no_l2_prefetch", "product", "product_bf16"],
+            ["product_no_l2_prefetch", "product", "product_bf16", "product_bf16_from_layout"],
             ["product", "product_bf16", "product_staged", "product_staged_bf16"],
         )
         assert [re.sub(r"^\d\d_", "", r.name) for r in top] in tops, op

@@ -186,3 +186,32 @@ def test_weight_grad_partials_for_models(precision, channels, batch, compiled):
         assert own_parts == parts
     _assert_same(partial[: MODELS * used], [p[:used] for p in own], f"weight gradient parts ({compiled})")
     assert np.isnan(partial[MODELS * used :].get()).all(), "written past the models' parts"
+
+
+@pytest.mark.parametrize("batch", BATCHES + (100,))
+@pytest.mark.parametrize("channels", CHANNELS, ids=str)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_weight_grad_from_its_layout(precision, channels, batch, compiled):
+    """x and dy in the weight gradient's layout (to_weight_grad_layout: each model's image groups, the last one's
+    images past the batch zeros) give the weight gradient's parts of x and dy as they are, bit for bit, for one
+    model and for MODELS at once; the layout's buffers are written only within their models' sizes."""
+    from mnist_cuda.ops import conv2_implicit_gemm as conv2
+
+    c_in, c_out = channels
+    ms = Models(batch, c_in, c_out, seed=5, precision=precision)
+    size = conv2.weight_grad_partial_size(c_in, c_out)
+    for models, x, dy in ((MODELS, ms.x, ms.dy), (1, ms.own(ms.x, 1), ms.own(ms.dy, 1))):
+        want, got = _poison(models * size), _poison(models * size)
+        parts = conv2.backward_weight(x, dy, want, batch, c_in, c_out, precision, models=models)
+        layouts = []
+        for a, channels_of in ((x, c_in), (dy, c_out)):
+            values = conv2.weight_grad_layout_size(batch, channels_of, precision)
+            layouts.append(_poison(models * values + 8, ms.stored))
+            conv2.to_weight_grad_layout(a, layouts[-1], batch, channels_of, precision, models=models)
+            tail = layouts[-1][models * values :].get()
+            poisoned = np.isnan(tail) if ms.stored == np.float32 else tail == 0x7FC0
+            assert poisoned.all(), "written past the models' layouts"
+        got_parts = conv2.backward_weight(*layouts, got, batch, c_in, c_out, precision, models=models, from_layout=True)
+        assert got_parts == parts
+        used = models * parts * ms.size
+        assert np.array_equal(_bits(got[:used]), _bits(want[:used])), f"{models} model(s): the parts differ"

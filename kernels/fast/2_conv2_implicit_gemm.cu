@@ -11,7 +11,8 @@
 //                              conv2d_backward_input_naive; conv3x3_image_tiles_persistent, the forward's
 //                              persistent form for large batches (conv2_forward_persistent_fast)
 //   2_conv2_weight_grad.cuh    conv3x3_weight_grad_rows, the weight gradient in split parts
-//                              (conv2_backward_weight_fast): conv2d_backward_weight_naive
+//                              (conv2_backward_weight_fast): conv2d_backward_weight_naive; to_weight_grad_layout,
+//                              x and dy as its staging reads them best (conv2_weight_grad_layout_fast)
 #include "common.cuh"
 #include "tensor_core.cuh"
 #include "2_conv2_tile_forms.cuh"
@@ -108,10 +109,19 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_PERSISTENT_BLOCKS_PER_SM)
 // grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared
 // memory; N: one model's batch; x, dy: [models][N][..]; partial [models][parts][K][C][3][3] (with one part and
 // one model: dw itself); x and dy in conv2_stored<P>. L2_PREFETCH false: the staging's loads without the L2's
-// 256-byte fetch (the ladder's rung below the product)
-template <Precision P, bool L2_PREFETCH = true>
+// 256-byte fetch (the ladder's rung below the product). FROM_LAYOUT: x and dy in the weight gradient's layout
+// (conv2_weight_grad_layout_fast)
+template <Precision P, bool L2_PREFETCH = true, bool FROM_LAYOUT = false>
 __global__ void __launch_bounds__(WGRAD_THREADS, 1)
     conv2_backward_weight_fast(const conv2_stored<P>* x, const conv2_stored<P>* dy, float* partial, int N, int C, int K,
                                int items_per_part) {
-    conv3x3_weight_grad_rows<P, L2_PREFETCH>(x, dy, partial, N, C, K, items_per_part);
+    conv3x3_weight_grad_rows<P, L2_PREFETCH, FROM_LAYOUT>(x, dy, partial, N, C, K, items_per_part);
+}
+
+// grid (ceil(N / wgrad_images) x ceil(channels / 8) tasks, 1, models), WGRAD_LAYOUT_THREADS threads; src
+// [models][N][channels][14][14] -> dst [models][groups][196][channels][wgrad_images], in conv2_stored<P>
+template <Precision P>
+__global__ void __launch_bounds__(WGRAD_LAYOUT_THREADS)
+    conv2_weight_grad_layout_fast(const conv2_stored<P>* src, conv2_stored<P>* dst, int N, int channels) {
+    to_weight_grad_layout<P>(src, dst, N, channels);
 }

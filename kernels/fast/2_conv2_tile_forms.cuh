@@ -74,13 +74,16 @@ static_assert(CONV_CHUNK_QUADS == 9 * 2 * 64, "the ops module sizes shared memor
 // Bf16, as torch.autocast stores a convolution's operands, output and gradients (half the bytes of every pass over
 // them; the products round their operands to bf16 anyway, so they see the same values; the input gradient, which
 // conv1's backward reads, is rounded once more), float32 otherwise.
+// pair: a pixel pair of them as one load (two floats, or a bf16 pair's bits).
 template <Precision PR>
 struct Conv2Stored {
     using type = float;
+    using pair = float2;
 };
 template <>
 struct Conv2Stored<Precision::Bf16> {
     using type = bfloat16;
+    using pair = unsigned;
 };
 template <Precision PR>
 using conv2_stored = typename Conv2Stored<PR>::type;

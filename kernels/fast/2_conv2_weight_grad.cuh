@@ -26,6 +26,11 @@
 // 16-byte unit of k, WGRAD_X_SLOTS staged x rows (the three an item reads, and up to three for the next
 // item); the block's dynamic shared memory (the x rows and two dy rows) is sized there too.
 //
+// FROM_LAYOUT: x and dy come in the weight gradient's layout (to_weight_grad_layout, at the end of this file), a
+// pixel of a channel of 8 (bf16) or 4 images one 16-byte unit, so a staging load is whole units of 8 adjacent
+// channels, 128 contiguous bytes, instead of each image's pixel pairs; the staged rows, products and sums are the
+// same, and so are the bits.
+//
 // A block stages its items' rows (WeightGradStaging), multiplies each item (issue_item_products: wgmma on
 // sm_90a, mma.sync elsewhere) while it stages the next, and writes its partial result (store_weight_grad).
 #pragma once
@@ -35,7 +40,7 @@
 #include "tensor_core.cuh"
 
 #if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || \
-    !defined(WGRAD_X_SLOTS)
+    !defined(WGRAD_X_SLOTS) || !defined(WGRAD_LAYOUT_THREADS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 // Images per 16 staged bytes of k: WGRAD_IMAGES float32 values, twice as many in bf16.
@@ -62,6 +67,18 @@ static_assert(dy_row_tasks + x_row_tasks == 2 * WGRAD_THREADS && x_row_tasks == 
 static_assert(WGRAD_OUT * sums_row_floats <= WGRAD_X_SLOTS * x_row_floats + 2 * dy_row_floats,
               "the sums fit in the staging slots");
 
+// What a thread fetches for a task: a pixel pair in each of the row's images, or the layout's two 16-byte units.
+template <Precision PR, bool FROM_LAYOUT>
+struct WeightGradFetchedOf {
+    using type = float2[wgrad_images<PR>];
+};
+template <Precision PR>
+struct WeightGradFetchedOf<PR, true> {
+    using type = uint4[2];
+};
+template <Precision PR, bool FROM_LAYOUT>
+using WeightGradFetched = typename WeightGradFetchedOf<PR, FROM_LAYOUT>::type;
+
 // The block's staging of its items' rows into shared memory: x's rows in WGRAD_X_SLOTS slots, dy's in two.
 // A staging task f of a row is 2 adjacent pixels (pair f / 8 % 8; pair 7 is past the row) of channel
 // f / 64 * 8 + f % 8, in IMAGES images: 8 lanes take 8 adjacent channels of a pixel pair, so their 16-byte
@@ -72,18 +89,20 @@ static_assert(WGRAD_OUT * sums_row_floats <= WGRAD_X_SLOTS * x_row_floats + 2 * 
 // item i + 2's loads are issued, so their latency passes behind a whole item. next belongs to
 // conv3x3_weight_grad_rows, which the staging refers to: as a member of the struct the same code compiles to
 // other instructions. In Bf16 x's and dy's rows are bf16: fetched as their bits (fetch_pair), stashed as they are.
-// L2_PREFETCH: each load asks the L2 for the 256 bytes around it (fetch_pair).
-template <Precision PR, bool L2_PREFETCH>
+// L2_PREFETCH: each load asks the L2 for the 256 bytes around it (fetch_pair). FROM_LAYOUT: x and dy in the
+// weight gradient's layout, a task's loads two whole 16-byte units (next: WeightGradFetched).
+template <Precision PR, bool L2_PREFETCH, bool FROM_LAYOUT>
 struct WeightGradStaging {
-    const conv2_stored<PR>* x;   // [N][C][14][14], bf16 in Bf16
-    const conv2_stored<PR>* dy;  // [N][K][14][14], bf16 in Bf16
+    using Fetched = WeightGradFetched<PR, FROM_LAYOUT>;
+    const conv2_stored<PR>* x;   // [N][C][14][14], bf16 in Bf16; FROM_LAYOUT: [groups][196][C][wgrad_images]
+    const conv2_stored<PR>* dy;  // [N][K][14][14], bf16 in Bf16; FROM_LAYOUT: [groups][196][K][wgrad_images]
     float* smem;                 // x's slots, [slot][pixel][octet][part][8][4]
     float* dy_slots;             // dy's two slots, [slot][pixel][octet][part][8][4]
     int N, C, K, o0, c0;         // o0, c0: the block's first output and input channel
     int model_image;             // the first image of the block's model in x and dy ([models][N]; N per model)
     int first, tid;              // first: the block's first item
     int f_dy, f_second;          // this thread's two tasks of an item
-    float2 (&next)[2][wgrad_images<PR>];
+    Fetched (&next)[2];
 
     // Grid row p (image row p - 1) of image quad q lives in x slot (16 q + p) % 6: an item (q, r) reads rows
     // r .. r + 2, and the next item's new rows (r + 3, or rows 0-2 of quad q + 1) are in other slots.
@@ -92,14 +111,23 @@ struct WeightGradStaging {
     }
     // Where the rows of an item start, at the block's first channel: image quad item / 14, and x's row (grid
     // row p, image row p - 1) or dy's row item % 14.
+    // In the layout: where the row's pixel 0 starts, at the block's first channel (images past N are zeros there).
     __device__ __forceinline__ const conv2_stored<PR>* x_row(int item, int p) const {
         constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
-        return x + ((size_t)(model_image + item / S * IMAGES) * C + c0) * SS + (p - 1) * S;
+        if constexpr (FROM_LAYOUT)
+            return x + (((size_t)model_group() + item / S) * SS + (p - 1) * S) * C * IMAGES + c0 * IMAGES;
+        else
+            return x + ((size_t)(model_image + item / S * IMAGES) * C + c0) * SS + (p - 1) * S;
     }
     __device__ __forceinline__ const conv2_stored<PR>* dy_row(int item) const {
         constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
-        return dy + ((size_t)(model_image + item / S * IMAGES) * K + o0) * SS + item % S * S;
+        if constexpr (FROM_LAYOUT)
+            return dy + (((size_t)model_group() + item / S) * SS + item % S * S) * K * IMAGES + o0 * IMAGES;
+        else
+            return dy + ((size_t)(model_image + item / S * IMAGES) * K + o0) * SS + item % S * S;
     }
+    // The model's first image group in the layout.
+    __device__ __forceinline__ int model_group() const { return model_image / N * CEIL_DIV(N, wgrad_images<PR>); }
 
     // A pixel pair of a row: two float values, or a bf16 row's two values as they are, one 32-bit word in x (the
     // left pixel in its low half; y unused). With L2_PREFETCH the load asks the L2 for the 256 bytes around it
@@ -119,6 +147,19 @@ struct WeightGradStaging {
             v = *reinterpret_cast<const unsigned*>(p);
         return make_float2(__uint_as_float(v), 0.0f);
     }
+    // FROM_LAYOUT: task f of a row, its two pixels of its channel, as two 16-byte units `channels` units apart (the
+    // tensor's channels); 8 lanes take 8 adjacent channels, 128 contiguous bytes. Pixels outside the image and
+    // channels past the end are zeros (images past N are zeros in the layout).
+    __device__ __forceinline__ void load(const conv2_stored<PR>* row, int f, int channels_left, int channels,
+                                         bool row_inside, uint4* v) const {
+        const int channel = f / 64 * 8 + f % 8, pair = f / 8 % 8;
+        const bool inside = row_inside && pair < CONV2_SIZE / 2 && channel < channels_left;
+        const uint4* src =
+            reinterpret_cast<const uint4*>(row + ((size_t)2 * pair * channels + channel) * wgrad_images<PR>);
+        const uint4 zero = make_uint4(0, 0, 0, 0);
+        v[0] = inside ? src[0] : zero;
+        v[1] = inside ? src[channels * wgrad_images<PR> * sizeof(conv2_stored<PR>) / 16] : zero;
+    }
     // Task f of a row (float or bfloat16) into v by fetch_pair; pixels outside the image and channels or images
     // past the end are zeros.
     template <class V>
@@ -134,6 +175,26 @@ struct WeightGradStaging {
     }
     // Whether the rows are bf16, fetched as their bits.
     static constexpr bool BITS = PR == Precision::Bf16;
+    // FROM_LAYOUT: task f's two units into a staged row (pixels `pixel` floats apart), as they are in Bf16, split
+    // into their parts (stage16) otherwise.
+    __device__ __forceinline__ void store(float* row, int f, int pixel, const uint4* v) const {
+        constexpr int PAIRS = CONV2_SIZE / 2;
+        const int pair = f / 8 % 8;
+        if (pair >= PAIRS) return;
+        float* dst = row + 2 * pair * pixel + f / 64 * 64 + f % 8 * 4;
+        if constexpr (BITS) {
+            *reinterpret_cast<uint4*>(dst) = v[0];
+            *reinterpret_cast<uint4*>(dst + pixel) = v[1];
+        } else {
+#pragma unroll
+            for (int side = 0; side < 2; side++) {
+                const float u[4] = {__uint_as_float(v[side].x), __uint_as_float(v[side].y), __uint_as_float(v[side].z),
+                                    __uint_as_float(v[side].w)};
+                stage16<PR>(u, reinterpret_cast<float4*>(dst + side * pixel),
+                            reinterpret_cast<float4*>(dst + side * pixel + 32));
+            }
+        }
+    }
     // v, task f's, into a staged row (pixels `pixel` floats apart), split into its parts: octet f / 64's big
     // parts, then its small parts. In Bf16 (BITS) v holds a bf16 row's bits (fetch_pair), whose 16-byte units of
     // 8 images are byte permutations of them.
@@ -166,11 +227,19 @@ struct WeightGradStaging {
     __device__ __forceinline__ void fetch(int item) {
         constexpr int S = CONV2_SIZE, SS = S * S, IMAGES = wgrad_images<PR>;
         const int img0 = item / S * IMAGES, r = item % S;
-        load(dy_row(item), f_dy, K - o0, K * SS, true, img0, next[0]);
-        if (tid < 128)
-            load(dy_row(item), f_second, K - o0, K * SS, true, img0, next[1]);
-        else
-            load(x_row(item, r + 2), f_second, C - c0, C * SS, r + 1 < S, img0, next[1]);
+        if constexpr (FROM_LAYOUT) {
+            load(dy_row(item), f_dy, K - o0, K, true, next[0]);
+            if (tid < 128)
+                load(dy_row(item), f_second, K - o0, K, true, next[1]);
+            else
+                load(x_row(item, r + 2), f_second, C - c0, C, r + 1 < S, next[1]);
+        } else {
+            load(dy_row(item), f_dy, K - o0, K * SS, true, img0, next[0]);
+            if (tid < 128)
+                load(dy_row(item), f_second, K - o0, K * SS, true, img0, next[1]);
+            else
+                load(x_row(item, r + 2), f_second, C - c0, C * SS, r + 1 < S, img0, next[1]);
+        }
     }
     // next into the item's slots.
     __device__ __forceinline__ void stash(int item) {
@@ -188,8 +257,11 @@ struct WeightGradStaging {
         const int img0 = item / S * IMAGES, r = item % S;
         for (int e = tid; e < 2 * x_row_tasks; e += WGRAD_THREADS) {
             const int p = r + e / x_row_tasks;
-            float2 v[IMAGES];
-            load(x_row(item, p), e % x_row_tasks, C - c0, C * SS, p >= 1, img0, v);
+            Fetched v;
+            if constexpr (FROM_LAYOUT)
+                load(x_row(item, p), e % x_row_tasks, C - c0, C, p >= 1, v);
+            else
+                load(x_row(item, p), e % x_row_tasks, C - c0, C * SS, p >= 1, img0, v);
             store(x_slot(item, p) + x_pixel_floats, e % x_row_tasks, x_pixel_floats, v);
         }
     }
@@ -311,8 +383,9 @@ __device__ __forceinline__ void store_weight_grad(const WeightGradAccumulators& 
 // WGRAD_CHANNELS.. over items first = blockIdx.x * items_per_part .. last - 1, each warpgroup one kernel row.
 // Several models: blockIdx.z = model * groups + group (groups = ceil(C / WGRAD_CHANNELS)); the model's x and dy
 // are its batch of N images and its partial results are its parts ([model][gridDim.x][K][C][3][3]), so each
-// model's parts hold what a launch for that model alone writes. L2_PREFETCH: as WeightGradStaging's.
-template <Precision PR, bool L2_PREFETCH>
+// model's parts hold what a launch for that model alone writes. L2_PREFETCH: as WeightGradStaging's (unused with
+// FROM_LAYOUT). FROM_LAYOUT: x and dy in the weight gradient's layout, [models][groups][196][C or K][images].
+template <Precision PR, bool L2_PREFETCH, bool FROM_LAYOUT>
 __device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>* x, const conv2_stored<PR>* dy,
                                                          float* partial, int N, int C, int K, int items_per_part) {
     constexpr int IMAGES = wgrad_images<PR>, S = CONV2_SIZE, X_PIXEL = x_pixel_floats;
@@ -334,9 +407,9 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>*
             make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 
-    float2 next[2][IMAGES];
+    using Staging = WeightGradStaging<PR, L2_PREFETCH, FROM_LAYOUT>;
+    typename Staging::Fetched next[2];
     const int f_dy = tid, f_second = tid < 128 ? WGRAD_THREADS + tid : tid - 128;
-    using Staging = WeightGradStaging<PR, L2_PREFETCH>;
     Staging staging{x, dy, smem, dy_slots, N, C, K, o0, c0, model * N, first, tid, f_dy, f_second, next};
     WeightGradAccumulators acc = {};
     if (first < last) {
@@ -361,4 +434,80 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>*
     }
 
     store_weight_grad(acc, smem, partial, C, K, o0, c0, tid, tap_row, warp, g, t);
+}
+
+// x or dy ([N][channels][14][14]) in the weight gradient's layout, [groups][196 pixels][channels][wgrad_images]
+// (a group of wgrad_images<PR> images, those past N zeros): a pixel of a channel in a group is one 16-byte unit,
+// as the weight gradient stages it, so its staging loads are whole units, 8 channels' 128 contiguous bytes per
+// lane group, instead of each image's pixel pairs. A task is a group's 8 channels: their planes, contiguous in
+// each image, are read as pixel pairs into shared memory, then each thread joins a pair's 8 (or 4) images into
+// the two pixels' units. A block per task (a grid of fewer blocks, each taking several tasks, made the step slower:
+// the kernels beside it lost the SMs it held). Several models: blockIdx.z, N and the groups per model.
+template <Precision PR>
+struct WeightGradLayout {
+    static constexpr int I = wgrad_images<PR>, SS = CONV2_SIZE * CONV2_SIZE, PAIRS = SS / 2, CH = 8;
+    // a plane's pairs, 4 more: the 8 channels' pairs that a warp's 4 lane groups read fall in distinct banks
+    static constexpr int PLANE = PAIRS + 4;
+    using Pair = typename Conv2Stored<PR>::pair;
+    using Tile = Pair[I][CH][PLANE];
+    const conv2_stored<PR>* src;
+    conv2_stored<PR>* dst;
+    int N, channels;
+
+    // The task's planes as pixel pairs (zeros past the images and channels).
+    __device__ __forceinline__ void load(Tile& tile, int g, int c0, int n_channels) const {
+        for (int e = threadIdx.x; e < I * CH * PAIRS; e += WGRAD_LAYOUT_THREADS) {
+            const int i = e / (CH * PAIRS), c = e / PAIRS % CH, pair = e % PAIRS, image = g * I + i;
+            Pair v{};
+            if (image < N && c < n_channels)
+                v = *reinterpret_cast<const Pair*>(src + ((size_t)image * channels + c0 + c) * SS + 2 * pair);
+            tile[i][c][pair] = v;
+        }
+    }
+    // The task's units: a thread per pixel pair and channel, 8 lanes 8 adjacent channels (128 contiguous bytes).
+    __device__ __forceinline__ void write(const Tile& tile, int g, int c0, int n_channels) const {
+        for (int t = threadIdx.x; t < PAIRS * CH; t += WGRAD_LAYOUT_THREADS) {
+            const int c = t % CH, pair = t / CH;
+            if (c >= n_channels) continue;
+            uint4 unit[2];  // the left and the right pixel
+            if constexpr (PR == Precision::Bf16) {
+                unsigned left[4], right[4];  // images 2j (low half) and 2j + 1
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    const unsigned a = tile[2 * j][c][pair], b = tile[2 * j + 1][c][pair];
+                    left[j] = __byte_perm(a, b, 0x5410);
+                    right[j] = __byte_perm(a, b, 0x7632);
+                }
+                unit[0] = make_uint4(left[0], left[1], left[2], left[3]);
+                unit[1] = make_uint4(right[0], right[1], right[2], right[3]);
+            } else {
+                float2 v[4];
+#pragma unroll
+                for (int i = 0; i < 4; i++) v[i] = tile[i][c][pair];
+                unit[0] = make_uint4(__float_as_uint(v[0].x), __float_as_uint(v[1].x), __float_as_uint(v[2].x),
+                                     __float_as_uint(v[3].x));
+                unit[1] = make_uint4(__float_as_uint(v[0].y), __float_as_uint(v[1].y), __float_as_uint(v[2].y),
+                                     __float_as_uint(v[3].y));
+            }
+            uint4* out = reinterpret_cast<uint4*>(dst + (((size_t)g * SS + 2 * pair) * channels + c0 + c) * I);
+            out[0] = unit[0];
+            out[channels * I * sizeof(conv2_stored<PR>) / 16] = unit[1];
+        }
+    }
+};
+
+template <Precision PR>
+__device__ __forceinline__ void to_weight_grad_layout(const conv2_stored<PR>* src, conv2_stored<PR>* dst, int N,
+                                                      int channels) {
+    using Layout = WeightGradLayout<PR>;
+    __shared__ typename Layout::Tile tile;
+    const int groups = CEIL_DIV(N, Layout::I), octets = CEIL_DIV(channels, Layout::CH), model = model_index();
+    const size_t image_values = (size_t)N * channels * Layout::SS;
+    const Layout layout{model_part(src, image_values, model),
+                        model_part(dst, (size_t)groups * Layout::SS * channels * Layout::I, model), N, channels};
+    const int g = blockIdx.x / octets, c0 = blockIdx.x % octets * Layout::CH;
+    const int n_channels = min(Layout::CH, channels - c0);
+    layout.load(tile, g, c0, n_channels);
+    __syncthreads();
+    layout.write(tile, g, c0, n_channels);
 }

@@ -248,10 +248,11 @@ def conv_backward_input_case(version="naive", product="backward_input"):
     )
 
 
-def conv_backward_weight_case(layer, version="naive", l2_prefetch=True):
+def conv_backward_weight_case(layer, version="naive", l2_prefetch=True, from_layout=False):
     """conv2d_backward_weight_naive, or conv2_backward_weight_fast's partial results summed by
     splitk_reduce_fast (layer 2), as the fast step runs them (l2_prefetch False: its form without the L2's
-    256-byte fetch, fp32 only)."""
+    256-byte fetch, fp32 only; from_layout: x and dy first written in its layout by conv2_weight_grad_layout_fast,
+    its form that reads them there)."""
     if version != "naive":
         _check_precision(version)
         assert layer == 2, "the implicit-GEMM products are conv2's"
@@ -265,9 +266,17 @@ def conv_backward_weight_case(layer, version="naive", l2_prefetch=True):
             run = lambda: naive.conv2d_backward_weight(xd, dyd, dw, N, C, K, S)
         else:
             partial = _poison(conv2.weight_grad_partial_size(C, K))
+            layouts = [_poison(conv2.weight_grad_layout_size(N, c, version), stored) for c in (C, K)]
 
             def run():
-                parts = conv2.backward_weight(xd, dyd, partial, N, C, K, version, l2_prefetch=l2_prefetch)
+                x_in, dy_in = xd, dyd
+                if from_layout:
+                    conv2.to_weight_grad_layout(xd, layouts[0], N, C, version)
+                    conv2.to_weight_grad_layout(dyd, layouts[1], N, K, version)
+                    x_in, dy_in = layouts
+                parts = conv2.backward_weight(
+                    x_in, dy_in, partial, N, C, K, version, l2_prefetch=l2_prefetch, from_layout=from_layout
+                )
                 splitk_reduce(partial, parts, dw)
 
         _, want = ref.conv2d_backward(x.astype(np.float64), w.astype(np.float64), dy.astype(np.float64))
@@ -275,6 +284,9 @@ def conv_backward_weight_case(layer, version="naive", l2_prefetch=True):
 
     if version == "naive":
         name = "conv2d_backward_weight_naive"
+    elif from_layout:
+        name = f"conv2_weight_grad_layout_fast<{version}>"
+        name += f"+conv2_backward_weight_fast<{conv2.KERNEL_PRECISION[version]}, true, true>+splitk_reduce_fast"
     elif l2_prefetch:
         name = f"conv2_backward_weight_fast<{version}>+splitk_reduce_fast"
     else:
@@ -303,6 +315,6 @@ def conv2_product_cases(version: str) -> list[Case]:
         + persistent
         + [conv_backward_input_case(version)]
         + paired
-        + [conv_backward_weight_case(2, version)]
+        + [conv_backward_weight_case(2, version), conv_backward_weight_case(2, version, from_layout=True)]
         + unprefetched
     )

@@ -21,7 +21,8 @@ class FastNet(_Net):
     Two side streams carry work that nothing on the main path reads before the update (or, for conv2's
     weight staging, before conv2): `side` takes the staging, fc1's weight-gradient products and the head's
     sums over its blocks; `conv_side` takes conv2's weight gradient, which behind fc1's started late,
-    then the sum of fc1's weight-gradient splits."""
+    then the sum of fc1's weight-gradient splits, and, where the weight gradient reads x and dy in its layout
+    (conv2_implicit_gemm.weight_grad_from_layout), x's layout beside the forward."""
 
     # the optimizer's kernels (_Net.update), each fused with the zero-grad (ALIGN keeps the flat buffers' size a
     # multiple of 4): plain SGD, and SGD with its options
@@ -72,6 +73,12 @@ class FastNet(_Net):
         self.a2_at = cp.empty((KB, c2, S3, S3), stored)  # a2 at each window's argmax, for BN2's backward sums
         self.d_out1 = cp.empty((KB, c1, S2, S2), stored)
         self.w2_partial = cp.empty(rows(conv2_implicit_gemm.weight_grad_partial_size(c1, c2)), f32)
+        # conv2's input and its output's gradient in the weight gradient's layout, where it reads them there
+        self.wgrad_from_layout = conv2_implicit_gemm.weight_grad_from_layout(B, precision)
+        if self.wgrad_from_layout:
+            size = conv2_implicit_gemm.weight_grad_layout_size
+            self.out1_layout = cp.empty(self.count * size(B, c1, precision), stored)
+            self.d_a2_layout = cp.empty(self.count * size(B, c2, precision), stored)
         # conv2's weights as its two image-tile products read them (stage_weights), the forward and the input
         # gradient in their forms for batches of up to B images (a model's batch)
         self.conv2_forward = conv2_implicit_gemm.forward_product(B, precision)
@@ -173,6 +180,12 @@ class FastNet(_Net):
             self.argmax1,
             **self._k(params=True, running=True),
         )
+        if train and self.wgrad_from_layout:  # beside the forward, which does not read it
+            self.conv_side.run(
+                lambda: conv2_implicit_gemm.to_weight_grad_layout(
+                    self.out1, self.out1_layout, n, c1, self.precision, **self._k()
+                )
+            )
         self.side.join()
         self._conv2_and_bn2_stats(n, train)
         bn_relu_pool.forward(
@@ -214,6 +227,7 @@ class FastNet(_Net):
             self.head_partial,
             **self._k(params=True),
         )
+        self.conv_side.join()  # a forward captured alone ends with its branches
 
     def _head_sums(self, n):
         g = self.g
@@ -245,8 +259,11 @@ class FastNet(_Net):
         )
 
     def _conv2_weight_grad(self, n):
+        x, dy = self.out1, self.d_a2
+        if self.wgrad_from_layout:  # written beside the forward and after BN2's backward apply
+            x, dy = self.out1_layout, self.d_a2_layout
         parts = conv2_implicit_gemm.backward_weight(
-            self.out1, self.d_a2, self.w2_partial, n, self.c1, self.c2, self.precision, **self._k()
+            x, dy, self.w2_partial, n, self.c1, self.c2, self.precision, from_layout=self.wgrad_from_layout, **self._k()
         )
         ops.splitk_reduce.splitk_reduce(
             self.w2_partial, parts, self.g["conv2.weight"], models=self.count, out_stride=self.param_stride
@@ -306,6 +323,11 @@ class FastNet(_Net):
             self.d_a2,
             **self._k(params=True),
         )
+        if self.wgrad_from_layout:
+            # on this stream, so that the weight gradient's blocks start before the input gradient's take every SM
+            # (on its own branch, the weight gradient waited for them and then ran beside conv1's backward;
+            # docs/performance.md)
+            conv2_implicit_gemm.to_weight_grad_layout(self.d_a2, self.d_a2_layout, n, c2, self.precision, **self._k())
         self.conv_side.run(lambda: self._conv2_weight_grad(n))
         conv2_implicit_gemm.backward_input(
             self.d_a2, self.input_grad_quads, self.d_out1, n, c1, c2, self.precision, self.conv2_input_grad, **self._k()

@@ -69,6 +69,13 @@ SHARED_RESERVED_BYTES = 1024
 # input channels; k runs over pixels x WGRAD_IMAGES images (twice as many in bf16); WGRAD_X_SLOTS staged
 # rows of x
 WGRAD_THREADS, WGRAD_OUT, WGRAD_CHANNELS, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 64, 32, 4, 6
+# the weight gradient's layout of x and dy (to_weight_grad_layout): a block per 8 channels of an image group
+WGRAD_LAYOUT_THREADS, WGRAD_LAYOUT_CHANNELS = 256, 8
+# The step writes x and dy in that layout and the weight gradient reads them there in these precisions, from this
+# batch (a model's): in bf16 its staging's loads are what bound it, and from 512 images whole 16-byte units cost
+# less than the two extra passes; in float32's layouts the products bound it (docs/performance.md)
+WGRAD_LAYOUT_PRECISIONS = ("bf16",)
+WGRAD_LAYOUT_MIN_BATCH = 512
 
 _src = source(
     "fast/2_conv2_implicit_gemm.cu",
@@ -87,6 +94,7 @@ _src = source(
     WGRAD_CHANNELS=WGRAD_CHANNELS,
     WGRAD_IMAGES=WGRAD_IMAGES,
     WGRAD_X_SLOTS=WGRAD_X_SLOTS,
+    WGRAD_LAYOUT_THREADS=WGRAD_LAYOUT_THREADS,
 )
 _kernel = precision_kernels(
     _src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"), KERNEL_PRECISION
@@ -102,6 +110,12 @@ _tile_moments_forward = _src.kernel("conv2_forward_tile_moments_fast")
 # the 3xTF32 weight gradient with its staging's loads plain, without the L2's 256-byte fetch: the ladder's rung below
 # the product (dev/ladder/conv2_weight_grad)
 _weight_grad_without_l2_prefetch = _src.kernel("conv2_backward_weight_fast<Precision::Fp32, false>")
+# the weight gradient reading x and dy in its layout, and the kernel that writes that layout, per precision (the
+# weight gradient from the layout in fp32 and tf32: the ladder's and the tests')
+_weight_grad_from_layout = {
+    p: _src.kernel(f"conv2_backward_weight_fast<{k}, true, true>") for p, k in KERNEL_PRECISION.items()
+}
+_weight_grad_layout = {p: _src.kernel(f"conv2_weight_grad_layout_fast<{k}>") for p, k in KERNEL_PRECISION.items()}
 # the 3xTF32 forms that have a kernel of their own, and the product they are a form of
 _FP32_FORMS = {
     "forward_stacked": ("forward", _src.kernel("conv2_forward_stacked_fast")),
@@ -455,20 +469,66 @@ def weight_grad_grid(n: int, c_in: int, c_out: int, precision: str) -> tuple[tup
     return (ceil_div(items, per_part), rows, cols), per_part
 
 
+def weight_grad_from_layout(batch: int, precision: str) -> bool:
+    """Whether the step hands the weight gradient x and dy in its layout, at a model's `batch`: the same bits either
+    way."""
+    return precision in WGRAD_LAYOUT_PRECISIONS and batch >= WGRAD_LAYOUT_MIN_BATCH
+
+
+def weight_grad_layout_size(n: int, channels: int, precision: str) -> int:
+    """Values of one model's x or dy (channels channels) in the weight gradient's layout: [groups][196][channels]
+    [weight_grad_images], the last group's images past n zeros."""
+    images = weight_grad_images(precision)
+    return ceil_div(n, images) * CONV2_SIZE * CONV2_SIZE * channels * images
+
+
+def to_weight_grad_layout(src, dst, n: int, channels: int, precision: str, models: int = 1):
+    """src [models][n][channels][14][14] (x or dy) into dst in the weight gradient's layout, [models][groups][196]
+    [channels][weight_grad_images] (weight_grad_layout_size values a model; conv2's stored dtype): a group's
+    images of a channel's pixel are 16 bytes, the unit the weight gradient stages, and images past n zeros."""
+    _check_stored(src, "src", precision)
+    _check_stored(dst, "dst", precision)
+    size = weight_grad_layout_size(n, channels, precision)
+    if dst.size < models * size:
+        raise ValueError(f"dst holds {dst.size} values; {models} x {size} needed")
+    tasks = ceil_div(n, weight_grad_images(precision)) * ceil_div(channels, WGRAD_LAYOUT_CHANNELS)
+    _weight_grad_layout[precision].launch(
+        (tasks, 1, models),
+        WGRAD_LAYOUT_THREADS,
+        src,
+        dst,
+        I32(n),
+        I32(channels),
+        models=models,
+    )
+
+
 def backward_weight(
-    x, dy, partial, n: int, c_in: int, c_out: int, precision: str, models: int = 1, l2_prefetch: bool = True
+    x,
+    dy,
+    partial,
+    n: int,
+    c_in: int,
+    c_out: int,
+    precision: str,
+    models: int = 1,
+    l2_prefetch: bool = True,
+    from_layout: bool = False,
 ) -> int:
     """The weight gradient's partial results [parts, c_out, c_in, 3, 3] into partial; returns parts (for
     splitk_reduce). For `models` models (x, dy [models][n][...]): the parts of one model's launch each, packed as
     [models][parts][c_out * c_in * 9] at partial's start (models * weight_grad_partial_size is room enough).
-    l2_prefetch False (fp32 only, the same bits): the staging's loads without the L2's 256-byte fetch."""
+    l2_prefetch False (fp32 only, the same bits): the staging's loads without the L2's 256-byte fetch. from_layout:
+    x and dy in the weight gradient's layout (to_weight_grad_layout), the same bits."""
     _check_stored(x, "x", precision)
     _check_stored(dy, "dy", precision)
     kernel = _kernel("backward_weight", precision)
     if not l2_prefetch:
-        if precision != "fp32":
-            raise ValueError(f"the weight gradient without the L2 prefetch is built in fp32 only, not {precision!r}")
+        if precision != "fp32" or from_layout:
+            raise ValueError("the weight gradient without the L2 prefetch is built in fp32 from x and dy as they are")
         kernel = _weight_grad_without_l2_prefetch
+    if from_layout:
+        kernel = _weight_grad_from_layout[precision]
     grid, per_part = weight_grad_grid(n, c_in, c_out, precision)
     parts, rows, groups = grid
     if partial.size < models * parts * c_out * c_in * 9:

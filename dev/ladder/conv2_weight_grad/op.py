@@ -123,6 +123,25 @@ def prepare_product_bf16(s: Conv, x, dy, dw, _split_partial):
     return run
 
 
+def prepare_product_bf16_from_layout(s: Conv, x, dy, dw, _split_partial):
+    """Rung 11: rung 10 with x and dy first written in the weight gradient's layout (to_weight_grad_layout: a pixel
+    of a channel of 8 images one 16-byte unit), then read there: the two passes are timed with it, as the step
+    runs them in bf16 from conv2_implicit_gemm.WGRAD_LAYOUT_MIN_BATCH images."""
+    import cupy
+
+    partial = cupy.empty(conv2.weight_grad_partial_size(s.c, s.k), cupy.float32)
+    x_bits, dy_bits = to_bf16(x), to_bf16(dy)
+    x_layout, dy_layout = (cupy.empty(conv2.weight_grad_layout_size(s.n, c, "bf16"), x_bits.dtype) for c in (s.c, s.k))
+
+    def run():
+        conv2.to_weight_grad_layout(x_bits, x_layout, s.n, s.c, "bf16")
+        conv2.to_weight_grad_layout(dy_bits, dy_layout, s.n, s.k, "bf16")
+        parts = conv2.backward_weight(x_layout, dy_layout, partial, s.n, s.c, s.k, "bf16", from_layout=True)
+        splitk_reduce.splitk_reduce(partial, parts, dw)
+
+    return run
+
+
 def _work_bf16(s: Conv) -> tuple[float, float]:
     """As _work, with x and dy read as bf16 (2 bytes a value)."""
     flops, _ = _work(s)
@@ -171,6 +190,17 @@ OP = Op(
             "fast/2_conv2_implicit_gemm.cu",
             "conv2_backward_weight_fast<Precision::Bf16>, its parts summed by splitk_reduce (fast/6_splitk_reduce.cu)",
             prepare_product_bf16,
+            is_conv2,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16,
+        ),
+        ProductRung(
+            "11_product_bf16_from_layout",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_weight_grad_layout_fast<Precision::Bf16> (x, dy), conv2_backward_weight_fast<Precision::Bf16, true, "
+            "true>, its parts summed by splitk_reduce (fast/6_splitk_reduce.cu)",
+            prepare_product_bf16_from_layout,
             is_conv2,
             unit="bf16",
             tolerance=BF16_TOL,
