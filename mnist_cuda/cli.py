@@ -334,19 +334,26 @@ def require_matplotlib(parser: Parser, flag: str):
 
 @contextlib.contextmanager
 def interrupt_deferred():
-    """Ctrl-C (SIGINT) held until the block ends, then raised as KeyboardInterrupt: what the block writes and what
-    it records of it stay together. Outside the main thread, where no handler can be set, the block runs as it is."""
-    if threading.current_thread() is not threading.main_thread():
+    """Ctrl-C (SIGINT) held until the block ends, then handled as the handler before would have: what the block writes
+    and what it records of it stay together. Where SIGINT is ignored, or its handler is not Python's, or outside the
+    main thread (where no handler can be set), the block runs as it is. A SIGINT caught while the block raises is
+    dropped: the block's own exception ends the run."""
+    previous = signal.getsignal(signal.SIGINT)
+    if threading.current_thread() is not threading.main_thread() or previous in (None, signal.SIG_IGN):
         yield
         return
     caught = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+    signal.signal(signal.SIGINT, lambda signum, frame: caught.append(frame))
     try:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
-    if caught:
-        raise KeyboardInterrupt
+    if not caught:
+        return
+    if previous == signal.SIG_DFL:  # the default action: the signal again, now unblocked
+        os.kill(os.getpid(), signal.SIGINT)
+    else:  # Python's default handler raises KeyboardInterrupt
+        previous(signal.SIGINT, caught[0])
 
 
 def run(parser: Parser, work, argv=None) -> int:

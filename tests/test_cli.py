@@ -544,7 +544,8 @@ def test_a_batch_too_large_for_the_init_checkpoints_model_blames_the_checkpoint(
 
 def test_interrupt_deferred_holds_ctrl_c_until_the_block_ends():
     """A SIGINT inside cli.interrupt_deferred() is raised as KeyboardInterrupt only after the block has run to its
-    end (the checkpoint written and recorded together); without one, nothing is raised; the handler is restored."""
+    end (the checkpoint written and recorded together); without one, nothing is raised; the handler is restored; a
+    handler of the caller's own gets the signal after the block, and an ignored SIGINT stays ignored."""
     import signal
 
     from mnist_cuda import cli
@@ -559,3 +560,16 @@ def test_interrupt_deferred_holds_ctrl_c_until_the_block_ends():
     with cli.interrupt_deferred():
         done.append("quiet")
     assert done[-1] == "quiet" and signal.getsignal(signal.SIGINT) is before
+    seen = []  # a handler of the caller's own gets the signal, after the block
+    signal.signal(signal.SIGINT, lambda signum, frame: seen.append(list(done)))
+    try:
+        with cli.interrupt_deferred():
+            signal.raise_signal(signal.SIGINT)
+            done.append("after the signal")
+        assert seen == [done] and done[-1] == "after the signal"
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # ignored stays ignored
+        with cli.interrupt_deferred():
+            signal.raise_signal(signal.SIGINT)
+        assert signal.getsignal(signal.SIGINT) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
