@@ -553,6 +553,8 @@ def test_conv2_input_output_and_gradients_are_stored_as_bf16_in_bf16():
         conv2.backward_weight(x16, np.empty((1, 64, 14, 14), np.float32), None, 1, 32, 64, "fp32")
     with pytest.raises(ValueError, match="without the L2 prefetch is built in fp32 from x and dy as they are"):
         conv2.backward_weight(x32, x32, None, 1, 32, 32, "fp32", l2_prefetch=False, from_layout=True)
+    with pytest.raises(ValueError, match="x holds 6272 values; the layout of 1 x 1 images needs 50176"):
+        conv2.backward_weight(x16, np.empty(2 * 50176, BF16), None, 1, 32, 64, "bf16", from_layout=True)
     with pytest.raises(ValueError, match="dst holds 10 values; 1 x 50176 needed"):
         conv2.to_weight_grad_layout(x16, np.empty(10, BF16), 1, 32, "bf16")
     with pytest.raises(ValueError, match="dst is float32; conv2 stores it as uint16 in bf16"):

@@ -40,7 +40,7 @@
 #include "tensor_core.cuh"
 
 #if !defined(WGRAD_THREADS) || !defined(WGRAD_OUT) || !defined(WGRAD_CHANNELS) || !defined(WGRAD_IMAGES) || \
-    !defined(WGRAD_X_SLOTS) || !defined(WGRAD_LAYOUT_THREADS)
+    !defined(WGRAD_X_SLOTS) || !defined(WGRAD_LAYOUT_THREADS) || !defined(WGRAD_LAYOUT_CHANNELS)
 #error "compile through mnist_cuda.ops, which passes the launch geometry as -D options"
 #endif
 // Images per 16 staged bytes of k: WGRAD_IMAGES float32 values, twice as many in bf16.
@@ -445,8 +445,10 @@ __device__ __forceinline__ void conv3x3_weight_grad_rows(const conv2_stored<PR>*
 // the kernels beside it lost the SMs it held). Several models: blockIdx.z, N and the groups per model.
 template <Precision PR>
 struct WeightGradLayout {
-    static constexpr int I = wgrad_images<PR>, SS = CONV2_SIZE * CONV2_SIZE, PAIRS = SS / 2, CH = 8;
-    // a plane's pairs, 4 more: the 8 channels' pairs that a warp's 4 lane groups read fall in distinct banks
+    static constexpr int I = wgrad_images<PR>, SS = CONV2_SIZE * CONV2_SIZE, PAIRS = SS / 2, CH = WGRAD_LAYOUT_CHANNELS;
+    static_assert(CH == 8 && I * sizeof(conv2_stored<PR>) == 16, "8 lanes write 8 channels' units, 16 bytes each");
+    // a plane's pairs, 4 more: in float32 the 8 channels' pairs that a half-warp reads fall in distinct banks; in
+    // bf16 (4-byte pairs, 102 words a plane) two channels share a bank, as they would unpadded
     static constexpr int PLANE = PAIRS + 4;
     using Pair = typename Conv2Stored<PR>::pair;
     using Tile = Pair[I][CH][PLANE];

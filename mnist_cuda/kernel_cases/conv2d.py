@@ -266,7 +266,7 @@ def conv_backward_weight_case(layer, version="naive", l2_prefetch=True, from_lay
             run = lambda: naive.conv2d_backward_weight(xd, dyd, dw, N, C, K, S)
         else:
             partial = _poison(conv2.weight_grad_partial_size(C, K))
-            layouts = [_poison(conv2.weight_grad_layout_size(N, c, version), stored) for c in (C, K)]
+            layouts = [_poison(conv2.weight_grad_layout_size(N, c, version), stored) for c in (C, K) if from_layout]
 
             def run():
                 x_in, dy_in = xd, dyd

@@ -72,8 +72,9 @@ WGRAD_THREADS, WGRAD_OUT, WGRAD_CHANNELS, WGRAD_IMAGES, WGRAD_X_SLOTS = 384, 64,
 # the weight gradient's layout of x and dy (to_weight_grad_layout): a block per 8 channels of an image group
 WGRAD_LAYOUT_THREADS, WGRAD_LAYOUT_CHANNELS = 256, 8
 # The step writes x and dy in that layout and the weight gradient reads them there in these precisions, from this
-# batch (a model's): in bf16 its staging's loads are what bound it, and from 512 images whole 16-byte units cost
-# less than the two extra passes; in float32's layouts the products bound it (docs/performance.md)
+# batch (a model's): in bf16 its staging's loads are what bound it, and the step measured faster from 512 images
+# (183.2 -> 179.0 us) and slower below (64 to 256), where the two extra passes cost more than they save; in float32's
+# layouts the products bound it (docs/performance.md)
 WGRAD_LAYOUT_PRECISIONS = ("bf16",)
 WGRAD_LAYOUT_MIN_BATCH = 512
 
@@ -95,6 +96,7 @@ _src = source(
     WGRAD_IMAGES=WGRAD_IMAGES,
     WGRAD_X_SLOTS=WGRAD_X_SLOTS,
     WGRAD_LAYOUT_THREADS=WGRAD_LAYOUT_THREADS,
+    WGRAD_LAYOUT_CHANNELS=WGRAD_LAYOUT_CHANNELS,
 )
 _kernel = precision_kernels(
     _src, "conv2", ("stage_weights", "forward", "backward_input", "backward_weight"), KERNEL_PRECISION
@@ -529,6 +531,10 @@ def backward_weight(
         kernel = _weight_grad_without_l2_prefetch
     if from_layout:
         kernel = _weight_grad_from_layout[precision]
+        for a, name, channels in ((x, "x", c_in), (dy, "dy", c_out)):
+            need = models * weight_grad_layout_size(n, channels, precision)
+            if a.size < need:
+                raise ValueError(f"{name} holds {a.size} values; the layout of {models} x {n} images needs {need}")
     grid, per_part = weight_grad_grid(n, c_in, c_out, precision)
     parts, rows, groups = grid
     if partial.size < models * parts * c_out * c_in * 9:
