@@ -313,7 +313,10 @@ def device_buffers(
                 1,
             ),
             "conv2's staged weights": (4 * quads, 4, 2),
-            "fc1's activations": (B * H, 4, 2),
+            "fc1's activations": (B * H, 4, 1),
+            # as bf16 in bf16 from linear_splitk's threshold: the gradient at fc1's pre-activation and fc1's weight copy
+            "the gradient at fc1's pre-activation": (B * H, linear_splitk.operand_dtype(precision, B).itemsize, 1),
+            "fc1's weight copy": (H * F if linear_splitk.operand_dtype(precision, B).itemsize == 2 else 0, 2, 1),
             "fc1's input gradient": (B * F, linear_splitk.input_dtype(precision).itemsize, 1),
             "fc1's partial sums": (linear_splitk.forward_partial_size(B, F, H), 4, 1),
             "fc1's weight-gradient parts": (linear_splitk.weight_partial_size(B, F, H), 4, 1),

@@ -64,7 +64,8 @@ def test_the_table_lists_every_rung_file_in_order():
     allowed: room for rungs to come); each file's one kernel is the rung's, named <op>_rung<NN>_<name> from rung 02
     on (rung 01 is the product's naive kernel, by its own name). The top rung, NN_product, is the product's kernel
     file itself, numbered above the others, and holds the kernels it names; the product in bf16, NN_product_bf16,
-    may stand above it, and above that the bf16 product in its persistent form, NN_product_bf16_persistent, and that
+    may stand above it, and above that the bf16 product reading its other operands as bf16 copies,
+    NN_product_bf16_operands, or the bf16 product in its persistent form, NN_product_bf16_persistent, and that
     form with its output's moments for BatchNorm's statistics, NN_product_bf16_moments, and above that the fp32
     product with its output's moments a block per tile, NN_product_tile_moments; or above the product in bf16 the
     product in another form for large batches, in fp32 and in bf16, NN_product_staged and NN_product_staged_bf16;
@@ -81,6 +82,7 @@ def test_the_table_lists_every_rung_file_in_order():
             [],
             ["product"],
             ["product", "product_bf16"],
+            ["product", "product_bf16", "product_bf16_operands"],
             ["product", "product_bf16", "product_bf16_persistent"],
             ["product", "product_bf16", "product_bf16_persistent", "product_bf16_moments"],
             ["product", "product_bf16", "product_bf16_persistent", "product_bf16_moments", "product_tile_moments"],

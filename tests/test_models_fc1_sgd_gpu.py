@@ -176,6 +176,43 @@ def test_backward_weight(cp, n, shape, precision, sum_splits):
             _same(partial[m * dense : (m + 1) * dense], partial_m[:dense], f"model {m}'s partial results")
 
 
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("n", BATCHES + (256,))
+def test_bf16_operands_give_the_bf16_products_bits(cp, n, shape):
+    """In bf16, W's copy (weight_to_bf16: each model's, from its parameter block) and dy as bf16 give the three
+    products' bits from float32 W and dy, in every form, for one model and for K at once (the copies' own stride)."""
+    from mnist_cuda import cuda
+    from mnist_cuda.kernel_cases.common import round_bf16_bits
+    from mnist_cuda.ops import linear_splitk as fc1
+
+    F, H = shape
+    rng = np.random.default_rng([n, F, H, 3])
+    p = Fc1Params(cp, rng, F, H)
+    x, dy = _input(cp, rng, "bf16", K * n, F), _random(cp, rng, K * n, H)
+    w16, dy16 = cp.full(K * F * H + 8, 0x7FC0, np.uint16), cp.empty(K * n * H, np.uint16)
+    fc1.weight_to_bf16(p.weight(p.flat), w16, F * H, models=K, param_stride=p.P)
+    fc1.weight_to_bf16(dy, dy16, K * n * H)
+    for m in range(K):
+        _same(w16[m * F * H : (m + 1) * F * H], cp.asarray(round_bf16_bits(p.weight(p.block(m)).get())), f"copy {m}")
+    assert (w16[K * F * H :] == 0x7FC0).all(), "written past the models' copies"
+    forms = [{}, {"form": "tiled", "narrow": False}, {"form": "tiled", "narrow": True}]
+    forms += [{"form": "wgmma"}] if cuda.arch_specific() else []
+    for k in ({"models": 1}, {"models": K}):
+        m = k["models"]
+        outs = []
+        for w, d, stride in ((p.weight(p.flat), dy, p.P), (w16, dy16, F * H)):
+            y, dx = cp.full((m * n, H), np.nan, cp.float32), [_poison(cp, "bf16", m * n, F) for _ in forms]
+            partial = cp.full(m * fc1.forward_partial_size(n, F, H), np.nan, cp.float32)
+            fc1.forward(x, w, p.bias(p.flat), partial, y, n, F, H, "bf16", param_stride=p.P, weight_stride=stride, **k)
+            for dx_form, form in zip(dx, forms):
+                fc1.backward_input(d, w, dx_form, n, F, H, precision="bf16", param_stride=stride, **k, **form)
+            grads, partial = cp.zeros(m * p.P, cp.float32), cp.zeros(m * fc1.weight_partial_size(n, F, H), cp.float32)
+            fc1.backward_weight(x, d, p.weight(grads), partial, n, F, H, "bf16", param_stride=p.P, **k)
+            outs.append([y, *dx, grads])
+        for got, want in zip(*outs[::-1]):
+            _same(got, want, f"{m} model(s)")
+
+
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("splits", [1, 5, 49])
 @pytest.mark.parametrize("count, cols", [(33, 33), (1000, 40), (3 * 128, 128)])

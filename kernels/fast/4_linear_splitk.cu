@@ -7,7 +7,10 @@
 // splits, each block writing a partial result that 6_splitk_reduce.cu sums in order. fc1's input x (block 2's
 // pooled output) and its gradient dx are X, the type the step stores them in: bfloat16 in Bf16 (as torch.autocast
 // keeps a linear layer's input and its gradient; the products round x to bf16 anyway, so they see the same values;
-// dx is rounded to the nearest), float otherwise.
+// dx is rounded to the nearest), float otherwise. fc1's weight W and its output's gradient dy are T: float, or in the
+// bf16 step bfloat16 copies (W's made by linear_weight_to_bf16_fast before the forward, dy as the head writes it),
+// whose values are those the products would round them to, in half the bytes: each operand tile is read by many
+// blocks, and these products are bound by those reads (docs/performance.md).
 //
 // K models at once (kernels/include/common.cuh): model m's batch tensors are at m * (one model's size), its
 // weight (and, from the weight gradient's single split, its gradient) at m * param_stride, and its partial
@@ -20,9 +23,9 @@
 // y = x W^T as C[n][o] = sum_i x[n,i] W[o,i]; the long i range is cut into splits whose partial results
 // splitk_reduce_fast sums (adding the bias and the ReLU).
 // grid (ceil(O/64), ceil(N/64), models * splits); partial [models][splits, N, O]
-template <Precision P, class X>
+template <Precision P, class X, class T>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_forward_fast(const X* x, const float* w, float* partial, int N, int I, int O, int k_per_split,
+    linear_forward_fast(const X* x, const T* w, float* partial, int N, int I, int O, int k_per_split,
                         int param_stride) {
     const int splits = CEIL_DIV(I, k_per_split), model = model_index(splits), split = model_z(splits);
     x = model_part(x, (size_t)N * I, model);
@@ -53,8 +56,8 @@ __device__ __forceinline__ void store_input_grad_pair(bfloat16* dx, int n, int i
 }
 
 // dx = dy W as C[n][i] = sum_o dy[n,o] W[o,i], in tiles TN columns wide.  grid (ceil(I/TN), ceil(N/64), models)
-template <Precision P, int TN, class X>
-__device__ __forceinline__ void linear_backward_input(const float* dy, const float* w, X* dx, int N, int I, int O,
+template <Precision P, int TN, class X, class T>
+__device__ __forceinline__ void linear_backward_input(const T* dy, const T* w, X* dx, int N, int I, int O,
                                                       int param_stride) {
     const int model = model_index();
     dy = model_part(dy, (size_t)N * O, model);
@@ -73,26 +76,26 @@ __device__ __forceinline__ void linear_backward_input(const float* dy, const flo
         });
     }
 }
-template <Precision P, class X>
+template <Precision P, class X, class T>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_backward_input_fast(const float* dy, const float* w, X* dx, int N, int I, int O, int param_stride) {
+    linear_backward_input_fast(const T* dy, const T* w, X* dx, int N, int I, int O, int param_stride) {
     linear_backward_input<P, TILE_N>(dy, w, dx, N, I, O, param_stride);
 }
 // The same in tiles half as wide, for when the 64-wide ones would leave SMs idle (fc1 at batch 64: 49
 // blocks): each warp's chain of steps then does half the products. Where there are blocks enough, the
 // wide tiles' fewer loads win (docs/performance.md).
-template <Precision P, class X>
+template <Precision P, class X, class T>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_backward_input_narrow_fast(const float* dy, const float* w, X* dx, int N, int I, int O, int param_stride) {
+    linear_backward_input_narrow_fast(const T* dy, const T* w, X* dx, int N, int I, int O, int param_stride) {
     linear_backward_input<P, TILE_N / 2>(dy, w, dx, N, I, O, param_stride);
 }
 
 // dW = dy^T x as C[o][i] = sum_n dy[n,o] x[n,i], the batch cut into splits. With one split the block writes
 // the gradient itself (the launch contract passes dW as out), so a model's part of out is param_stride apart.
 // grid (ceil(I/64), ceil(O/64), models * splits); out [models][splits, O, I] (with one split: dW)
-template <Precision P, class X>
+template <Precision P, class X, class T>
 __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
-    linear_backward_weight_fast(const X* x, const float* dy, float* out, int N, int I, int O, int k_per_split,
+    linear_backward_weight_fast(const X* x, const T* dy, float* out, int N, int I, int O, int k_per_split,
                                 int param_stride) {
     const int splits = CEIL_DIV(N, k_per_split), model = model_index(splits), split = model_z(splits);
     x = model_part(x, (size_t)N * I, model);
@@ -115,9 +118,9 @@ __global__ void __launch_bounds__(GEMM_THREADS, GEMM_MIN_BLOCKS)
 // As linear_backward_input_fast, in tiles of 64 samples x WG_INPUT_GRAD_COLS inputs; W is read
 // n-contiguous (its rows are fc1's outputs, k here) and transposed as it is staged.
 // grid (ceil(I/WG_INPUT_GRAD_COLS), ceil(N/64), models)
-template <Precision P, class X>
+template <Precision P, class X, class T>
 __global__ void __launch_bounds__(WG_THREADS)
-    linear_backward_input_wgmma_fast(const float* dy, const float* w, X* dx, int N, int I, int O, int param_stride) {
+    linear_backward_input_wgmma_fast(const T* dy, const T* w, X* dx, int N, int I, int O, int param_stride) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     extern __shared__ float4 wg_shared[];
     const int model = model_index();
@@ -137,4 +140,14 @@ __global__ void __launch_bounds__(WG_THREADS)
         });
     }
 #endif
+}
+
+// W's bf16 copy for the bf16 step's products (T = bfloat16 above): each value rounded to the nearest, as the products
+// round it when they read a float W. A thread per value of each model (the grid's z): w's weights param_stride apart,
+// the copies count apart.
+extern "C" __global__ void linear_weight_to_bf16_fast(const float* w, bfloat16* copy, int count, int param_stride) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= count) return;
+    const int model = model_index();
+    store_value(&model_part(copy, count, model)[i], model_part(w, param_stride, model)[i]);
 }

@@ -92,9 +92,12 @@ __device__ __forceinline__ void softmax_nll(float (&zt)[NUM_CLASSES], int label,
     for (int j = 0; j < NUM_CLASSES; j++) zt[j] = d[j];
 }
 
-extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
+// D: d_pre's type, float, or bfloat16 in the bf16 step (fc1's products round it so anyway: linear_splitk.cu's T); fc1's
+// bias gradient sums the float values.
+template <class D>
+__global__ void __launch_bounds__(HEAD_THREADS)
     head_forward_backward_fast(const float* h, const float* w, const float* b, const int* labels, int N, int H,
-                               int train, float* logits, float* d_pre, float* partial, int param_stride) {
+                               int train, float* logits, D* d_pre, float* partial, int param_stride) {
     __shared__ float rows[HEAD_SAMPLES + NUM_CLASSES][HEAD_CHUNK + 1];  // (+1: conflict-free columns)
     __shared__ float z[HEAD_SAMPLES][NUM_CLASSES];                      // logits, then dlogits
     __shared__ float sample_loss[HEAD_SAMPLES];
@@ -138,7 +141,7 @@ extern "C" __global__ void __launch_bounds__(HEAD_THREADS)
                 sum_dw[j] = fmaf(z[s][j], hv, sum_dw[j]);
             }
             const float dp = hv > 0.0f ? gsum : 0.0f;
-            if (valid) d_pre[(size_t)(s0 + s) * H + o] = dp;
+            if (valid) store_value(&d_pre[(size_t)(s0 + s) * H + o], dp);
             sum_bias += dp;
         }
         for (int offset = 1; offset < HEAD_GROUPS; offset <<= 1) {

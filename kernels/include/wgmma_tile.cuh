@@ -36,9 +36,10 @@ constexpr int wg_parts = PR == Precision::Fp32 ? 2 : 1;  // big and small parts,
 template <Precision PR>
 constexpr int wg_quads = WG_CHUNK_K / staged_values<PR>;  // 16-byte values per line per chunk
 
-// One operand's chunk of `LINES` lines (A's rows, B's columns): fetched from global memory into
-// registers, then staged into shared memory.
-template <Precision PR, int LINES, bool K_CONTIGUOUS>
+// One operand's chunk of `LINES` lines (A's rows, B's columns) of T (float, or bfloat16: the bf16 step's copies):
+// fetched from global memory into registers as it is stored, then staged into shared memory. The fetched values
+// are not touched before they are staged, so the loads are in flight during the products.
+template <Precision PR, int LINES, bool K_CONTIGUOUS, class T = float>
 struct WgmmaOperand {
     static constexpr int V = staged_values<PR>, QUADS = wg_quads<PR>;
     static constexpr int QUAD_STRIDE = LINES + 1;                // 16-byte slots from one quad to the next
@@ -47,9 +48,13 @@ struct WgmmaOperand {
     static constexpr int LINES_PER_TASK = K_CONTIGUOUS ? 1 : 4;  // a task is one quad of this many lines
     static constexpr int TASKS = LINES / LINES_PER_TASK * QUADS;
     static constexpr int PER_THREAD = CEIL_DIV(TASKS, WG_THREADS);
+    static constexpr int WHOLE = 16 / sizeof(T);  // values per 16-byte load
+    static constexpr int WORDS = V * LINES_PER_TASK * sizeof(T) / 4;
     static_assert(LINES % 8 == 0, "whole core matrices");
-    // v[r][i * LINES_PER_TASK + j]: value k0 + quad * V + i of line line0 + j of this thread's task r
-    float v[PER_THREAD][V * LINES_PER_TASK];
+    static_assert(sizeof(T) == 4 || PR == Precision::Bf16, "a bf16 operand is read by bf16 products only");
+    // raw[r]: task r's values as stored, value k0 + quad * V + i of line line0 + j at index i * LINES_PER_TASK + j
+    // (a float a word; bf16 two a word, the even index in the low half)
+    unsigned raw[PER_THREAD][WORDS];
 
     // Task e: quad e % QUADS (the fastest, for the bank groups above) of the line group e / QUADS.
     __device__ static int task(int r, int* quad, int* line) {
@@ -58,43 +63,58 @@ struct WgmmaOperand {
         *line = e / QUADS * LINES_PER_TASK;
         return e < TASKS;
     }
-
+    __device__ static unsigned bits(const float* p) { return __float_as_uint(*p); }
+    __device__ static unsigned bits(const bfloat16* p) { return p->bits; }
+    __device__ void put(int r, int index, unsigned b) {  // value `index` of task r, from its bits
+        if constexpr (sizeof(T) == 4) {
+            raw[r][index] = b;
+        } else {
+            unsigned& w = raw[r][index / 2];
+            w = index % 2 ? (w & 0xffffu) | b << 16 : (w & 0xffff0000u) | b;
+        }
+    }
     // The chunk at k0 of lines line0..: p's lines `lines` long (valid lines), ld apart (K_CONTIGUOUS) or
-    // its k rows ld apart (n-contiguous). Values past k_end or past the last line are 0. Whole 16-byte
-    // loads where ld allows (ld % 4 == 0; line0 and k0 are multiples of 4).
-    __device__ void fetch(const float* p, int lines, int ld, int line0, int k0, int k_end) {
-        const bool whole = ld % 4 == 0;
+    // its k rows ld apart (n-contiguous). Values past k_end or past the last line are 0. Whole 16-byte loads
+    // along k where ld allows (ld a multiple of WHOLE; line0 and k0 are multiples of V), and a k row's 4 lines in one
+    // load (ld % 4 == 0).
+    __device__ void fetch(const T* p, int lines, int ld, int line0, int k0, int k_end) {
+        const bool whole = ld % (K_CONTIGUOUS ? WHOLE : 4) == 0;
 #pragma unroll
         for (int r = 0; r < PER_THREAD; r++) {
             int quad, l;
             if (!task(r, &quad, &l)) continue;
             const int line = line0 + l, k = k0 + quad * V;
             if constexpr (K_CONTIGUOUS) {
-                const float* src = p + (size_t)line * ld + k;
+                const T* src = p + (size_t)line * ld + k;
                 if (whole && line < lines && k + V <= k_end) {
 #pragma unroll
-                    for (int i = 0; i < V; i += 4)
-                        *reinterpret_cast<float4*>(&v[r][i]) = *reinterpret_cast<const float4*>(src + i);
+                    for (int i = 0; i < V; i += WHOLE)
+                        *reinterpret_cast<uint4*>(&raw[r][i * sizeof(T) / 4]) =
+                            *reinterpret_cast<const uint4*>(src + i);
                 } else {
 #pragma unroll
-                    for (int i = 0; i < V; i++) v[r][i] = line < lines && k + i < k_end ? src[i] : 0.0f;
+                    for (int i = 0; i < V; i++) put(r, i, line < lines && k + i < k_end ? bits(src + i) : 0u);
                 }
             } else {
 #pragma unroll
                 for (int i = 0; i < V; i++) {
-                    const float* src = p + (size_t)(k + i) * ld + line;
+                    const T* src = p + (size_t)(k + i) * ld + line;
                     if (whole && k + i < k_end && line + 3 < lines) {
-                        *reinterpret_cast<float4*>(&v[r][4 * i]) = *reinterpret_cast<const float4*>(src);
+                        if constexpr (sizeof(T) == 4)
+                            *reinterpret_cast<uint4*>(&raw[r][4 * i]) = *reinterpret_cast<const uint4*>(src);
+                        else
+                            *reinterpret_cast<uint2*>(&raw[r][2 * i]) = *reinterpret_cast<const uint2*>(src);
                     } else {
 #pragma unroll
-                        for (int j = 0; j < 4; j++) v[r][4 * i + j] = k + i < k_end && line + j < lines ? src[j] : 0.0f;
+                        for (int j = 0; j < 4; j++)
+                            put(r, 4 * i + j, k + i < k_end && line + j < lines ? bits(src + j) : 0u);
                     }
                 }
             }
         }
     }
-
-    // The fetched values, rounded as the products read them, into the chunk at `shared`.
+    // The fetched values, rounded as the products read them, into the chunk at `shared`; bf16 values are staged as
+    // they are (a k-major line's pairs joined from two k rows in the transposed staging).
     __device__ void stage(float4* shared) const {
 #pragma unroll
         for (int r = 0; r < PER_THREAD; r++) {
@@ -102,17 +122,27 @@ struct WgmmaOperand {
             if (!task(r, &quad, &l)) continue;
 #pragma unroll
             for (int j = 0; j < LINES_PER_TASK; j++) {
-                float line_values[V];
-#pragma unroll
-                for (int i = 0; i < V; i++) line_values[i] = v[r][i * LINES_PER_TASK + j];
                 float4 big, small;
-                stage16<PR>(line_values, &big, &small);
+                if constexpr (sizeof(T) == 4) {
+                    float line_values[V];
+#pragma unroll
+                    for (int i = 0; i < V; i++) line_values[i] = __uint_as_float(raw[r][i * LINES_PER_TASK + j]);
+                    stage16<PR>(line_values, &big, &small);
+                } else if constexpr (K_CONTIGUOUS) {
+                    big = *reinterpret_cast<const float4*>(&raw[r][0]);
+                } else {  // pair q: k 2q and 2q + 1 of line j, each in row (2q or 2q + 1)'s word j / 2, half j % 2
+                    unsigned pairs[4];
+#pragma unroll
+                    for (int q = 0; q < 4; q++)
+                        pairs[q] =
+                            __byte_perm(raw[r][4 * q + j / 2], raw[r][4 * q + 2 + j / 2], j % 2 ? 0x7632 : 0x5410);
+                    big = *reinterpret_cast<const float4*>(pairs);
+                }
                 shared[quad * QUAD_STRIDE + l + j] = big;
                 if constexpr (wg_parts<PR> == 2) shared[PART_SLOTS + quad * QUAD_STRIDE + l + j] = small;
             }
         }
     }
-
     // wgmma's descriptor of k-step s (two quads) of part `part` of the chunk at `shared`.
     __device__ static unsigned long long descriptor(const float4* shared, int part, int s) {
         return wgmma_descriptor(shared + part * PART_SLOTS + 2 * s * QUAD_STRIDE, QUAD_STRIDE * 16, 128);
@@ -128,11 +158,11 @@ constexpr int wgmma_tile_shared_bytes =
 // m_total rows, lda apart; b: n_total columns, its k rows ldb apart (see the top). acc[4j + r] =
 // C(m0 + 16 * warp + g + 8 * (r / 2), n0 + 8j + 2t + r % 2), as wgmma_tf32 lays out d. shared:
 // wgmma_tile_shared_bytes<PR, BN> of dynamic shared memory.
-template <Precision PR, int BN>
-__device__ __forceinline__ void wgmma_tile(const float* a, int m_total, int lda, const float* b, int n_total, int ldb,
-                                           int m0, int n0, int k_end, float* acc, float4* shared) {
-    using OpA = WgmmaOperand<PR, 64, true>;
-    using OpB = WgmmaOperand<PR, BN, false>;
+template <Precision PR, int BN, class TA, class TB>
+__device__ __forceinline__ void wgmma_tile(const TA* a, int m_total, int lda, const TB* b, int n_total, int ldb, int m0,
+                                           int n0, int k_end, float* acc, float4* shared) {
+    using OpA = WgmmaOperand<PR, 64, true, TA>;
+    using OpB = WgmmaOperand<PR, BN, false, TB>;
     constexpr int BUFFER = OpA::SLOTS + OpB::SLOTS;
     unsigned shared_bytes;  // a launch with too little shared memory would corrupt its neighbours': stop it
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(shared_bytes));

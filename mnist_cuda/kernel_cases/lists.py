@@ -61,7 +61,7 @@ def fast_cases() -> list[Case]:
         + [block_backward_fast_case(1, per_block, stored) for per_block in conv1.BACKWARD_CHANNELS for stored in STORED]
         + [block_backward_fast_case(2, stored=stored, form=form) for stored in STORED for form in bn.FORMS]
         + [case for p in ("fp32", "bf16") for case in linear_fast_cases(p)]
-        + [head_fast_case(), sgd_fast_case()]
+        + [head_fast_case("float32"), head_fast_case("bf16"), sgd_fast_case()]
         + [sgd_momentum_case("fast", started) for started in (False, True)]
         + [sgd_models_case()]
     )

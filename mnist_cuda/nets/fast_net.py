@@ -91,7 +91,11 @@ class FastNet(_Net):
         self.fc1_out, self.d_features = cp.empty((KB, H), f32), cp.empty((KB, F), pooled2)
         self.fc1_partial = cp.empty(rows(linear_splitk.forward_partial_size(B, F, H)), f32)
         self.fc1_w_partial = cp.empty(rows(linear_splitk.weight_partial_size(B, F, H)), f32)
-        self.d_pre = cp.empty((KB, H), f32)  # the gradient at fc1's pre-activation
+        # the gradient at fc1's pre-activation and, in bf16, fc1's weight copy: in the dtype fc1's products read them
+        # (linear_splitk.operand_dtype: bf16 copies in bf16 from its batch threshold)
+        operands = linear_splitk.operand_dtype(precision, B)
+        self.d_pre = cp.empty((KB, H), operands)
+        self.fc1_weight_copy = cp.empty(self.count * H * F, operands) if operands != np.float32 else None
         self.head_partial = cp.empty(rows(head.partial_size(B, H)), f32)
 
     def _k(self, params: bool = False, running: bool = False) -> dict:
@@ -108,7 +112,12 @@ class FastNet(_Net):
         """The image moments of the n images in device input buffer `slot`."""
         conv1_bn_relu_pool.image_moments(x, n, self.moment_partial, self.counters1[0], self.moments[slot], **self._k())
 
-    def _stage_conv2_weights(self):
+    def _stage_weights(self):
+        """conv2's weights as its products read them and, in bf16, fc1's bf16 copy."""
+        if self.fc1_weight_copy is not None:
+            linear_splitk.weight_to_bf16(
+                self.p["fc1.weight"], self.fc1_weight_copy, self.hidden * self.features, **self._k(params=True)
+            )
         conv2_implicit_gemm.stage_weights(
             self.p["conv2.weight"],
             self.c1,
@@ -158,7 +167,7 @@ class FastNet(_Net):
         gradient at fc1's pre-activation and the head's sums (the loss among them, logged in backward)."""
         p, r, c1, c2, H, F = self.p, self.running, self.c1, self.c2, self.hidden, self.features
         self.x, self.x_moments = x, self.moments[slot]
-        self.side.run(self._stage_conv2_weights)
+        self.side.run(self._stage_weights)
         if not train:
             bn_relu_pool.eval_stats(r["bn1.running_mean"], r["bn1.running_var"], EPS, c1, self.mean1, self.invstd1)
         conv1_bn_relu_pool.forward(
@@ -202,9 +211,10 @@ class FastNet(_Net):
             self.a2_at,
             **self._k(params=True),
         )
+        fc1_weight, weight_stride = self._fc1_weight()
         linear_splitk.forward(
             self.out2,
-            p["fc1.weight"],
+            fc1_weight,
             p["fc1.bias"],
             self.fc1_partial,
             self.fc1_out,
@@ -212,6 +222,7 @@ class FastNet(_Net):
             F,
             H,
             self.precision,
+            weight_stride=weight_stride,
             **self._k(params=True),
         )
         head.forward_backward(
@@ -228,6 +239,12 @@ class FastNet(_Net):
             **self._k(params=True),
         )
         self.conv_side.join()  # a forward captured alone ends with its branches
+
+    def _fc1_weight(self) -> tuple:
+        """fc1's weight as its products read it, and its models' stride: the bf16 copy in bf16, else the parameter."""
+        if self.fc1_weight_copy is None:
+            return self.p["fc1.weight"], self.param_stride
+        return self.fc1_weight_copy, self.hidden * self.features
 
     def _head_sums(self, n):
         g = self.g
@@ -283,15 +300,17 @@ class FastNet(_Net):
         # backward apply does, and contend with it (docs/performance.md)
         self.side.run(lambda: self._fc1_weight_grad(n))
         self.side.run(lambda: self._head_sums(n))
+        fc1_weight, weight_stride = self._fc1_weight()
         linear_splitk.backward_input(
             self.d_pre,
-            p["fc1.weight"],
+            fc1_weight,
             self.d_features,
             n,
             self.features,
             self.hidden,
             precision=self.precision,
-            **self._k(params=True),
+            models=self.count,
+            param_stride=weight_stride,
         )
         bn_relu_pool.backward_reduce(
             self.a2_at,

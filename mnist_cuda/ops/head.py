@@ -9,7 +9,7 @@ gradients are param_stride floats apart."""
 from __future__ import annotations
 
 from ..cuda import ceil_div
-from .common import CLASSES, I32, source
+from .common import CLASSES, I32, source, stored_kernel, stored_kernels
 
 HEAD_SAMPLES, HEAD_THREADS = 16, 512  # samples and threads per block
 # a block's sums: per hidden column fc2's dW [10] and fc1's bias gradient; then fc2's db [10] and the loss
@@ -17,7 +17,8 @@ _SUMS_PER_HIDDEN, _SUMS_FIXED = CLASSES + 1, CLASSES + 1
 HEAD_SUMS = f"({_SUMS_PER_HIDDEN} * (H) + {_SUMS_FIXED})"  # the kernel's macro HEAD_SUMS(H)
 
 _src = source("fast/5_head.cu", HEAD_SAMPLES=HEAD_SAMPLES, HEAD_THREADS=HEAD_THREADS, **{"HEAD_SUMS(H)": HEAD_SUMS})
-_forward_backward = _src.kernel("head_forward_backward_fast")
+# d_pre float32, or bf16 bits in the bf16 step (linear_splitk.operand_dtype), by its dtype
+_forward_backward = stored_kernels(_src, "head_forward_backward_fast")
 _sum_parts = _src.kernel("head_sum_parts_fast")
 
 
@@ -50,8 +51,9 @@ def forward_backward(
     param_stride: int = 0,
 ):
     """logits [n, 10] = h [n, hidden] w^T + b; in training also d_pre [n, hidden], the loss's gradient at
-    fc1's pre-activation (fc1's ReLU mask applied), and each block's sums into partial [partial_size]."""
-    _forward_backward.launch(
+    fc1's pre-activation (fc1's ReLU mask applied; float32, or bf16 bits rounded to the nearest), and each block's
+    sums into partial [partial_size]."""
+    stored_kernel(_forward_backward, "d_pre", d_pre).launch(
         blocks(n) if models == 1 else (blocks(n), 1, models),
         HEAD_THREADS,
         h,

@@ -12,7 +12,9 @@ at "fp32" and at "tf32" alike, as PyTorch keeps its matrix products in float32 b
 convolutions may use TF32; at "bf16" both operands are rounded to bf16, as under torch.autocast, and fc1's input
 x (block 2's pooled output, read by the forward and the weight gradient) and its gradient dx (the input gradient's
 output, BatchNorm 2's backward's input) are stored as bf16 (input_dtype: uint16 arrays of bf16 bits), as autocast
-keeps them: the products see the same x from half the bytes, and dx is rounded to the nearest.
+keeps them: the products see the same x from half the bytes, and dx is rounded to the nearest. The weight w and the
+output's gradient dy may be float32, or in "bf16" bf16 copies (weight_to_bf16, and the head's d_pre): the values the
+products would round them to, in half the bytes (operand_dtype; the same bits out).
 
 models: K models in one launch (kernels/include/common.cuh), each of n samples: x, dy, dx and out [K][n][...],
 the weight (and gradient) of model m at m * param_stride from model 0's, and the partial results dense, model m's
@@ -21,9 +23,11 @@ them. Splits and forms are chosen from n, one model's batch, so each model's bit
 
 from __future__ import annotations
 
+import numpy as np
+
 from .. import cuda
 from ..cuda import ceil_div, sm_count
-from .common import I32, STORED_TYPES, activation_dtype, check_stored, precision_kernels, source
+from .common import BF16, I32, STORED_TYPES, activation_dtype, check_stored, precision_kernels, source
 from .splitk_reduce import splitk_reduce
 
 TILE, TILE_K = 64, 16  # a block's output tile is TILE x TILE (narrow: half as wide); k steps of TILE_K
@@ -33,6 +37,9 @@ MAX_SPLITS = 64
 # the wgmma form: one warpgroup of WG_THREADS per block, 64 samples x WG_INPUT_GRAD_COLS inputs (3136 = 28 x
 # 112); k staged WG_CHUNK_K at a time, in two buffers
 WG_THREADS, WG_CHUNK_K, WG_INPUT_GRAD_COLS, WG_MIN_BATCH = 128, 32, 112, 256
+# from this many images per model the bf16 step gives the products a bf16 copy of the weight and dy (operand_dtype):
+# below it the step measured no faster with them, or slower (docs/performance.md)
+BF16_OPERANDS_MIN_BATCH = 512
 FORMS = ("tiled", "wgmma")
 
 _src = source(
@@ -50,13 +57,18 @@ _src = source(
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS): under tf32 fc1
 # stays 3xTF32, as PyTorch's matrix products stay fp32 where its convolutions take TF32
 KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
-# and the type of x and dx (the kernels' X; input_dtype)
+_PRECISIONS = KERNEL_PRECISION.items()
+_NAMES = ("forward", "backward_input", "backward_input_narrow", "backward_weight", "backward_input_wgmma")
+# then the type of x and dx (the kernels' X; input_dtype), and that of w and dy (T; operand_dtype): each precision's
+# own, and in bf16 also float32 w and dy, rounded as the products read them
 _kernel = precision_kernels(
     _src,
     "linear",
-    ("forward", "backward_input", "backward_input_narrow", "backward_weight", "backward_input_wgmma"),
-    {p: f"{e}, {STORED_TYPES[activation_dtype(p)]}" for p, e in KERNEL_PRECISION.items()},
+    _NAMES,
+    {p: f"{e}, {STORED_TYPES[activation_dtype(p)]}, {STORED_TYPES[activation_dtype(p)]}" for p, e in _PRECISIONS},
 )
+_kernel_float_operands = precision_kernels(_src, "linear", _NAMES, {"bf16": "Precision::Bf16, bfloat16, float"})
+_weight_to_bf16 = _src.kernel("linear_weight_to_bf16_fast")
 
 
 def input_dtype(precision: str):
@@ -66,8 +78,38 @@ def input_dtype(precision: str):
     return activation_dtype(precision)
 
 
+def operand_dtype(precision: str, batch: int):
+    """The dtype of the weight's copy and the output's gradient dy that the step gives fc1's products at `precision`
+    for batches of `batch` images (a model's): bf16 bits in "bf16" from BF16_OPERANDS_MIN_BATCH images (weight_to_bf16),
+    float32 otherwise. Both give the same bits."""
+    _kernel("forward", precision)  # checks the precision
+    return np.dtype(BF16 if precision == "bf16" and batch >= BF16_OPERANDS_MIN_BATCH else np.float32)
+
+
 def _check_input(array, name: str, precision: str):
     check_stored(array, name, input_dtype(precision), "fc1", precision)
+
+
+def _product(name: str, precision: str, *operands):
+    """The kernel of product `name` for the dtype of its operands w and dy, which they share: float32, or in "bf16"
+    also bf16 bits."""
+    dtypes = {np.dtype(a.dtype) for a in operands}
+    kernel = _kernel(name, precision)
+    if dtypes == {np.dtype(np.float32)}:
+        return _kernel_float_operands(name, precision) if precision == "bf16" else kernel
+    if dtypes != {np.dtype(BF16)} or precision != "bf16":
+        names = " and ".join(str(np.dtype(a.dtype)) for a in operands)
+        also = f", or bf16 ({np.dtype(BF16)}) alike" if precision == "bf16" else ""
+        raise ValueError(f"fc1's w and dy must be float32{also} in {precision}; got {names}")
+    return kernel
+
+
+def weight_to_bf16(w, copy, count: int, models: int = 1, param_stride: int = 0):
+    """copy [models][count] = w's first count floats (of each model, param_stride apart) as bf16 bits, each rounded to
+    the nearest as the bf16 products round a float32 weight."""
+    if np.dtype(copy.dtype) != np.dtype(BF16) or copy.size < models * count:
+        raise ValueError(f"the copy must be {models * count:,} bf16 values ({np.dtype(BF16)})")
+    _weight_to_bf16.launch_1d(count, w, copy, I32(count), I32(param_stride), models=models)
 
 
 def wgmma_shared_bytes(precision: str) -> int:
@@ -125,12 +167,14 @@ def forward(
     precision: str = "fp32",
     models: int = 1,
     param_stride: int = 0,
+    weight_stride: int | None = None,
 ):
     """out [n, n_out] = relu(x [n, n_in] w^T + b), through partial [forward_partial_size] (of each model); x in
-    input_dtype(precision)."""
+    input_dtype(precision), w float32 or in "bf16" bf16 bits (model m's at m * weight_stride, by default
+    param_stride: a bf16 copy is the weights alone)."""
     _check_input(x, "x", precision)
     splits, k_per_split = split_k(n_in, ceil_div(n_out, TILE) * ceil_div(n, TILE))
-    _kernel("forward", precision).launch(
+    _product("forward", precision, w).launch(
         (ceil_div(n_out, TILE), ceil_div(n, TILE), splits * models),
         GEMM_THREADS,
         x,
@@ -140,7 +184,7 @@ def forward(
         I32(n_in),
         I32(n_out),
         I32(k_per_split),
-        I32(param_stride),
+        I32(param_stride if weight_stride is None else weight_stride),
         models=models,
     )
     count = n * n_out
@@ -175,14 +219,15 @@ def backward_input(
     models: int = 1,
     param_stride: int = 0,
 ):
-    """dx [n, n_in] = dy [n, n_out] w. The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
+    """dx [n, n_in] = dy [n, n_out] w (dy and w float32, or in "bf16" bf16 bits alike; model m's w at
+    m * param_stride). The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
     tiles, or 32-wide ones (narrow) where the wide would be fewer blocks than the GPU has SMs (narrow=None:
     chosen so, from one model's blocks; True or False forces one). dx in input_dtype(precision)."""
     _check_input(dx, "dx", precision)
     if _form(form, precision, n) == "wgmma":
         if narrow:
             raise ValueError("narrow tiles are the tiled form's")
-        _kernel("backward_input_wgmma", precision).launch(
+        _product("backward_input_wgmma", precision, dy, w).launch(
             _grid_2d(ceil_div(n_in, WG_INPUT_GRAD_COLS), ceil_div(n, 64), models),
             WG_THREADS,
             dy,
@@ -200,9 +245,9 @@ def backward_input(
     if narrow is None:
         narrow = ceil_div(n_in, TILE) * rows < sm_count()
     kernel, width = (
-        (_kernel("backward_input_narrow", precision), TILE // 2)
+        (_product("backward_input_narrow", precision, dy, w), TILE // 2)
         if narrow
-        else (_kernel("backward_input", precision), TILE)
+        else (_product("backward_input", precision, dy, w), TILE)
     )
     kernel.launch(
         _grid_2d(ceil_div(n_in, width), rows, models),
@@ -242,7 +287,7 @@ def backward_weight(
     where the step has room for it. x in input_dtype(precision)."""
     _check_input(x, "x", precision)
     splits, k_per_split = weight_splits(n, n_in, n_out)
-    _kernel("backward_weight", precision).launch(
+    _product("backward_weight", precision, dy).launch(
         (ceil_div(n_in, TILE), ceil_div(n_out, TILE), splits * models),
         GEMM_THREADS,
         x,

@@ -131,6 +131,17 @@ def prepare_product_bf16(s: Linear, x, w, b, y, scratch):
     return lambda: linear_splitk.forward(x_bits, w, b, partial, y, s.n, s.i, s.o, "bf16")
 
 
+def prepare_product_bf16_operands(s: Linear, x, w, b, y, scratch):
+    """Rung 11: rung 10 reading W from the bf16 step's copy (linear_splitk.weight_to_bf16, made here untimed: the step
+    makes it once a step on a side branch), the values the products round W to, in half the bytes: every block of a
+    column of tiles reads W's rows, and those reads bound the product."""
+    import cupy
+
+    partial = cupy.empty(linear_splitk.forward_partial_size(s.n, s.i, s.o), cupy.float32)
+    x_bits, w_bits = to_bf16(x), to_bf16(w)
+    return lambda: linear_splitk.forward(x_bits, w_bits, b, partial, y, s.n, s.i, s.o, "bf16")
+
+
 def inputs(rng, s: Linear) -> dict:
     """x ~ N(0, 1), W ~ N(0, 1 / I), b ~ N(0, 1), as mnist_cuda.kernel_cases draws them."""
     x = rng.standard_normal((s.n, s.i)).astype(np.float32)
@@ -148,6 +159,12 @@ def _work_bf16(s: Linear) -> tuple[float, float]:
     """As _work, with x read as bf16 (2 bytes a value)."""
     flops, _ = _work(s)
     return flops, 2.0 * s.n * s.i + 4.0 * (s.o * s.i + s.o + s.n * s.o)
+
+
+def _work_bf16_operands(s: Linear) -> tuple[float, float]:
+    """As _work, with x and W read as bf16."""
+    flops, _ = _work(s)
+    return flops, 2.0 * (s.n * s.i + s.o * s.i) + 4.0 * (s.o + s.n * s.o)
 
 
 OP = Op(
@@ -169,20 +186,32 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/4_linear_splitk.cu",
-            "linear_forward_fast<Precision::Fp32, float>, then the split sum with bias and ReLU (6_splitk_reduce.cu)",
+            "linear_forward_fast<Precision::Fp32, float, float>, then the split sum with bias and ReLU "
+            "(6_splitk_reduce.cu)",
             prepare_product,
             lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
         ),
         ProductRung(
             "10_product_bf16",
             "fast/4_linear_splitk.cu",
-            "linear_forward_fast<Precision::Bf16, bfloat16>, then the split sum with bias and ReLU "
+            "linear_forward_fast<Precision::Bf16, bfloat16, float>, then the split sum with bias and ReLU "
             "(6_splitk_reduce.cu)",
             prepare_product_bf16,
             lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
             unit="bf16",
             tolerance=BF16_TOL,
             work=_work_bf16,
+        ),
+        ProductRung(
+            "11_product_bf16_operands",
+            "fast/4_linear_splitk.cu",
+            "linear_forward_fast<Precision::Bf16, bfloat16, bfloat16>, then the split sum with bias and ReLU "
+            "(6_splitk_reduce.cu)",
+            prepare_product_bf16_operands,
+            lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16_operands,
         ),
     ),
     geometry="x [N,3136], W [128,3136], b [128] -> y [N,128] = relu(x W^T + b)",

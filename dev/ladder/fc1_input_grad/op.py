@@ -9,7 +9,7 @@ network I = 3136 (conv2's pooled features, 64 x 7 x 7), O = 128, and dy is the g
 import dataclasses
 
 import numpy as np
-from ladder_op import Op, ProductRung, Rung, from_bf16
+from ladder_op import Op, ProductRung, Rung, from_bf16, to_bf16
 
 from mnist_cuda import reference as ref
 from mnist_cuda.cuda import ceil_div
@@ -96,6 +96,17 @@ def prepare_product_bf16(s: Linear, dy, w, dx):
     return run, lambda: from_bf16(dx_bits, dx)
 
 
+def prepare_product_bf16_operands(s: Linear, dy, w, dx):
+    """Rung 11: rung 10 reading dy and W as the bf16 step's copies (dy as the head writes it, W's copy made once a
+    step; both rounded here, untimed), the values the products round them to, in half the bytes: each block reads its
+    rows of dy and a column of W's tiles, and those reads bound the product."""
+    import cupy
+
+    dx_bits, dy_bits, w_bits = cupy.empty(dx.shape, cupy.uint16), to_bf16(dy), to_bf16(w)
+    run = lambda: linear_splitk.backward_input(dy_bits, w_bits, dx_bits, s.n, s.i, s.o, precision="bf16")
+    return run, lambda: from_bf16(dx_bits, dx)
+
+
 def inputs(rng, s: Linear) -> dict:
     """dy ~ N(0, 1) and W ~ N(0, 1 / I), as mnist_cuda.kernel_cases draws them."""
     dy = rng.standard_normal((s.n, s.o)).astype(np.float32)
@@ -120,6 +131,12 @@ def _work_bf16(s: Linear) -> tuple[float, float]:
     return flops, 4.0 * (s.n * s.o + s.o * s.i) + 2.0 * s.n * s.i
 
 
+def _work_bf16_operands(s: Linear) -> tuple[float, float]:
+    """As _work, with dy and W read and dx written as bf16."""
+    flops, _ = _work(s)
+    return flops, 2.0 * (s.n * s.o + s.o * s.i + s.n * s.i)
+
+
 OP = Op(
     rungs=(
         Rung("01_naive.cu", "linear_backward_input_naive", launch_naive),
@@ -133,21 +150,32 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/4_linear_splitk.cu",
-            "linear_backward_input_fast<Precision::Fp32, float> (linear_backward_input_narrow_fast<Precision::Fp32, "
-            "float> where 64 x 64 tiles are fewer than the SMs)",
+            "linear_backward_input_fast<Precision::Fp32, float, float> (linear_backward_input_narrow_fast<"
+            "Precision::Fp32, float, float> where 64 x 64 tiles are fewer than the SMs)",
             prepare_product,
             lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
         ),
         ProductRung(
             "10_product_bf16",
             "fast/4_linear_splitk.cu",
-            "linear_backward_input_wgmma_fast<Precision::Bf16, bfloat16> from 256 samples, else "
-            "linear_backward_input_fast<Precision::Bf16, bfloat16> (or its narrow form, as rung 09)",
+            "linear_backward_input_wgmma_fast<Precision::Bf16, bfloat16, float> from 256 samples, else "
+            "linear_backward_input_fast<Precision::Bf16, bfloat16, float> (or its narrow form, as rung 09)",
             prepare_product_bf16,
             lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
             unit="bf16",
             tolerance=BF16_TOL,
             work=_work_bf16,
+        ),
+        ProductRung(
+            "11_product_bf16_operands",
+            "fast/4_linear_splitk.cu",
+            "linear_backward_input_wgmma_fast<Precision::Bf16, bfloat16, bfloat16> from 256 samples, else "
+            "linear_backward_input_fast<Precision::Bf16, bfloat16, bfloat16> (or its narrow form, as rung 09)",
+            prepare_product_bf16_operands,
+            lambda s: ceil_div(s.n, linear_splitk.TILE) <= GRID_LIMIT,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16_operands,
         ),
     ),
     geometry="dy [N,128], W [128,3136] -> dx [N,3136] = dy W",

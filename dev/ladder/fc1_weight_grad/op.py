@@ -145,6 +145,13 @@ def prepare_product_bf16(s: Linear, x, dy, dw, scratch):
     return _prepare(s, to_bf16(x), dy, dw, "bf16")
 
 
+def prepare_product_bf16_operands(s: Linear, x, dy, dw, scratch):
+    """Rung 11: rung 10 reading dy as the bf16 step's head writes it (rounded here, untimed), the values the products
+    round it to, in half the bytes: every block of a row of tiles reads dy's columns, and those reads bound the
+    product."""
+    return _prepare(s, to_bf16(x), to_bf16(dy), dw, "bf16")
+
+
 def inputs(rng, s: Linear) -> dict:
     """x ~ N(0, 1) and dy ~ N(0, 1), as mnist_cuda.kernel_cases draws them."""
     x = rng.standard_normal((s.n, s.i)).astype(np.float32)
@@ -169,6 +176,12 @@ def _work_bf16(s: Linear) -> tuple[float, float]:
     return flops, 2.0 * s.n * s.i + 4.0 * (s.n * s.o + s.o * s.i)
 
 
+def _work_bf16_operands(s: Linear) -> tuple[float, float]:
+    """As _work, with x and dy read as bf16."""
+    flops, _ = _work(s)
+    return flops, 2.0 * (s.n * s.i + s.n * s.o) + 4.0 * s.o * s.i
+
+
 OP = Op(
     rungs=(
         Rung("01_naive.cu", "linear_backward_params_naive", launch_naive),
@@ -188,21 +201,32 @@ OP = Op(
         ProductRung(
             "09_product",
             "fast/4_linear_splitk.cu",
-            "linear_backward_weight_fast<Precision::Fp32, float>, then the sum of its splits where there are several "
-            "(6_splitk_reduce.cu)",
+            "linear_backward_weight_fast<Precision::Fp32, float, float>, then the sum of its splits where there are "
+            "several (6_splitk_reduce.cu)",
             prepare_product,
             lambda s: ceil_div(s.o, linear_splitk.TILE) <= GRID_LIMIT,
         ),
         ProductRung(
             "10_product_bf16",
             "fast/4_linear_splitk.cu",
-            "linear_backward_weight_fast<Precision::Bf16, bfloat16>, then the sum of its splits where there are "
-            "several (6_splitk_reduce.cu)",
+            "linear_backward_weight_fast<Precision::Bf16, bfloat16, float>, then the sum of its splits where there "
+            "are several (6_splitk_reduce.cu)",
             prepare_product_bf16,
             lambda s: ceil_div(s.o, linear_splitk.TILE) <= GRID_LIMIT,
             unit="bf16",
             tolerance=BF16_TOL,
             work=_work_bf16,
+        ),
+        ProductRung(
+            "11_product_bf16_operands",
+            "fast/4_linear_splitk.cu",
+            "linear_backward_weight_fast<Precision::Bf16, bfloat16, bfloat16>, then the sum of its splits where "
+            "there are several (6_splitk_reduce.cu)",
+            prepare_product_bf16_operands,
+            lambda s: ceil_div(s.o, linear_splitk.TILE) <= GRID_LIMIT,
+            unit="bf16",
+            tolerance=BF16_TOL,
+            work=_work_bf16_operands,
         ),
     ),
     geometry="x [N,3136], dy [N,128] -> dW [128,3136] = dy^T x",
