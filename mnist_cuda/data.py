@@ -23,10 +23,8 @@ checks all 256 values).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -155,27 +153,16 @@ def with_next(batches: list) -> Iterator[tuple]:
         yield batch, batches[i + 1] if i + 1 < len(batches) else None
 
 
-# A batch's images are gathered by up to GATHER_THREADS threads, each taking at least GATHER_ROWS of them (np.take
-# releases the GIL while it copies): on a slow host one thread's gather of 4096 images, random rows of host DRAM,
-# outlasted the bf16 step it is staged beside (docs/performance.md).
-GATHER_THREADS, GATHER_ROWS = max(1, min(4, os.cpu_count() or 1)), 1024
-_gather_pool: ThreadPoolExecutor | None = None
-
-
 def gather(x: np.ndarray, y: np.ndarray, idx: np.ndarray, out_x: np.ndarray, out_y: np.ndarray):
-    """Copy the samples idx into the (pinned) staging buffers; returns the batch length."""
-    global _gather_pool
+    """Copy the samples idx into the (pinned) staging buffers; returns the batch length. The indices are checked once,
+    then copied with mode="clip": np.take's default mode copies through a temporary buffer, which on a slow host made a
+    large batch's gather outlast the step it is staged beside (docs/performance.md)."""
+    idx = np.asarray(idx)
     n = len(idx)
-    threads = min(GATHER_THREADS, n // GATHER_ROWS)
-    if threads < 2:
-        np.take(x, idx, axis=0, out=out_x[:n])
-    else:
-        _gather_pool = _gather_pool or ThreadPoolExecutor(GATHER_THREADS, thread_name_prefix="gather")
-        bounds = [n * t // threads for t in range(threads + 1)]
-        parts = [_gather_pool.submit(np.take, x, idx[a:b], 0, out_x[a:b]) for a, b in zip(bounds, bounds[1:])]
-        for part in parts:
-            part.result()
-    np.take(y, idx, axis=0, out=out_y[:n])
+    if n and (idx.min() < 0 or idx.max() >= len(x)):
+        raise IndexError(f"a sample index outside 0..{len(x) - 1}")
+    np.take(x, idx, axis=0, out=out_x[:n], mode="clip")
+    np.take(y, idx, axis=0, out=out_y[:n], mode="clip")
     return n
 
 

@@ -301,18 +301,21 @@ def test_real_fashion_mnist_loads_and_verifies(tmp_path):
     assert np.bincount(host.train_y).tolist() == [6000] * 10  # balanced classes
 
 
-@pytest.mark.parametrize("n", [5, data.GATHER_ROWS * 2 - 1, data.GATHER_ROWS * 4 + 3])
-def test_gather_copies_the_rows_in_order_whatever_the_threads(monkeypatch, n):
-    """gather's copy, by one thread or cut among several (the last part the longest), is np.take's; the staging
-    buffers past the batch stay untouched; a bad index still raises."""
-    monkeypatch.setattr(data, "GATHER_THREADS", 3)
+@pytest.mark.parametrize("n", [0, 5, 4096])
+def test_gather_copies_the_rows_in_order_and_refuses_a_bad_index(n):
+    """gather's copy (np.take in its "clip" mode, after one check of the indices) is the rows idx in order; the staging
+    buffers past the batch stay untouched; an index outside the data, negative included, raises before anything is
+    written."""
     rng = np.random.default_rng(n)
     x = rng.integers(0, 256, (20000, 1, 28, 28), dtype=np.uint8)
-    y = rng.integers(0, 10, 20000).astype(np.int64)
+    y = rng.integers(0, 10, 20000).astype(np.int32)
     idx = rng.permutation(20000)[:n]
-    out_x, out_y = np.full((n + 2, 1, 28, 28), 7, np.uint8), np.full(n + 2, -1, np.int64)
+    out_x, out_y = np.full((n + 2, 1, 28, 28), 7, np.uint8), np.full(n + 2, -1, np.int32)
     assert data.gather(x, y, idx, out_x, out_y) == n
     assert np.array_equal(out_x[:n], x[idx]) and np.array_equal(out_y[:n], y[idx])
     assert (out_x[n:] == 7).all() and (out_y[n:] == -1).all()
-    with pytest.raises(IndexError):
-        data.gather(x, y, np.append(idx, 20000), out_x, out_y)
+    for bad in (20000, -1):
+        before = out_x.copy()
+        with pytest.raises(IndexError, match="outside 0..19999"):
+            data.gather(x, y, np.append(idx, bad), out_x, out_y)
+        assert np.array_equal(out_x, before)

@@ -88,6 +88,25 @@ def test_each_model_is_its_single_run_bit_for_bit(k, precision, mnist_dir, tmp_p
         _same_bits(tmp_path / f"many-{name}.npz", f"{alone}.npz")
 
 
+def test_two_models_at_512_images_are_their_single_runs_in_bf16(mnist_dir, tmp_path, capsys):
+    """From 512 images a model the bf16 step gives fc1 bf16 copies of its weight and dy (linear_splitk.operand_dtype),
+    the models' copies one after another: two models at once are still their single runs, bit for bit."""
+    from mnist_cuda.ops import linear_splitk
+
+    assert linear_splitk.BF16_OPERANDS_MIN_BATCH <= 512
+    common = ["--data-dir", str(mnist_dir), "--steps", "4", "--quiet", "--precision", "bf16", "--batch-size", "512"]
+    run = tmp_path / "many.npz"
+    assert train_main(["--seed", "0,1"] + common + ["--save", str(run), "--metrics", str(tmp_path / "many.jsonl")]) == 0
+    found = re.findall(r"^  (\S+) +(\d+\.\d+)%$", capsys.readouterr().out, re.M)
+    assert len(found) == 2
+    for (name, accuracy), seed in zip(found, ("0", "1")):
+        alone = tmp_path / f"alone-{name}"
+        assert train_main(["--seed", seed] + common + ["--save", f"{alone}.npz", "--metrics", f"{alone}.jsonl"]) == 0
+        assert f"test accuracy {accuracy}% after 4 steps" in capsys.readouterr().out
+        assert _losses(tmp_path / "many.jsonl", name) == _losses(f"{alone}.jsonl")
+        _same_bits(tmp_path / f"many-{name}.npz", f"{alone}.npz")
+
+
 def _train_one_model_as_many(argv):
     from mnist_cuda import model_grid
     from mnist_cuda.train_arguments import build_parser

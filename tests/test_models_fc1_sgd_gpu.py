@@ -205,7 +205,7 @@ def test_bf16_operands_give_the_bf16_products_bits(cp, n, shape):
             partial = cp.full(m * fc1.forward_partial_size(n, F, H), np.nan, cp.float32)
             fc1.forward(x, w, p.bias(p.flat), partial, y, n, F, H, "bf16", param_stride=p.P, weight_stride=stride, **k)
             for dx_form, form in zip(dx, forms):
-                fc1.backward_input(d, w, dx_form, n, F, H, precision="bf16", param_stride=stride, **k, **form)
+                fc1.backward_input(d, w, dx_form, n, F, H, precision="bf16", weight_stride=stride, **k, **form)
             grads, partial = cp.zeros(m * p.P, cp.float32), cp.zeros(m * fc1.weight_partial_size(n, F, H), cp.float32)
             fc1.backward_weight(x, d, p.weight(grads), partial, n, F, H, "bf16", param_stride=p.P, **k)
             outs.append([y, *dx, grads])

@@ -27,7 +27,8 @@
        // rows 2t apart, 4 words of lines each, banks 8t..8t+3)
 
 // An operand: its line j (A's row m, B's column n), element k is p[j*sj + k*sk]; lines x len elements of T
-// (float, or bfloat16: fc1's input as the step stores it in --precision bf16). dense() deduces T.
+// (float, or bfloat16: in --precision bf16 fc1's input as the step stores it, and the weight's and the output
+// gradient's bf16 copies). dense() deduces T.
 template <class T>
 struct Dense {
     const T* p;

@@ -54,7 +54,7 @@ struct WgmmaOperand {
     static_assert(sizeof(T) == 4 || PR == Precision::Bf16, "a bf16 operand is read by bf16 products only");
     // raw[r]: task r's values as stored, value k0 + quad * V + i of line line0 + j at index i * LINES_PER_TASK + j
     // (a float a word; bf16 two a word, the even index in the low half)
-    unsigned raw[PER_THREAD][WORDS];
+    alignas(16) unsigned raw[PER_THREAD][WORDS];  // read and written as 8- and 16-byte vectors
 
     // Task e: quad e % QUADS (the fastest, for the bank groups above) of the line group e / QUADS.
     __device__ static int task(int r, int* quad, int* line) {
@@ -131,7 +131,7 @@ struct WgmmaOperand {
                 } else if constexpr (K_CONTIGUOUS) {
                     big = *reinterpret_cast<const float4*>(&raw[r][0]);
                 } else {  // pair q: k 2q and 2q + 1 of line j, each in row (2q or 2q + 1)'s word j / 2, half j % 2
-                    unsigned pairs[4];
+                    alignas(16) unsigned pairs[4];
 #pragma unroll
                     for (int q = 0; q < 4; q++)
                         pairs[q] =

@@ -309,8 +309,8 @@ class FastNet(_Net):
             self.features,
             self.hidden,
             precision=self.precision,
-            models=self.count,
-            param_stride=weight_stride,
+            weight_stride=weight_stride,
+            **self._k(params=True),
         )
         bn_relu_pool.backward_reduce(
             self.a2_at,

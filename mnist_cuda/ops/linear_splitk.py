@@ -17,7 +17,8 @@ output's gradient dy may be float32, or in "bf16" bf16 copies (weight_to_bf16, a
 products would round them to, in half the bytes (operand_dtype; the same bits out).
 
 models: K models in one launch (kernels/include/common.cuh), each of n samples: x, dy, dx and out [K][n][...],
-the weight (and gradient) of model m at m * param_stride from model 0's, and the partial results dense, model m's
+the weight (and gradient) of model m at m * param_stride from model 0's (a bf16 copy of the weights, dense, at
+m * weight_stride), and the partial results dense, model m's
 [splits][...] at m * splits * (one split's size): a buffer of K times the size functions' one model's size holds
 them. Splits and forms are chosen from n, one model's batch, so each model's bits are its single launch's."""
 
@@ -38,7 +39,7 @@ MAX_SPLITS = 64
 # 112); k staged WG_CHUNK_K at a time, in two buffers
 WG_THREADS, WG_CHUNK_K, WG_INPUT_GRAD_COLS, WG_MIN_BATCH = 128, 32, 112, 256
 # from this many images per model the bf16 step gives the products a bf16 copy of the weight and dy (operand_dtype):
-# below it the step measured no faster with them, or slower (docs/performance.md)
+# below it the copy's launch costs what the shorter reads save (docs/performance.md)
 BF16_OPERANDS_MIN_BATCH = 512
 FORMS = ("tiled", "wgmma")
 
@@ -100,13 +101,15 @@ def _product(name: str, precision: str, *operands):
     if dtypes != {np.dtype(BF16)} or precision != "bf16":
         names = " and ".join(str(np.dtype(a.dtype)) for a in operands)
         also = f", or bf16 ({np.dtype(BF16)}) alike" if precision == "bf16" else ""
-        raise ValueError(f"fc1's w and dy must be float32{also} in {precision}; got {names}")
+        raise ValueError(f"fc1's operands (w, dy) must be float32{also} in {precision}; got {names}")
     return kernel
 
 
 def weight_to_bf16(w, copy, count: int, models: int = 1, param_stride: int = 0):
     """copy [models][count] = w's first count floats (of each model, param_stride apart) as bf16 bits, each rounded to
     the nearest as the bf16 products round a float32 weight."""
+    if np.dtype(w.dtype) != np.float32:
+        raise ValueError(f"w is {np.dtype(w.dtype)}; its bf16 copy is made from float32")
     if np.dtype(copy.dtype) != np.dtype(BF16) or copy.size < models * count:
         raise ValueError(f"the copy must be {models * count:,} bf16 values ({np.dtype(BF16)})")
     _weight_to_bf16.launch_1d(count, w, copy, I32(count), I32(param_stride), models=models)
@@ -218,9 +221,11 @@ def backward_input(
     form: str | None = None,
     models: int = 1,
     param_stride: int = 0,
+    weight_stride: int | None = None,
 ):
     """dx [n, n_in] = dy [n, n_out] w (dy and w float32, or in "bf16" bf16 bits alike; model m's w at
-    m * param_stride). The wgmma form: tiles of 64 x WG_INPUT_GRAD_COLS. The tiled form: 64-wide
+    m * weight_stride, by default param_stride: a bf16 copy is the weights alone). The wgmma form: tiles of 64 x
+    WG_INPUT_GRAD_COLS. The tiled form: 64-wide
     tiles, or 32-wide ones (narrow) where the wide would be fewer blocks than the GPU has SMs (narrow=None:
     chosen so, from one model's blocks; True or False forces one). dx in input_dtype(precision)."""
     _check_input(dx, "dx", precision)
@@ -236,7 +241,7 @@ def backward_input(
             I32(n),
             I32(n_in),
             I32(n_out),
-            I32(param_stride),
+            I32(param_stride if weight_stride is None else weight_stride),
             shared_mem=wgmma_shared_bytes(precision),
             models=models,
         )
@@ -258,7 +263,7 @@ def backward_input(
         I32(n),
         I32(n_in),
         I32(n_out),
-        I32(param_stride),
+        I32(param_stride if weight_stride is None else weight_stride),
         models=models,
     )
 
