@@ -1,4 +1,5 @@
-"""The speed probe in dev/: bf16_distance.py (PyTorch's bf16 distance to its fp32 run)."""
+"""The probes in dev/: bf16_distance.py (PyTorch's bf16 distance to its fp32 run), pdl_probe.py (programmatic
+dependent launch in the step graph) and wgmma_rate.py (conv2's instruction stream alone on the tensor cores)."""
 
 import json
 
@@ -96,3 +97,33 @@ def test_pdl_probe_launches_give_the_plain_steps_bits(tmp_path):
     assert result["weights_as_plain"] == {v: {"64": True} for v in variants}
     programmatic = {v: edges["64"]["programmatic"] for v, edges in result["graph_edges"].items()}
     assert programmatic["plain"] == 0 and all(programmatic[v] > 0 for v in variants[1:])
+
+
+WGMMA_RATE = REPO / "dev" / "wgmma_rate.py"
+
+
+def test_wgmma_rate_writes_one_register_per_accumulator():
+    """The generated product lists N / 2 accumulators, then the two descriptors, in the instruction of its type."""
+    probe = load_script(WGMMA_RATE)
+    text = probe.product_function(112, "tf32")
+    assert "m64n112k8.f32.tf32.tf32 {%0," in text and "%55}, %56, %57, 1, 1, 1;" in text
+    assert text.count('"+f"(d[') == 56
+    assert "m64n224k16.f32.bf16.bf16" in probe.product_function(224, "bf16")
+
+
+def test_wgmma_rate_rejects_a_bad_flag_in_one_line():
+    r = run_program(WGMMA_RATE, "--groups", "5")
+    assert r.returncode == 2 and "--groups" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+def test_wgmma_rate_measures_every_variant_below_the_dense_rate(tmp_path):
+    """Every variant runs, and none beats the tensor cores' dense rate (products left out would)."""
+    out = tmp_path / "rate.json"
+    r = run_program(WGMMA_RATE, "--groups", "200", "--repeat", "2", "--json", str(out))
+    if r.returncode == 2 and "Hopper" in r.stderr:
+        pytest.skip("wgmma needs a Hopper GPU")
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == len(list(load_script(WGMMA_RATE).variants()))
+    assert all(0.05 < row["of_dense"] <= 1.02 for row in rows), rows

@@ -155,6 +155,7 @@ COMMANDS = [
         "step_launch_costs",
         "step_timeline",
         "time_step",
+        "wgmma_rate",
     )
 ]
 
