@@ -4,22 +4,23 @@
 conv2's image tiles (kernels/fast/2_conv2_image_tile.cuh) issue `wgmma` m64n112 products whose operands both come
 from shared memory in wgmma's unswizzled layout: A (the weights) [tap][channel quad][row][16 bytes], B (the staged
 image) a plane of 16-byte pixels per channel quad, each tap's B the same planes from a start shifted by whole pixels.
-A chunk's products (27 in 3xTF32's apart form: 9 taps x 3 parts; 9 in bf16) go out as one group, and the warpgroup
-waits for all of them before it stages the next chunk. With its staging left out the forward still runs at ~62% of
-the dense TF32 rate (docs/performance.md, section 2). A warp-specialised kernel (a producer staging for consumer
-warpgroups, as CUTLASS's Hopper kernels are built) takes the staging off the consumers and lets a group stay in
-flight while the next is issued; it cannot make the products themselves faster than this stream runs alone.
+A chunk's products (27 in 3xTF32's apart form: each tap's small * B_big, big * B_small and big * B_big; 9 in bf16) go
+out as one group, and the warpgroup waits for all of them before it stages the next chunk. docs/performance.md
+(section 2) measures the forward with its staging left out; this probe measures the products with everything else
+left out, which is as fast as a warp-specialised kernel (a producer staging for consumer warpgroups, as CUTLASS's
+Hopper kernels are built) could issue them.
 
-This probe times that stream alone: every block (one per SM) fills its shared memory once, then each of its
-warpgroups issues `--groups` groups of products, as conv2's chunks would, into one set of accumulators. Variants:
-- swizzle: none (conv2's layout; B's start moved by 16 bytes per pixel of a tap's shift) or 128-byte (K-major rows
-  of 128 bytes, the layout TMA writes and CUTLASS's kernels read; a tap's shift moves the start by 128-byte rows);
-- warpgroups per SM: 1 to 4 (conv2's image tiles run four blocks of one warpgroup per SM);
+Each block fills its shared memory with random operands once, then each of its warpgroups issues `--groups` groups
+of products into one set of accumulators, in the layouts and order of conv2's tiles. Variants:
+- swizzle: none (conv2's layout; a tap's shift moves B's start by 16-byte pixels) or 128-byte (K-major rows of 128
+  bytes, the layout TMA writes and CUTLASS's kernels read; a tap's shift moves the start by 128-byte rows);
+- warpgroups per SM, 1 to 4, as one block of them ("block": they share A, as consumers would) or as that many blocks
+  of one warpgroup ("blocks": conv2's image tiles run four per SM), where their shared memory fits;
 - in flight: 0 (wait for each group before the next, as conv2's tiles do) or 1 (the group before still running
   while the next is issued, as a consumer fed by a producer may);
 - N: 112 columns (conv2's half image) or 224 (the whole image in one instruction).
-The values are arbitrary and the results discarded: this measures the rate alone, in TFLOP/s and as a share of the
-dense rate (`--dense-tflops`, the H100/H200 SXM figures by default).
+The results are discarded: the rate is reported in TFLOP/s and as a share of NVIDIA's dense figure for the H100 and
+H200 SXM (494.7 TFLOP/s in TF32, 989.4 in bf16), with the GPU's maximum SM clock.
 
     PYTHONPATH=. python dev/wgmma_rate.py [--groups 2000] [--repeat 5] [--json F]
 """
@@ -43,7 +44,9 @@ TYPES = {"tf32": ("tf32", 8, 27, 494.7), "bf16": ("bf16", 16, 9, 989.4)}
 COLUMNS = (112, 224)
 SWIZZLES = {"none": 0, "128B": 1}
 WARPGROUPS = (1, 2, 3, 4)
+ARRANGEMENTS = ("block", "blocks")
 IN_FLIGHT = (0, 1)
+SHARED_PER_SM = 227 * 1024  # the most a Hopper SM gives its blocks
 
 SOURCE = r"""
 // One warpgroup's products, as conv2's image tiles issue them (dev/wgmma_rate.py says what each variant is).
@@ -60,20 +63,38 @@ __device__ __forceinline__ void pin(float (&d)[COUNT]) {
     for (int i = 0; i < COUNT; i++) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// Random finite operands: floats in [-1, 1), or in bf16 two such values' upper halves a word, so that the products'
+// inputs vary as real weights and images do (a repeating pattern could run faster).
+__device__ __forceinline__ unsigned random_word(unsigned i, int type) {
+    auto hash = [](unsigned h) {
+        h *= 2654435761u;
+        h ^= h >> 15;
+        h *= 2246822519u;
+        return h ^ (h >> 13);
+    };
+    auto value = [](unsigned h) { return __float_as_uint((float)(h & 0xFFFFFF) * (1.0f / 8388608.0f) - 1.0f); };
+    const unsigned first = value(hash(2 * i + 1)), second = value(hash(2 * i + 2));
+    return type == 0 ? first : (first >> 16) | (second & 0xFFFF0000u);
+}
+
+// TYPE 0: 3xTF32's apart form, A [tap][quad][128 rows: big, then small][16 B], B [part][quad][pixel][16 B], three
+// products a tap; TYPE 1: bf16, A [tap][quad][64 rows][16 B], B [quad][pixel][16 B], one. SWZ 1: A [4 taps][rows]
+// [128 B], B [part][pixel][128 B], 8-row groups 1,024 bytes apart (the values are arbitrary, so the starts that a
+// tap's shift puts inside a group keep base offset 0).
 template <int N, int TYPE, int SWZ, int WARPGROUPS, int IN_FLIGHT>
 __global__ void __launch_bounds__(128 * WARPGROUPS, 1) wgmma_rate(int groups, int a_bytes, int b_bytes, float* sink) {
     extern __shared__ __align__(1024) unsigned char smem[];
-    constexpr int PER_GROUP = TYPE == 0 ? 27 : 9;
+    constexpr int PER_GROUP = TYPE == 0 ? 27 : 9, ROWS = TYPE == 0 ? 128 : 64, PLANE = STAGED_PIXELS * 16;
     const int wg = threadIdx.x / 128;
     for (int i = threadIdx.x; i < (a_bytes + WARPGROUPS * b_bytes) / 4; i += blockDim.x)
-        reinterpret_cast<float*>(smem)[i] = 1.0f + (i & 7) * 0.125f;
+        reinterpret_cast<unsigned*>(smem)[i] = random_word(blockIdx.x * 65536u + i, TYPE);
     asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
     __syncthreads();
     const unsigned a = (unsigned)__cvta_generic_to_shared(smem);  // the weights, shared as consumers would share them
     const unsigned b = (unsigned)__cvta_generic_to_shared(smem + a_bytes + wg * b_bytes);
     // each product's descriptors are these plus its operands' offsets in 16-byte units (the address field's)
-    const unsigned long long a0 = SWZ ? descriptor(a, 16, 1024, 1) : descriptor(a, 1024, 128, 0);
-    const unsigned long long b0 = SWZ ? descriptor(b, 16, 1024, 1) : descriptor(b, STAGED_PIXELS * 16, 128, 0);
+    const unsigned long long a0 = SWZ ? descriptor(a, 16, 1024, 1) : descriptor(a, ROWS * 16, 128, 0);
+    const unsigned long long b0 = SWZ ? descriptor(b, 16, 1024, 1) : descriptor(b, PLANE, 128, 0);
     float d[N / 2];
 #pragma unroll
     for (int i = 0; i < N / 2; i++) d[i] = 0.0f;
@@ -82,12 +103,13 @@ __global__ void __launch_bounds__(128 * WARPGROUPS, 1) wgmma_rate(int groups, in
         asm volatile("wgmma.fence.sync.aligned;" ::: "memory");  // as each chunk's products start in conv2's tiles
 #pragma unroll
         for (int i = 0; i < PER_GROUP; i++) {
-            const int tap = i % 9, part = i / 9, shift = 16 * (tap / 3) + tap % 3, at = tap * 3 + part;
-            // conv2's layout: A [tap][part][quad][64 rows][16 B], B [quad][pixel][16 B]; swizzled: rows of 128 bytes
-            // (4 k-steps), 8-row groups 1,024 bytes apart (the values are arbitrary: a start inside a group keeps base
-            // offset 0)
-            const unsigned long long da = a0 + (SWZ ? at / 4 * 512 + at % 4 * 2 : at * 128);
-            const unsigned long long db = b0 + (SWZ ? shift * 8 + tap % 4 * 2 : shift);
+            const int tap = i / (PER_GROUP / 9), shift = 16 * (tap / 3) + tap % 3;
+            const int part = i % (PER_GROUP / 9);  // 3xTF32: small * B_big, big * B_small, big * B_big
+            const bool a_small = TYPE == 0 && part == 0, b_small = TYPE == 0 && part == 1;
+            const unsigned long long da =
+                a0 + (SWZ ? tap / 4 * ROWS * 8 + tap % 4 * 2 + a_small * 512 : tap * ROWS * 2 + a_small * 64);
+            const unsigned long long db =
+                b0 + (SWZ ? b_small * (STAGED_PIXELS + 1) * 8 + shift * 8 + tap % 4 * 2 : b_small * PLANE / 8 + shift);
             product(d, da, db);
         }
         asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
@@ -123,13 +145,14 @@ def staged_pixels(n: int) -> int:
     return (n // 16 + 2) * 16 + 2
 
 
-def region_bytes(swizzle: int, n: int) -> tuple[int, int]:
-    """Shared memory of the block's A (its warpgroups share it) and of one warpgroup's B, as the kernel addresses
-    them (1,024-byte multiples)."""
+def region_bytes(kind: str, swizzle: int, n: int) -> tuple[int, int]:
+    """Shared memory of a block's A (its warpgroups share it) and of one warpgroup's B, as the kernel addresses them
+    (1,024-byte multiples): 3xTF32's A has 128 rows (big and small parts) and two parts of B, bf16 one of each."""
+    rows, parts = (128, 2) if kind == "tf32" else (64, 1)
     if swizzle == 0:
-        a, b = 27 * 2048, 2 * staged_pixels(n) * 16
+        a, b = 9 * 2 * rows * 16, parts * 2 * staged_pixels(n) * 16
     else:
-        a, b = 7 * 8192, (staged_pixels(n) + 1) * 128
+        a, b = 3 * rows * 128, parts * (staged_pixels(n) + 1) * 128
     return tuple(-(-x // 1024) * 1024 for x in (a, b))
 
 
@@ -141,11 +164,23 @@ def build_parser() -> Parser:
     return p
 
 
+def layout(kind: str, n: int, swz: str, wgs: int, arrangement: str) -> tuple[int, int, int]:
+    """(warpgroups per block, blocks per SM, dynamic shared memory per block) of a variant."""
+    per_block, blocks = (wgs, 1) if arrangement == "block" else (1, wgs)
+    a_bytes, b_bytes = region_bytes(kind, SWIZZLES[swz], n)
+    return per_block, blocks, a_bytes + per_block * b_bytes
+
+
 def variants():
-    for kind, n, swz, wgs, depth in itertools.product(TYPES, COLUMNS, SWIZZLES, WARPGROUPS, IN_FLIGHT):
-        if n == 224 and wgs > 2:  # 112 accumulators a thread: two warpgroups' registers fill an SM at most
+    """(type, N, swizzle, warpgroups per SM, arrangement, in flight) of every variant whose blocks fit an SM: at most
+    two warpgroups of N = 224 (112 accumulators each), "blocks" only for more than one warpgroup."""
+    for kind, n, swz, wgs, arrangement, depth in itertools.product(
+        TYPES, COLUMNS, SWIZZLES, WARPGROUPS, ARRANGEMENTS, IN_FLIGHT
+    ):
+        _, blocks, shared = layout(kind, n, swz, wgs, arrangement)
+        if (n == 224 and wgs > 2) or (arrangement == "blocks" and wgs == 1) or blocks * shared > SHARED_PER_SM:
             continue
-        yield kind, n, swz, wgs, depth
+        yield kind, n, swz, wgs, arrangement, depth
 
 
 def main(argv=None) -> int:
@@ -156,54 +191,71 @@ def main(argv=None) -> int:
     if not cuda.arch_specific():
         print(f"{PROG}: wgmma needs a Hopper GPU (sm_90a)", file=sys.stderr)
         return 2
-    names = {v: f"wgmma_rate<{v[1]}, {list(TYPES).index(v[0])}, {SWIZZLES[v[2]]}, {v[3]}, {v[4]}>" for v in variants()}
+    names = {
+        v: f"wgmma_rate<{v[1]}, {list(TYPES).index(v[0])}, {SWIZZLES[v[2]]}, {layout(*v[:5])[0]}, {v[5]}>"
+        for v in variants()
+    }
     modules = {}
     for kind, n in itertools.product(TYPES, COLUMNS):
         text = SOURCE.replace("WGMMA_FUNCTIONS", product_function(n, kind)).replace(
             "STAGED_PIXELS", str(staged_pixels(n))
         )
-        exprs = [name for v, name in names.items() if v[:2] == (kind, n)]
+        exprs = sorted({name for v, name in names.items() if v[:2] == (kind, n)})
         modules[kind, n] = cp.RawModule(code=text, options=("--std=c++17", "-arch=sm_90a"), name_expressions=exprs)
-    sink = cp.zeros(512, np.float32)
     sms, rows = cuda.sm_count(), []
     for v, name in names.items():
-        kind, n, swz, wgs, depth = v
-        fn = modules[kind, n].get_function(name)
-        a_bytes, b_bytes = region_bytes(SWIZZLES[swz], n)
-        shared = a_bytes + wgs * b_bytes
-        fn.max_dynamic_shared_size_bytes = shared
-        launch = lambda: fn(
-            (sms,), (128 * wgs,), (np.int32(args.groups), np.int32(a_bytes), np.int32(b_bytes), sink), shared_mem=shared
-        )
-        launch()
-        times = []
-        for _ in range(args.repeat):
-            start, end = cp.cuda.Event(), cp.cuda.Event()
-            start.record()
-            launch()
-            end.record()
-            end.synchronize()
-            times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
-        _, k, per_group, dense = TYPES[kind]
-        flops = 2 * 64 * n * k * per_group * args.groups * wgs * sms
-        tflops = flops / float(np.median(times)) / 1e12
-        row = {
-            "type": kind,
-            "n": n,
-            "swizzle": swz,
-            "warpgroups_per_sm": wgs,
-            "in_flight": depth,
-            "tflops": round(tflops, 1),
-            "of_dense": round(tflops / dense, 3),
-        }
-        rows.append(row)
-        print(
-            f"{kind} m64n{n} swizzle {swz:>4}, {wgs} warpgroups/SM, {depth} in flight: "
-            f"{tflops:6.1f} TFLOP/s, {100 * tflops / dense:5.1f}% of dense"
-        )
+        rows.append(measure(cp, modules[v[:2]].get_function(name), v, sms, args))
     if args.json:
-        write_json(args.json, {"device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(), "rows": rows})
+        clock = cp.cuda.Device().attributes["ClockRate"] // 1000
+        write_json(
+            args.json,
+            {
+                "device": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+                "max_sm_clock_mhz": clock,
+                "groups": args.groups,
+                "repeat": args.repeat,
+                "rows": rows,
+            },
+        )
     return 0
+
+
+def measure(cp, fn, variant, sms: int, args) -> dict:
+    """One variant's rate: the median of --repeat launches after one untimed."""
+    kind, n, swz, wgs, arrangement, depth = variant
+    per_block, blocks, shared = layout(kind, n, swz, wgs, arrangement)
+    a_bytes, b_bytes = region_bytes(kind, SWIZZLES[swz], n)
+    fn.max_dynamic_shared_size_bytes = shared
+    sink = cp.zeros(128 * per_block, np.float32)
+    grid, block = (sms * blocks,), (128 * per_block,)
+    launch = lambda: fn(
+        grid, block, (np.int32(args.groups), np.int32(a_bytes), np.int32(b_bytes), sink), shared_mem=shared
+    )
+    launch()
+    times = []
+    for _ in range(args.repeat):
+        start, end = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        launch()
+        end.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+    _, k, per_group, dense = TYPES[kind]
+    tflops = 2 * 64 * n * k * per_group * args.groups * wgs * sms / float(np.median(times)) / 1e12
+    print(
+        f"{kind} m64n{n} swizzle {swz:>4}, {wgs} warpgroups/SM as {arrangement:6}, {depth} in flight: "
+        f"{tflops:6.1f} TFLOP/s, {100 * tflops / dense:5.1f}% of dense"
+    )
+    return {
+        "type": kind,
+        "n": n,
+        "swizzle": swz,
+        "warpgroups_per_sm": wgs,
+        "arrangement": arrangement,
+        "in_flight": depth,
+        "tflops": round(tflops, 1),
+        "of_dense": round(tflops / dense, 3),
+    }
 
 
 if __name__ == "__main__":
