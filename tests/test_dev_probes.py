@@ -1,5 +1,6 @@
 """The probes in dev/: bf16_distance.py (PyTorch's bf16 distance to its fp32 run), pdl_probe.py (programmatic
-dependent launch in the step graph) and wgmma_rate.py (conv2's instruction stream alone on the tensor cores)."""
+dependent launch in the step graph), wgmma_rate.py (conv2's instruction stream alone on the tensor cores) and
+conv2_tile_ablation.py (conv2's forward tiles with parts left out)."""
 
 import json
 
@@ -12,6 +13,12 @@ BF16 = REPO / "dev" / "bf16_distance.py"
 
 def run(*args):
     return run_program(BF16, *args)
+
+
+def refuses_in_one_line(script, flag: str, value: str) -> bool:
+    """The script exits 2 on a bad value of flag, with one line that names it."""
+    r = run_program(script, flag, value)
+    return r.returncode == 2 and flag in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_bf16_distance_rejects_a_bad_flag_in_one_line():
@@ -68,8 +75,7 @@ def test_pdl_probe_refuses_a_prologue_it_cannot_find():
 
 
 def test_pdl_probe_rejects_a_bad_flag_in_one_line():
-    r = run_program(PDL, "--repeats", "0")
-    assert r.returncode == 2 and "--repeats" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert refuses_in_one_line(PDL, "--repeats", "0")
 
 
 @pytest.mark.gpu
@@ -112,8 +118,7 @@ def test_wgmma_rate_writes_one_register_per_accumulator():
 
 
 def test_wgmma_rate_rejects_a_bad_flag_in_one_line():
-    r = run_program(WGMMA_RATE, "--groups", "5")
-    assert r.returncode == 2 and "--groups" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert refuses_in_one_line(WGMMA_RATE, "--groups", "5")
 
 
 @pytest.mark.gpu
@@ -127,3 +132,34 @@ def test_wgmma_rate_measures_every_variant_below_the_dense_rate(tmp_path):
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == len(list(load_script(WGMMA_RATE).variants()))
     assert all(0.05 < row["of_dense"] <= 1.02 for row in rows), rows
+
+
+ABLATION = REPO / "dev" / "conv2_tile_ablation.py"
+
+
+def test_conv2_tile_ablation_finds_each_part_once_in_the_kernel():
+    """Every part the probe leaves out is where it expects it in today's kernel source, once, and is guarded off."""
+    from mnist_cuda.cuda import read_source
+
+    probe = load_script(ABLATION)
+    text = read_source("fast/2_conv2_implicit_gemm.cu")
+    for original, guarded in probe.PARTS.values():
+        assert text.count(original) == 1 and guarded not in text
+    everything = probe.leave_out(tuple(probe.PARTS))("2_conv2_implicit_gemm.cu", text)
+    assert all(guarded in everything for _, guarded in probe.PARTS.values())
+    with pytest.raises(RuntimeError, match="store"):
+        probe.leave_out(("store",))("k.cu", "void conv3x3_image_tile(int x) {}")
+
+
+def test_conv2_tile_ablation_rejects_a_bad_flag_in_one_line():
+    assert refuses_in_one_line(ABLATION, "--rounds", "0")
+
+
+@pytest.mark.gpu
+def test_conv2_tile_ablation_times_every_variant(tmp_path):
+    out = tmp_path / "ablation.json"
+    r = run_program(ABLATION, "--batch-size", "64", "--rounds", "1", "--launches", "2", "--json", str(out))
+    assert r.returncode == 0, r.stderr[-2000:]
+    times = json.loads(out.read_text())["us"]
+    assert list(times) == list(load_script(ABLATION).VARIANTS)
+    assert all(len(t) == 1 and t[0] > 0 for t in times.values())

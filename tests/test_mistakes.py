@@ -148,6 +148,7 @@ COMMANDS = [
     for name in (
         "bench_kernels",
         "bf16_distance",
+        "conv2_tile_ablation",
         "ladder",
         "many_models_probe",
         "pdl_probe",
