@@ -58,7 +58,6 @@ _src = source(
 # the kernels' Precision template argument for each of the step's precisions (nets.PRECISIONS): under tf32 fc1
 # stays 3xTF32, as PyTorch's matrix products stay fp32 where its convolutions take TF32
 KERNEL_PRECISION = {"fp32": "Precision::Fp32", "tf32": "Precision::Fp32", "bf16": "Precision::Bf16"}
-_PRECISIONS = KERNEL_PRECISION.items()
 _NAMES = ("forward", "backward_input", "backward_input_narrow", "backward_weight", "backward_input_wgmma")
 # then the type of x and dx (the kernels' X; input_dtype), and that of w and dy (T; operand_dtype): each precision's
 # own, and in bf16 also float32 w and dy, rounded as the products read them
@@ -66,7 +65,10 @@ _kernel = precision_kernels(
     _src,
     "linear",
     _NAMES,
-    {p: f"{e}, {STORED_TYPES[activation_dtype(p)]}, {STORED_TYPES[activation_dtype(p)]}" for p, e in _PRECISIONS},
+    {
+        p: f"{e}, {STORED_TYPES[activation_dtype(p)]}, {STORED_TYPES[activation_dtype(p)]}"
+        for p, e in KERNEL_PRECISION.items()
+    },
 )
 _kernel_float_operands = precision_kernels(_src, "linear", _NAMES, {"bf16": "Precision::Bf16, bfloat16, float"})
 _weight_to_bf16 = _src.kernel("linear_weight_to_bf16_fast")
@@ -103,6 +105,12 @@ def _product(name: str, precision: str, *operands):
         also = f", or bf16 ({np.dtype(BF16)}) alike" if precision == "bf16" else ""
         raise ValueError(f"fc1's operands (w, dy) must be float32{also} in {precision}; got {names}")
     return kernel
+
+
+def _weight_stride(param_stride: int, weight_stride: int | None):
+    """The stride between the models' weights as the products read them: weight_stride (a bf16 copy's, the weights
+    alone), by default param_stride (the parameters themselves)."""
+    return I32(param_stride if weight_stride is None else weight_stride)
 
 
 def weight_to_bf16(w, copy, count: int, models: int = 1, param_stride: int = 0):
@@ -187,7 +195,7 @@ def forward(
         I32(n_in),
         I32(n_out),
         I32(k_per_split),
-        I32(param_stride if weight_stride is None else weight_stride),
+        _weight_stride(param_stride, weight_stride),
         models=models,
     )
     count = n * n_out
@@ -241,7 +249,7 @@ def backward_input(
             I32(n),
             I32(n_in),
             I32(n_out),
-            I32(param_stride if weight_stride is None else weight_stride),
+            _weight_stride(param_stride, weight_stride),
             shared_mem=wgmma_shared_bytes(precision),
             models=models,
         )
@@ -263,7 +271,7 @@ def backward_input(
         I32(n),
         I32(n_in),
         I32(n_out),
-        I32(param_stride if weight_stride is None else weight_stride),
+        _weight_stride(param_stride, weight_stride),
         models=models,
     )
 
