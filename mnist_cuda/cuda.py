@@ -78,6 +78,12 @@ def shared_memory_per_sm() -> int:
     return int(require_gpu().cuda.Device().attributes["MaxSharedMemoryPerMultiprocessor"])
 
 
+@functools.cache
+def shared_memory_per_block() -> int:
+    """Bytes of dynamic shared memory a block may ask for (the device's opt-in limit)."""
+    return int(require_gpu().cuda.Device().attributes["MaxSharedMemoryPerBlockOptin"])
+
+
 def pinned_empty(shape, dtype) -> np.ndarray:
     """A NumPy array in page-locked host memory (fast, truly asynchronous host-to-device copies)."""
     cupy = require_gpu()

@@ -308,24 +308,34 @@ def test_conv2_forward_form_by_batch():
 
 
 def test_conv2_persistent_forward_by_batch_precision_and_models():
-    """The forward's persistent form is taken in plain TF32 and bf16 from PERSISTENT_FORWARD_MIN_BATCH images, for
-    one model; never in fp32, for the input gradient or for several models, where asking for it is refused in one
-    line before any launch. Its block needs the output's region of shared memory besides the tile's."""
+    """The forward's persistent form is taken from PERSISTENT_FORWARD_MIN_BATCH images (PAIR_FORWARD_MIN_BATCH in
+    fp32, where its block must hold every chunk's weights), for one model; never for the input gradient or for several
+    models, where asking for it is refused in one line before any launch. In plain TF32 and bf16 its block needs the
+    output's region of shared memory besides the tile's; in fp32 the warpgroup pair's holds the weights of all the
+    input channels, and two image buffers and an output region per warpgroup."""
     import numpy as np
 
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
-    limit = conv2.PERSISTENT_FORWARD_MIN_BATCH
     for precision in conv2.PERSISTENT_PRECISIONS:
+        limit = conv2.PAIR_FORWARD_MIN_BATCH if precision == "fp32" else conv2.PERSISTENT_FORWARD_MIN_BATCH
         assert conv2.persistent_tiles("forward", precision, limit)
         assert not conv2.persistent_tiles("forward", precision, limit - 1)
         assert not conv2.persistent_tiles("forward", precision, limit, models=2)
         assert not conv2.persistent_tiles("backward_input", precision, limit)
+        if precision == "fp32":
+            continue
         region = conv2.PERSISTENT_OUTPUT_BYTES  # the kernel's static_assert holds it to its 32 rows
         plain = conv2.image_tile_shared_bytes("forward", precision)
         assert conv2.image_tile_shared_bytes("forward", precision, persistent=True) == plain + region
         assert 3 * (plain + region + 1024) <= 227 * 1024 < 4 * (plain + region + 1024)  # three blocks per SM
-    assert not conv2.persistent_tiles("forward", "fp32", 4096)
+    # the pair: four chunks of both parts of 64 channels' weights (36 KB each), and per warpgroup 18.3 KB of image
+    # buffers and 15 KB of output region; 32 input channels fit sm_90's 227 KB, 40 do not
+    assert conv2.pair_shared_bytes(32) == 4 * 36864 + 2 * (2 * 4 * 146 * 16 + 32 * 120 * 4) == 215552
+    assert conv2.pair_shared_bytes(25) == conv2.pair_shared_bytes(32) > conv2.pair_shared_bytes(24)
+    assert conv2.pair_fits(32) and not conv2.pair_fits(33) and not conv2.pair_fits(32, 200 * 1024)
+    assert conv2.persistent_tiles("forward", "fp32", 4096)
+    assert not conv2.persistent_tiles("forward", "fp32", 4096, c_in=40)
     # the grid: as many blocks as the SMs hold at once across the channel tiles, at most one per half image
     assert conv2.persistent_grid(4096, 1, 132, 3) == (396, 1, 1)
     assert conv2.persistent_grid(4096, 5, 132, 3) == (79, 5, 1)  # 395 blocks, not 400: no second wave
@@ -333,10 +343,15 @@ def test_conv2_persistent_forward_by_batch_precision_and_models():
     assert conv2.persistent_grid(4096, 1, 132, 7) == (396, 1, 1)  # the launch bounds' three at most
     assert conv2.persistent_grid(100, 1, 132, 3) == (200, 1, 1)
     assert conv2.persistent_grid(4096, 500, 132, 3) == (1, 500, 1)
-    quads = np.empty((conv2.weight_quads(32, 64, "fp32", "forward"), 4), np.float32)
+    # the pair's: a block per SM across the channel tiles, at most one per two half images
+    assert conv2.pair_grid(4096, 1, 132) == (132, 1, 1)
+    assert conv2.pair_grid(4096, 3, 132) == (44, 3, 1)
+    assert conv2.pair_grid(3, 1, 132) == (3, 1, 1)  # 6 tiles
+    assert conv2.pair_grid(4096, 200, 132) == (1, 200, 1)
+    quads = np.empty((conv2.weight_quads(32, 64, "fp32", "forward_stacked"), 4), np.float32)
     x, y = np.empty((1, 32, 14, 14), np.float32), np.empty((1, 64, 14, 14), np.float32)
     with pytest.raises(ValueError, match="only the forward has a persistent form"):
-        conv2.forward(x, quads, y, 1, 32, 64, "fp32", persistent=True)
+        conv2.forward(x, quads, y, 1, 32, 64, "fp32", "forward_stacked", persistent=True)
     quads = np.empty((2 * conv2.weight_quads(32, 64, "tf32", "forward"), 4), np.float32)
     with pytest.raises(ValueError, match="for one model"):
         conv2.forward(x, quads, y, 1, 32, 64, "tf32", models=2, persistent=True)

@@ -235,6 +235,12 @@ __device__ __forceinline__ void merge_paired_set(float (&acc)[2][tile_columns / 
     }
 }
 
+// The barrier of the threads that share a tile's output region: the block's (a warpgroup's: WarpgroupSync,
+// 2_conv2_warpgroup_pair.cuh).
+struct BlockSync {
+    __device__ __forceinline__ void operator()() const { __syncthreads(); }
+};
+
 // What store_image_tile takes where the moments of its output are not wanted.
 struct NoMoments {
     static constexpr bool ON = false;
@@ -377,18 +383,19 @@ __device__ __forceinline__ void store_tile_moments(const TileAccumulators<TileFo
 // halves (warps 0-1, then 2-3), so acc_s needs room for 32 rows only. Out: float, or bfloat16 (the forward's y in
 // Bf16). moments (BlockMoments, or NoMoments) sees each channel's stored values: unrolled over a warp's channel
 // steps, so that its sums stay in registers. (Stores straight from the accumulators, 8 channels per store, measured
-// slower in the forward at 512 and 4096: docs/performance.md.)
-template <TileForm FORM, int HALVES, class Out, class Moments = NoMoments>
+// slower in the forward at 512 and 4096: docs/performance.md.) sync: the barrier of the threads that share acc_s, the
+// block's or, in the warpgroup pair (2_conv2_warpgroup_pair.cuh), a warpgroup's.
+template <TileForm FORM, int HALVES, class Out, class Moments = NoMoments, class Sync = BlockSync>
 __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& acc, float* acc_s, Out* out, int Cout,
                                                  int img, int n0, int r0, int tid, int warp, int g, int t,
-                                                 Moments& moments) {
+                                                 Moments& moments, Sync sync = {}) {
     constexpr int S = CONV2_SIZE, SS = S * S, P = CONV_PADDED, ROWS = CONV_ROWS, N = tile_columns;
     constexpr int TILE = tile_channels<FORM>, STRIDE = output_row_stride, PAIRS = ROWS * S / 2;
     constexpr int WARPS = CONV_THREADS / 32, HALF_ROWS = 64 / HALVES;
     static_assert(HALVES == 1 || TILE == 64, "a channel's rows pass together");
 #pragma unroll
     for (int half = 0; half < HALVES; half++) {
-        __syncthreads();  // every product is done, and acc_s is free
+        sync();  // every product is done, and acc_s is free
         if (HALVES == 1 || warp / 2 == half) {
 #pragma unroll
             for (int j = 0; j < N / 8; j++)
@@ -398,7 +405,7 @@ __device__ __forceinline__ void store_image_tile(const TileAccumulators<FORM>& a
                         &acc_s[(16 * warp + g + 8 * h - half * HALF_ROWS) * STRIDE + 8 * j + 2 * t]) =
                         make_float2(acc[0][4 * j + 2 * h], acc[0][4 * j + 2 * h + 1]);
         }
-        __syncthreads();
+        sync();
         Out* y = out + (size_t)img * Cout * SS + r0 * S;
         const int first = n0 + half * HALF_ROWS, channels = min(TILE / HALVES, Cout - first);
         moments.begin_half(acc_s, half, warp, channels);

@@ -10,6 +10,8 @@
 //                              conv2_backward_input_fast and their 3xTF32 forms): conv2d_forward_naive and
 //                              conv2d_backward_input_naive; conv3x3_image_tiles_persistent, the forward's
 //                              persistent form for large batches (conv2_forward_persistent_fast)
+//   2_conv2_warpgroup_pair.cuh conv3x3_image_tiles_warpgroup_pair, the 3xTF32 forward for large batches: a block
+//                              per SM of two warpgroups with the weights resident (conv2_forward_warpgroup_pair_fast)
 //   2_conv2_weight_grad.cuh    conv3x3_weight_grad_rows, the weight gradient in split parts
 //                              (conv2_backward_weight_fast): conv2d_backward_weight_naive; to_weight_grad_layout,
 //                              x and dy as its staging reads them best (conv2_weight_grad_layout_fast)
@@ -18,6 +20,7 @@
 #include "2_conv2_tile_forms.cuh"
 #include "2_conv2_stage_weights.cuh"
 #include "2_conv2_image_tile.cuh"
+#include "2_conv2_warpgroup_pair.cuh"
 #include "2_conv2_weight_grad.cuh"
 
 // Entry points: the precision (tensor_core.cuh) is a template parameter. Precision::Fp32 keeps float32's
@@ -104,6 +107,17 @@ __global__ void __launch_bounds__(CONV_THREADS, CONV_PERSISTENT_BLOCKS_PER_SM)
     conv2_forward_persistent_fast(const conv2_stored<P>* x, const float4* forward_quads, conv2_stored<P>* y, int N,
                                   int C, int K, float* moment_parts) {
     conv3x3_image_tiles_persistent<P, tile_form<P, false>, MOMENTS>(x, forward_quads, y, N, C, K, moment_parts);
+}
+
+// The 3xTF32 forward as a block of two warpgroups with the weights resident (conv3x3_image_tiles_warpgroup_pair), for
+// one model: grid (at most N * CONV2_SIZE / CONV_ROWS / 2, ceil(K / tile channels)), 2 * CONV_THREADS threads, one
+// block per SM (its shared memory: every chunk's weights, and two image buffers and an output region per warpgroup).
+// The bits of conv2_forward_fast<Precision::Fp32>, and with MOMENTS conv2_forward_tile_moments_fast's moment_parts.
+template <bool MOMENTS>
+__global__ void __launch_bounds__(2 * CONV_THREADS, 1)
+    conv2_forward_warpgroup_pair_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K,
+                                      float* moment_parts) {
+    conv3x3_image_tiles_warpgroup_pair<MOMENTS>(x, forward_quads, y, N, C, K, moment_parts);
 }
 
 // grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared

@@ -123,14 +123,15 @@ def conv_stage_weights_case(precision="fp32", forward="forward", input_grad="bac
 def conv_forward_case(layer, version="naive", forward="forward", persistent=False):
     """conv2d_forward_naive (layer 1 or 2), or conv2's fast forward `forward` ("forward": conv2_forward_fast, or
     "forward_stacked": conv2_forward_stacked_fast, fp32 only) at precision `version` (layer 2); persistent: the
-    forward's persistent form, conv2_forward_persistent_fast (conv2_implicit_gemm.PERSISTENT_PRECISIONS), at every
-    batch size."""
+    forward's persistent form, conv2_forward_persistent_fast (conv2_implicit_gemm.PERSISTENT_PRECISIONS; in fp32
+    conv2_forward_warpgroup_pair_fast), at every batch size."""
     if version != "naive":
         _check_precision(version)
         assert layer == 2, "the implicit-GEMM products are conv2's"
 
     def make(rng, d):
         N, C, K, S = _geometry(d, layer)
+        C = _pair_in_channels(C) if persistent and version == "fp32" else C
         x, w = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
         stored = np.float32 if version == "naive" else conv2.stored_dtype(version)  # x and y: bf16 in bf16
         xd, wd, y = _dev(x, stored), _dev(w), _poison((N, K, S, S), stored)
@@ -148,23 +149,39 @@ def conv_forward_case(layer, version="naive", forward="forward", persistent=Fals
         if version == "naive"
         else "conv2_forward_stacked_fast"
         if forward == "forward_stacked"
-        else f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, false>"
+        else _persistent_name(version, moments=False)
         if persistent
         else f"conv2_forward_fast<{version}>"
     )
     return Case(f"{name}[conv{layer}]", make, _tol(version), ops=("conv2d",))
 
 
-def conv_forward_moments_case(version: str, form: str = "blocks"):
+def _pair_in_channels(c: int) -> int:
+    """The input channels of a case of the fp32 forward's warpgroup pair: at most those whose weights its block
+    holds (wider shapes are refused, tests/test_gpu_kernels.py)."""
+    return min(c, conv2.PAIR_MAX_IN_CHANNELS)
+
+
+def _persistent_name(version: str, moments: bool) -> str:
+    """The forward's persistent kernel at precision `version`: in fp32 the warpgroup pair."""
+    if version == "fp32":
+        return f"conv2_forward_warpgroup_pair_fast<{str(moments).lower()}>"
+    return f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, {str(moments).lower()}>"
+
+
+def conv_forward_moments_case(version: str, form: str = "blocks", persistent: bool = False):
     """conv2's forward with its output's moments, then BN2's statistics merged from them, at every batch size: the
     persistent form's blocks' (form "blocks": conv2_forward_persistent_fast<P, true>, batchnorm_stats_from_parts_fast)
-    or, in fp32, a block per tile's ("tiles": conv2_forward_tile_moments_fast, batchnorm_stats_from_tiles_fast). y is
-    held to the product's tolerance against the float64 convolution; the statistics to float32's against y as the
-    kernel stored it (the values BN2 normalises), which the float64 reference takes."""
-    assert form == "blocks" or version == "fp32", "a block per tile's moments are the 3xTF32 forward's"
+    or, in fp32, a tile's ("tiles", batchnorm_stats_from_tiles_fast after conv2_forward_tile_moments_fast, a block
+    per tile, or persistent conv2_forward_warpgroup_pair_fast<true>). y is held to the product's tolerance against
+    the float64 convolution; the statistics to float32's against y as the kernel stored it (the values BN2
+    normalises), which the float64 reference takes."""
+    assert form == "blocks" or version == "fp32", "a tile's moments are the 3xTF32 forward's"
+    assert form == "tiles" or version != "fp32", "the 3xTF32 forward leaves a tile's moments"
 
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
+        C = _pair_in_channels(C) if persistent and version == "fp32" else C
         x, w = _f32(rng, (N, C, S, S)), _f32(rng, (K, C, 3, 3), 1 / np.sqrt(9 * C))
         rm, rv = _f32(rng, K), np.abs(_f32(rng, K)) + 0.5
         stored = conv2.stored_dtype(version)
@@ -177,7 +194,7 @@ def conv_forward_moments_case(version: str, form: str = "blocks"):
         def run():
             stats = (EPS, MOMENTUM, *outs.values())
             if form == "tiles":
-                conv2.forward(xd, forward_quads, y, N, C, K, version, moment_parts=moment_parts)
+                conv2.forward(xd, forward_quads, y, N, C, K, version, persistent=persistent, moment_parts=moment_parts)
                 bn_relu_pool.stats_from_tiles(moment_parts, tiles, tile_values, K, *stats)
                 return
             conv2.forward(xd, forward_quads, y, N, C, K, version, persistent=True, moment_parts=moment_parts)
@@ -206,11 +223,8 @@ def conv_forward_moments_case(version: str, form: str = "blocks"):
             compare={name: of_stored_y(name) for name in outs},
         )
 
-    kernels = (
-        "conv2_forward_tile_moments_fast+batchnorm_stats_from_tiles_fast"
-        if form == "tiles"
-        else f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, true>+batchnorm_stats_from_parts_fast"
-    )
+    forward = _persistent_name(version, moments=True) if persistent else "conv2_forward_tile_moments_fast"
+    kernels = f"{forward}+batchnorm_stats_from_{'tiles' if form == 'tiles' else 'parts'}_fast"
     return Case(f"{kernels}[conv2]", make, _tol(version), ops=("conv2d", "batchnorm"))
 
 
@@ -303,7 +317,10 @@ def conv2_product_cases(version: str) -> list[Case]:
         else []
     )
     persistent = (
-        [conv_forward_case(2, version, persistent=True), conv_forward_moments_case(version)]
+        [
+            conv_forward_case(2, version, persistent=True),
+            conv_forward_moments_case(version, "tiles" if version == "fp32" else "blocks", persistent=True),
+        ]
         if version in conv2.PERSISTENT_PRECISIONS
         else []
     )

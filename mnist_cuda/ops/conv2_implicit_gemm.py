@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import functools
 
-from ..cuda import ceil_div, shared_memory_per_sm, sm_count
+from ..cuda import ceil_div, shared_memory_per_block, shared_memory_per_sm, sm_count
 from .bn_relu_pool import FROM_PARTS_MAX
 from .common import I32, NULL, activation_dtype, check_stored, precision_kernels, source
 
@@ -48,17 +48,27 @@ STACKED_FORWARD_MAX_BATCH = 96
 # bytes read from shared memory, but three blocks per SM instead of four; below it the step measured the same or
 # slower (docs/performance.md)
 PAIRED_INPUT_GRAD_MIN_BATCH = 2048
-# The forward's persistent form (plain TF32 and bf16, one model): each block runs many tiles' chunks as one stream,
+# The forward's persistent form (one model): in plain TF32 and bf16 each block runs many tiles' chunks as one stream,
 # PERSISTENT_BLOCKS_PER_SM blocks to an SM (the kernel's launch bounds), the output through shared memory of its own,
 # 32 rows of a tile at a time. It pays from PERSISTENT_FORWARD_MIN_BATCH images on, where each block has enough
 # tiles to hide its first one's loads behind (docs/performance.md)
-PERSISTENT_PRECISIONS = ("tf32", "bf16")
+PERSISTENT_PRECISIONS = ("tf32", "bf16", "fp32")
 PERSISTENT_BLOCKS_PER_SM = 3
 PERSISTENT_OUTPUT_BYTES = 32 * (CONV_ROWS * (CONV2_SIZE + 2) + 8) * 4  # 32 rows of the tile's columns and 8 more
 # With BN2's statistics (forward's moment_parts), each block's (mean, M2) per channel: at most this many blocks, as
 # many as bn_relu_pool.stats_from_parts merges
 MOMENT_PARTS_MAX = FROM_PARTS_MAX
 PERSISTENT_FORWARD_MIN_BATCH = 1024
+# In fp32 the forward's persistent form is a block per SM of two warpgroups, each running its own tiles, with every
+# chunk's weights resident in shared memory (conv2_forward_warpgroup_pair_fast): no weights' refill between chunks, and
+# one warpgroup's output stored while the other multiplies. It takes PAIR_THREADS threads, the weights of
+# ceil(c_in / CONV_CHUNK) chunks and two image buffers and an output region per warpgroup, so it fits the network's
+# 32 input channels (215.5 KB) but not many more; from PAIR_FORWARD_MIN_BATCH images on it runs where it fits (alone
+# it measured the same as a block per tile at 512 and slower at 64: docs/performance.md)
+PAIR_THREADS = 2 * CONV_THREADS
+PAIR_FORWARD_MIN_BATCH = PERSISTENT_FORWARD_MIN_BATCH
+# the dynamic shared memory a block may ask for on sm_90 (227 KB); a GPU with less gets a block per tile instead
+PAIR_SHARED_LIMIT = 227 * 1024
 # BN2's statistics come from the forward's moments in training, for one model of MOMENTS_MIN_BATCH images or more:
 # the persistent form's blocks' in its precisions, a block per tile's in fp32 (docs/performance.md). Below it the
 # statistics pass stays, so that a lone model's reductions are a ModelsNet's (nets/models_net.py)
@@ -105,10 +115,13 @@ _kernel = precision_kernels(
 _persistent_forward = {
     (p, moments): _src.kernel(f"conv2_forward_persistent_fast<{KERNEL_PRECISION[p]}, {str(moments).lower()}>")
     for p in PERSISTENT_PRECISIONS
+    if p != "fp32"
     for moments in (False, True)
 }
 # the 3xTF32 forward with its output's moments, a block per tile (forward's moment_parts in fp32)
 _tile_moments_forward = _src.kernel("conv2_forward_tile_moments_fast")
+# the 3xTF32 forward's persistent form, the warpgroup pair, without and with its output's moments
+_pair_forward = {m: _src.kernel(f"conv2_forward_warpgroup_pair_fast<{str(m).lower()}>") for m in (False, True)}
 # the 3xTF32 weight gradient with its staging's loads plain, without the L2's 256-byte fetch: the ladder's rung below
 # the product (dev/ladder/conv2_weight_grad)
 _weight_grad_without_l2_prefetch = _src.kernel("conv2_backward_weight_fast<Precision::Fp32, false>")
@@ -216,16 +229,35 @@ def image_tile_shared_bytes(product: str, precision: str, persistent: bool = Fal
     return 2 * 4 * CONV_STAGED_PIXELS * 16 + weight_buffers * quads * 16 + output
 
 
-def persistent_tiles(product: str, precision: str, batch: int, models: int = 1) -> bool:
+def persistent_tiles(product: str, precision: str, batch: int, models: int = 1, c_in: int = 32) -> bool:
     """Whether the image-tile product `product` runs in its persistent form by default: the forward in
-    PERSISTENT_PRECISIONS, for one model of at least PERSISTENT_FORWARD_MIN_BATCH images."""
+    PERSISTENT_PRECISIONS, for one model of at least PERSISTENT_FORWARD_MIN_BATCH images (PAIR_FORWARD_MIN_BATCH in
+    fp32, whose form needs the weights of c_in input channels in a block's shared memory: pair_fits)."""
     _image_tile_kernel(product, precision)
+    minimum = PAIR_FORWARD_MIN_BATCH if precision == "fp32" else PERSISTENT_FORWARD_MIN_BATCH
     return (
         product == "forward"
         and precision in PERSISTENT_PRECISIONS
         and models == 1
-        and batch >= PERSISTENT_FORWARD_MIN_BATCH
+        and batch >= minimum
+        and (precision != "fp32" or pair_fits(c_in))
     )
+
+
+def pair_shared_bytes(c_in: int) -> int:
+    """Dynamic shared memory of the fp32 forward's warpgroup pair for c_in input channels: every chunk's weights
+    (apart: both parts of 64 channels), then per warpgroup two buffers of the staged image and the output region."""
+    weights = ceil_div(c_in, CONV_CHUNK) * 2 * CONV_CHUNK_QUADS * 16
+    return weights + 2 * (2 * 4 * CONV_STAGED_PIXELS * 16 + PERSISTENT_OUTPUT_BYTES)
+
+
+def pair_fits(c_in: int, block_limit: int = PAIR_SHARED_LIMIT) -> bool:
+    """Whether the warpgroup pair's shared memory for c_in input channels fits a block's block_limit bytes."""
+    return pair_shared_bytes(c_in) <= block_limit
+
+
+# the most input channels whose weights the warpgroup pair's block holds on sm_90 (32: the network's)
+PAIR_MAX_IN_CHANNELS = max(c for c in range(CONV_CHUNK, 257, CONV_CHUNK) if pair_fits(c))
 
 
 def weight_grad_shared_bytes() -> int:
@@ -292,13 +324,14 @@ def stage_weights(
     )
 
 
-def _image_tiles(name, precision, n, models, out_channels, persistent, *args, moment_parts=None):
+def _image_tiles(name, precision, n, models, out_channels, persistent, *args, moment_parts=None, in_channels=0):
     """A block per image of the models' batches (the grid's x: the kernel finds an image's model as image / n, its
     last argument), output channel tile and half image; or, persistent (None: persistent_tiles), a block per SM
-    slot and output channel tile, each taking every gridDim.x-th half image. With moment_parts, each block's moments
-    of its output into it: the persistent form's, or the fp32 forward's a block per tile (one model)."""
+    slot and output channel tile, each taking every gridDim.x-th half image (in fp32 _pair_tiles). With moment_parts,
+    each block's moments of its output into it: the persistent form's, or the fp32 forward's a tile's (one model)."""
     if persistent is None:
-        persistent = persistent_tiles(name, precision, n, models)
+        persistent = persistent_tiles(name, precision, n, models, in_channels)
+        persistent = persistent and (precision != "fp32" or pair_fits(in_channels, shared_memory_per_block()))
     channel_tiles = ceil_div(out_channels, tile_channels(name, precision))
     if not persistent:
         grid = (models * n, channel_tiles, CONV2_SIZE // CONV_ROWS)
@@ -321,6 +354,9 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
             f"only the forward has a persistent form, in {PERSISTENT_PRECISIONS}, for one model; "
             f"got {name} in {precision} for {models} model(s)"
         )
+    if precision == "fp32":
+        _pair_tiles(n, in_channels, out_channels, *args, moment_parts=moment_parts)
+        return
     shared = image_tile_shared_bytes(name, precision, persistent=True)
     grid = _persistent_grid_here(n, channel_tiles, shared)
     if moment_parts is not None:
@@ -328,6 +364,29 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
     _persistent_forward[precision, moment_parts is not None].launch(
         grid, CONV_THREADS, *args, NULL if moment_parts is None else moment_parts, shared_mem=shared
     )
+
+
+def _pair_tiles(n: int, c_in: int, c_out: int, *args, moment_parts=None):
+    """The fp32 forward's warpgroup pair: a block of PAIR_THREADS per SM and output channel tile (pair_grid), with
+    moment_parts each tile's moments, as a block per tile leaves them."""
+    shared = pair_shared_bytes(c_in)
+    if not pair_fits(c_in, shared_memory_per_block()):
+        raise ValueError(
+            f"the fp32 forward's persistent form needs {shared} bytes of shared memory for {c_in} input channels; "
+            f"this GPU's blocks take {shared_memory_per_block()}"
+        )
+    grid = pair_grid(n, ceil_div(c_out, CONV_TILE_CHANNELS), sm_count())
+    if moment_parts is not None:
+        _check_moment_parts(moment_parts, c_out, moment_counts(n)[0])
+    _pair_forward[moment_parts is not None].launch(
+        grid, PAIR_THREADS, *args, NULL if moment_parts is None else moment_parts, shared_mem=shared
+    )
+
+
+def pair_grid(n: int, channel_tiles: int, sms: int) -> tuple[int, int, int]:
+    """The warpgroup pair's grid for n images: channel_tiles in y, and in x a block per SM across the channel tiles,
+    at most one per two half images (each block's first warpgroup then has a tile)."""
+    return (min(ceil_div(n * (CONV2_SIZE // CONV_ROWS), 2), max(1, sms // channel_tiles)), channel_tiles, 1)
 
 
 def _check_moment_parts(moment_parts, out_channels: int, parts: int):
@@ -360,12 +419,12 @@ def moment_form(n: int, c_out: int, precision: str, models: int = 1) -> str | No
 
 def moment_source(n: int, precision: str, models: int = 1) -> str | None:
     """moment_form but for its check of the persistent form's count of blocks, which needs the GPU: what the scratch
-    is sized for (moment_parts_size)."""
+    is sized for (moment_parts_size). In fp32 every form of the 64-channel forward leaves a tile's moments."""
     if models != 1 or n < MOMENTS_MIN_BATCH:
         return None
-    if persistent_tiles("forward", precision, n, models):
-        return "blocks"
-    return "tiles" if precision == "fp32" and forward_product(n, precision) == "forward" else None
+    if precision == "fp32":
+        return "tiles" if forward_product(n, precision) == "forward" else None
+    return "blocks" if persistent_tiles("forward", precision, n, models) else None
 
 
 def moment_counts(n: int) -> tuple[int, int]:
@@ -430,6 +489,7 @@ def forward(
         I32(c_in),
         I32(c_out),
         moment_parts=moment_parts,
+        in_channels=c_in,
     )
 
 
