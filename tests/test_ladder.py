@@ -67,7 +67,8 @@ def test_the_table_lists_every_rung_file_in_order():
     may stand above it, and above that the bf16 product reading its other operands as bf16 copies,
     NN_product_bf16_operands, or the bf16 product in its persistent form, NN_product_bf16_persistent, and that
     form with its output's moments for BatchNorm's statistics, NN_product_bf16_moments, and above that the fp32
-    product with its output's moments a block per tile, NN_product_tile_moments; or above the product in bf16 the
+    product with its output's moments a block per tile, NN_product_tile_moments, and that product as a persistent
+    block of two warpgroups, NN_product_warpgroup_pair; or above the product in bf16 the
     product in another form for large batches, in fp32 and in bf16, NN_product_staged and NN_product_staged_bf16;
     below the product, the product in its CUDA cores' form, NN_product_cuda_cores, where it takes the tensor cores
     too, or without its staging's L2 prefetch, NN_product_no_l2_prefetch (and above the product in bf16 the same
@@ -86,6 +87,14 @@ def test_the_table_lists_every_rung_file_in_order():
             ["product", "product_bf16", "product_bf16_persistent"],
             ["product", "product_bf16", "product_bf16_persistent", "product_bf16_moments"],
             ["product", "product_bf16", "product_bf16_persistent", "product_bf16_moments", "product_tile_moments"],
+            [
+                "product",
+                "product_bf16",
+                "product_bf16_persistent",
+                "product_bf16_moments",
+                "product_tile_moments",
+                "product_warpgroup_pair",
+            ],
             ["product_cuda_cores", "product", "product_bf16"],
             ["product_no_l2_prefetch", "product", "product_bf16"],
             ["product_no_l2_prefetch", "product", "product_bf16", "product_bf16_from_layout"],

@@ -153,12 +153,13 @@ def prepare_product_bf16_moments(s: Conv, x, w, y):
     return prepare_product_bf16(s, x, w, y, persistent=True, moments=True)
 
 
-def prepare_product_tile_moments(s: Conv, x, w, y):
+def prepare_product_tile_moments(s: Conv, x, w, y, persistent: bool = False):
     """Rung 13: rung 09's 3xTF32 product (its form for 64 channels a block, at every batch size) with its output's
-    moments, then BN2's statistics merged from them, as the step runs its forward in fp32 from
-    conv2_implicit_gemm.MOMENTS_MIN_BATCH images on: each block, one tile, sums the deviations of the values it
-    stores and their squares, and leaves its tile's (mean, M2) per channel; batchnorm_stats_from_tiles_fast, a block
-    per channel, merges them. Its time is what stands in the step for rung 09 and bn_stats' product together."""
+    moments, then BN2's statistics merged from them, as the step ran its forward in fp32 from
+    conv2_implicit_gemm.MOMENTS_MIN_BATCH images on before rung 14: each block, one tile, sums the deviations of the
+    values it stores and their squares, and leaves its tile's (mean, M2) per channel; batchnorm_stats_from_tiles_fast,
+    a block per channel, merges them. Its time is what stands in the step for rung 09 and bn_stats' product together.
+    persistent: the product as the warpgroup pair (rung 14)."""
     import cupy
 
     forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "fp32", "forward"), 4), cupy.float32)
@@ -169,10 +170,18 @@ def prepare_product_tile_moments(s: Conv, x, w, y):
     tiles, tile_values = conv2.moment_counts(s.n)
 
     def run():
-        conv2.forward(x, forward_quads, y, s.n, s.c, s.k, "fp32", "forward", moment_parts=moment_parts)
+        form = {"persistent": persistent, "moment_parts": moment_parts}
+        conv2.forward(x, forward_quads, y, s.n, s.c, s.k, "fp32", "forward", **form)
         bn_relu_pool.stats_from_tiles(moment_parts, tiles, tile_values, s.k, ref.BN_EPS, ref.BN_MOMENTUM, *statistics)
 
     return run
+
+
+def prepare_product_warpgroup_pair(s: Conv, x, w, y):
+    """Rung 14: rung 13 as the step runs it from conv2_implicit_gemm.PAIR_FORWARD_MIN_BATCH images on, at every batch
+    size here: the product as a persistent block of two warpgroups per SM, every chunk's weights resident in its
+    shared memory, each warpgroup running every other tile's chunks as one stream; the same bits and moments."""
+    return prepare_product_tile_moments(s, x, w, y, persistent=True)
 
 
 def _work_bf16(s: Conv) -> tuple[float, float]:
@@ -242,6 +251,13 @@ OP = Op(
             "fast/2_conv2_implicit_gemm.cu",
             "conv2_forward_tile_moments_fast",
             prepare_product_tile_moments,
+            is_conv2,
+        ),
+        ProductRung(
+            "14_product_warpgroup_pair",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_forward_warpgroup_pair_fast<true>",
+            prepare_product_warpgroup_pair,
             is_conv2,
         ),
     ),
