@@ -108,7 +108,7 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
     and several chunks (weights staged once, or again for every tile), partial channel tiles and several of them,
     fewer tiles than the grid's slots, and several tiles per block (from 512 images; at 32 input channels in bf16,
     the step's path, with the weights staged once). In fp32 the warpgroup pair, at the input channels whose weights
-    its block holds (an odd count of tiles leaves a block's second warpgroup one fewer); past them it is refused."""
+    its block holds (a block's warpgroups with one tile each, or many, by turns); past them it is refused."""
     import cupy
     import numpy as np
 

@@ -59,7 +59,8 @@ __device__ __forceinline__ void conv3x3_image_tiles_warpgroup_pair(const float* 
     float* in_s = reinterpret_cast<float*>(w_s + chunks * QUADS) + pair * pair_warpgroup_floats;
     float* acc_s = in_s + 2 * 4 * PLANE;
     const WarpgroupSync sync{1 + pair};
-    const int stride = 2 * gridDim.x, rounds = CEIL_DIV(tiles - 2 * (int)blockIdx.x, stride);  // the first's tiles
+    // the tiles are even in number (two per image), so both warpgroups have the same rounds of them
+    const int stride = 2 * gridDim.x, rounds = CEIL_DIV(tiles - 2 * (int)blockIdx.x, stride);
 
     const float4* block_quads = quads + (size_t)blockIdx.y * chunks * QUADS;
     for (int e = threadIdx.x; e < chunks * QUADS; e += blockDim.x)
@@ -71,7 +72,7 @@ __device__ __forceinline__ void conv3x3_image_tiles_warpgroup_pair(const float* 
     const auto image = [&](int t) { return in + (size_t)(t / TILES_PER_IMAGE) * Cin * SS; };
     const auto first_row = [](int t) { return t % TILES_PER_IMAGE * CONV_ROWS; };
     const int first = 2 * blockIdx.x + pair;
-    const int stages = max(0, CEIL_DIV(tiles - first, stride)) * chunks;  // the warpgroup's chunks, all its tiles'
+    const int stages = max(0, rounds) * chunks;  // the warpgroup's chunks, all its tiles'
     using Staging = ImageTileStaging<PR, FORM, float>;
     Staging staging{image(first), block_quads, in_s, w_s, Cin, first_row(first), tid, in_next};
     const auto fetch = [&](int s) {  // stage s's chunk of its tile into in_next
@@ -88,9 +89,8 @@ __device__ __forceinline__ void conv3x3_image_tiles_warpgroup_pair(const float* 
     TileAccumulators<FORM> acc = {};
     for (int round = 0, stage = 0, tile = first; round < rounds; round++, tile += stride) {
         const int img = tile / TILES_PER_IMAGE, r0 = first_row(tile);
-        const bool mine = tile < tiles;  // the second warpgroup has one tile fewer where the block's count is odd
         if (pair == 1 && round == 0) pair_start_barrier(pair);
-        for (int chunk = 0; chunk < (mine ? chunks : 0); chunk++, stage++) {
+        for (int chunk = 0; chunk < chunks; chunk++, stage++) {
             const int buffer = stage % 2;
             fence_proxy_async();
             sync();  // this chunk is staged; the warpgroup is done with the other buffer
@@ -102,7 +102,6 @@ __device__ __forceinline__ void conv3x3_image_tiles_warpgroup_pair(const float* 
             wait_chunk_products();
         }
         if (pair == 0 && round == 0) pair_start_barrier(pair);
-        if (!mine) break;
         if constexpr (MOMENTS) store_tile_moments(acc, moment_parts, n0, Cout, warp, g, t, tile, tiles);
         NoMoments none;
         store_image_tile<FORM, 2>(acc, acc_s, out, Cout, img, n0, r0, tid, warp, g, t, none, sync);

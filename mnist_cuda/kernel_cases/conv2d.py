@@ -169,15 +169,19 @@ def _persistent_name(version: str, moments: bool) -> str:
     return f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, {str(moments).lower()}>"
 
 
-def conv_forward_moments_case(version: str, form: str = "blocks", persistent: bool = False):
+def conv_forward_moments_case(version: str, form: str | None = None, persistent: bool | None = None):
     """conv2's forward with its output's moments, then BN2's statistics merged from them, at every batch size: the
     persistent form's blocks' (form "blocks": conv2_forward_persistent_fast<P, true>, batchnorm_stats_from_parts_fast)
     or, in fp32, a tile's ("tiles", batchnorm_stats_from_tiles_fast after conv2_forward_tile_moments_fast, a block
     per tile, or persistent conv2_forward_warpgroup_pair_fast<true>). y is held to the product's tolerance against
     the float64 convolution; the statistics to float32's against y as the kernel stored it (the values BN2
-    normalises), which the float64 reference takes."""
+    normalises), which the float64 reference takes. By default: "tiles" in fp32, "blocks" otherwise; the blocks'
+    form is always persistent."""
+    form = form or ("tiles" if version == "fp32" else "blocks")
+    persistent = form == "blocks" if persistent is None else persistent
     assert form == "blocks" or version == "fp32", "a tile's moments are the 3xTF32 forward's"
     assert form == "tiles" or version != "fp32", "the 3xTF32 forward leaves a tile's moments"
+    assert form == "tiles" or persistent, "the blocks' moments come from the persistent form"
 
     def make(rng, d):
         N, C, K, S = _geometry(d, 2)
@@ -319,7 +323,7 @@ def conv2_product_cases(version: str) -> list[Case]:
     persistent = (
         [
             conv_forward_case(2, version, persistent=True),
-            conv_forward_moments_case(version, "tiles" if version == "fp32" else "blocks", persistent=True),
+            conv_forward_moments_case(version, persistent=True),
         ]
         if version in conv2.PERSISTENT_PRECISIONS
         else []
