@@ -62,8 +62,8 @@ class ProductRung:
     product in fp32 (NN_product) and may have it in --precision bf16 as well (NN_product_bf16, above it), whose
     bytes differ from the op's: work, if given, counts them; and the bf16 product in further forms above that
     (NN_product_bf16_persistent, then NN_product_bf16_moments: conv2's forward), then the fp32 product with its
-    output's moments (NN_product_tile_moments: conv2's forward) and that product's persistent form
-    (NN_product_warpgroup_pair)."""
+    output's moments (NN_product_tile_moments: conv2's forward) and that product's persistent forms
+    (NN_product_warpgroup_pair, then NN_product_warp_specialized)."""
 
     name: str  # NN_product, NN_product_bf16, NN_product_bf16_persistent, ..._bf16_moments, ..._tile_moments, ..
     path: str  # the product's kernel file, under kernels/

@@ -108,7 +108,8 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
     and several chunks (weights staged once, or again for every tile), partial channel tiles and several of them,
     fewer tiles than the grid's slots, and several tiles per block (from 512 images; at 32 input channels in bf16,
     the step's path, with the weights staged once). In fp32 the warpgroup pair, at the input channels whose weights
-    its block holds (a block's warpgroups with one tile each, or many, by turns); past them it is refused."""
+    its block holds (a block's warpgroups with one tile each, or many, by turns), in each of its forms
+    (FP32_PERSISTENT_FORMS); past them it is refused."""
     import cupy
     import numpy as np
 
@@ -129,20 +130,29 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
     unused = cupy.empty((conv2.weight_quads(k, c, precision, "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, c, k, quads, unused, precision)
     outs = []
-    for persistent in (False, True):
+    for persistent in (False, True, *(conv2.FP32_PERSISTENT_FORMS if precision == "fp32" else ())):
         y = cupy.full((n, k, 14, 14), 7, stored)  # poisoned: every value must be written
         conv2.forward(x, quads, y, n, c, k, precision, persistent=persistent)
         outs.append(y.get())
-    assert np.array_equal(outs[0].view(np.uint8), outs[1].view(np.uint8))
+    for out in outs[1:]:
+        assert np.array_equal(outs[0].view(np.uint8), out.view(np.uint8))
 
 
 # (n, c, k, precision, sms): the persistent form's moments on this GPU and on one taken to have one SM; fp32's a
-# tile's, also past 8,192 tiles (its merge's first pass of loads): a block per tile (sms None), and the warpgroup pair
-# where its block holds the weights (sms "pair": on this GPU; "pair1": on one taken to have one SM)
+# tile's, also past 8,192 tiles (its merge's first pass of loads): a block per tile (sms None), and each persistent
+# form (FP32_PERSISTENT_FORMS) where its block holds the weights (sms the form's name: on this GPU; with a 1 after it:
+# on one taken to have one SM)
+FP32_FORMS = ("warp_specialized", "pair")
 MOMENT_SHAPES = PERSISTENT_SHAPES + [(4500, 32, 64)]
 MOMENT_CASES = [(*shape, p, sms) for shape in PERSISTENT_SHAPES for p in ("tf32", "bf16") for sms in (None, 1)]
 MOMENT_CASES += [(*shape, "fp32", None) for shape in MOMENT_SHAPES]
-MOMENT_CASES += [(*shape, "fp32", sms) for shape in MOMENT_SHAPES if shape[1] <= 32 for sms in ("pair", "pair1")]
+MOMENT_CASES += [
+    (*shape, "fp32", form + one)
+    for shape in MOMENT_SHAPES
+    if shape[1] <= 32
+    for form in FP32_FORMS
+    for one in ("", "1")
+]
 
 
 @pytest.mark.parametrize("n,c,k,precision,sms", MOMENT_CASES)
@@ -151,8 +161,8 @@ def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c,
     with float64's over y as stored, and with the statistics pass (batchnorm_stats_fast), to float32's tolerance, at
     partial and several channel tiles: the persistent form's blocks' (stats_from_parts) at one tile per block and
     at several (from 512 images, or on a GPU taken to have one SM: three blocks, each with many tiles, unevenly);
-    fp32's a tile's (stats_from_tiles), up to 9,000 tiles, from a block per tile and from the warpgroup pair (on one
-    SM: one block, its two warpgroups taking every other tile)."""
+    fp32's a tile's (stats_from_tiles), up to 9,000 tiles, from a block per tile and from each persistent form (on
+    one SM: one block, its two warpgroups taking every other tile)."""
     import cupy
     import numpy as np
 
@@ -161,7 +171,7 @@ def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c,
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
     from mnist_cuda.ops.common import bf16_values
 
-    if sms in (1, "pair1"):
+    if sms == 1 or str(sms).endswith("1"):
         monkeypatch.setattr(conv2, "sm_count", lambda: 1)
     rng, stored = np.random.default_rng(n + c + k), conv2.stored_dtype(precision)
     x = np.abs(rng.standard_normal((n, c, 14, 14), np.float32))  # as after ReLU and pooling
@@ -170,7 +180,7 @@ def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c,
     quads = cupy.empty((conv2.weight_quads(c, k, precision, "forward"), 4), cupy.float32)
     unused = cupy.empty((conv2.weight_quads(k, c, precision, "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, c, k, quads, unused, precision)
-    form, persistent = ("tiles", sms in ("pair", "pair1")) if precision == "fp32" else ("blocks", True)
+    form, persistent = ("tiles", sms and sms.rstrip("1")) if precision == "fp32" else ("blocks", True)
     parts = cupy.full(conv2.moment_parts_size(k, n, form), np.nan, cupy.float32)
     ys = [cupy.full((n, k, 14, 14), 7, stored) for _ in range(2)]
     conv2.forward(x, quads, ys[0], n, c, k, precision, persistent=persistent)

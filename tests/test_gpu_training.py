@@ -129,10 +129,10 @@ def step_and_update_match_reference(batch, channels, hidden, version):
 @pytest.mark.parametrize("batch,channels,hidden", [(64, (32, 64), 128), (65, (5, 7), 33), (65, (8, 130), 20)])
 def test_bn2_statistics_from_the_forwards_moments_in_the_step(monkeypatch, batch, channels, hidden, version):
     """From MOMENTS_MIN_BATCH images (lowered here to 64, with the persistent forms' thresholds and fp32's stacked
-    forward's) BN2's statistics come from conv2's forward's moments, not a pass over its output
-    (batchnorm_stats_fast): its persistent form's blocks' in tf32 and bf16 (batchnorm_stats_from_parts_fast), a
-    tile's in fp32, from the warpgroup pair (batchnorm_stats_from_tiles_fast). The step and the running statistics
-    still match the reference."""
+    forward's) BN2's statistics come from conv2's forward's moments, not a pass over its output (batchnorm_stats_fast):
+    its persistent form's blocks' in tf32 and bf16 (batchnorm_stats_from_parts_fast), a tile's in fp32, from the
+    warp-specialised pair (batchnorm_stats_from_tiles_fast). The step and the running statistics still match the
+    reference."""
     from mnist_cuda import cuda
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
 
@@ -150,8 +150,8 @@ def test_bn2_statistics_from_the_forwards_moments_in_the_step(monkeypatch, batch
     assert run.net.moment_parts2 is not None
     merge = "batchnorm_stats_from_tiles_fast" if version == "fast" else "batchnorm_stats_from_parts_fast"
     assert merge in launched
-    if version == "fast":  # the warpgroup pair, whose block holds conv2's weights at these input channels
-        assert "conv2_forward_warpgroup_pair_fast<true>" in launched
+    if version == "fast":  # the warp-specialised pair, whose block holds conv2's weights at these input channels
+        assert "conv2_forward_warp_specialized_fast<true>" in launched
     assert not any(name.startswith("batchnorm_stats_fast") for name in launched)
 
 

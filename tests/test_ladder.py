@@ -68,7 +68,8 @@ def test_the_table_lists_every_rung_file_in_order():
     NN_product_bf16_operands, or the bf16 product in its persistent form, NN_product_bf16_persistent, and that
     form with its output's moments for BatchNorm's statistics, NN_product_bf16_moments, and above that the fp32
     product with its output's moments a block per tile, NN_product_tile_moments, and that product as a persistent
-    block of two warpgroups, NN_product_warpgroup_pair; or above the product in bf16 the
+    block of two warpgroups, NN_product_warpgroup_pair, and those with a producer warpgroup staging each one's chunks,
+    NN_product_warp_specialized; or above the product in bf16 the
     product in another form for large batches, in fp32 and in bf16, NN_product_staged and NN_product_staged_bf16;
     below the product, the product in its CUDA cores' form, NN_product_cuda_cores, where it takes the tensor cores
     too, or without its staging's L2 prefetch, NN_product_no_l2_prefetch (and above the product in bf16 the same
@@ -94,6 +95,7 @@ def test_the_table_lists_every_rung_file_in_order():
                 "product_bf16_moments",
                 "product_tile_moments",
                 "product_warpgroup_pair",
+                "product_warp_specialized",
             ],
             ["product_cuda_cores", "product", "product_bf16"],
             ["product_no_l2_prefetch", "product", "product_bf16"],

@@ -12,6 +12,8 @@
 //                              persistent form for large batches (conv2_forward_persistent_fast)
 //   2_conv2_warpgroup_pair.cuh conv3x3_image_tiles_warpgroup_pair, the 3xTF32 forward for large batches: a block
 //                              per SM of two warpgroups with the weights resident (conv2_forward_warpgroup_pair_fast)
+//   2_conv2_warp_specialized.cuh conv3x3_image_tiles_warp_specialized, the pair with producer warpgroups staging its
+//                              chunks (conv2_forward_warp_specialized_fast)
 //   2_conv2_weight_grad.cuh    conv3x3_weight_grad_rows, the weight gradient in split parts
 //                              (conv2_backward_weight_fast): conv2d_backward_weight_naive; to_weight_grad_layout,
 //                              x and dy as its staging reads them best (conv2_weight_grad_layout_fast)
@@ -21,6 +23,7 @@
 #include "2_conv2_stage_weights.cuh"
 #include "2_conv2_image_tile.cuh"
 #include "2_conv2_warpgroup_pair.cuh"
+#include "2_conv2_warp_specialized.cuh"
 #include "2_conv2_weight_grad.cuh"
 
 // Entry points: the precision (tensor_core.cuh) is a template parameter. Precision::Fp32 keeps float32's
@@ -118,6 +121,15 @@ __global__ void __launch_bounds__(2 * CONV_THREADS, 1)
     conv2_forward_warpgroup_pair_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K,
                                       float* moment_parts) {
     conv3x3_image_tiles_warpgroup_pair<MOMENTS>(x, forward_quads, y, N, C, K, moment_parts);
+}
+
+// The warpgroup pair with a producer warpgroup staging each consumer's chunks (conv3x3_image_tiles_warp_specialized):
+// grid and shared memory as conv2_forward_warpgroup_pair_fast's, 4 * CONV_THREADS threads; the same bits.
+template <bool MOMENTS>
+__global__ void __launch_bounds__(4 * CONV_THREADS, 1)
+    conv2_forward_warp_specialized_fast(const float* x, const float4* forward_quads, float* y, int N, int C, int K,
+                                        float* moment_parts) {
+    conv3x3_image_tiles_warp_specialized<MOMENTS>(x, forward_quads, y, N, C, K, moment_parts);
 }
 
 // grid (parts, ceil(K / WGRAD_OUT), models * ceil(C / WGRAD_CHANNELS)), WGRAD_THREADS threads, dynamic shared

@@ -1,6 +1,7 @@
 // 2_conv2_warpgroup_pair.cuh: conv2's 3xTF32 forward for large batches as a persistent block of two warpgroups
-// with every chunk's weights resident in shared memory (conv3x3_image_tiles_warpgroup_pair): the fast form of
-// conv2d_forward_naive (naive/2_conv2d.cu) that the step takes in fp32 from PAIR_FORWARD_MIN_BATCH images on.
+// with every chunk's weights resident in shared memory (conv3x3_image_tiles_warpgroup_pair): a fast form of
+// conv2d_forward_naive (naive/2_conv2d.cu) for large batches, which the step takes with producer warpgroups of its
+// own staging the chunks (2_conv2_warp_specialized.cuh).
 //
 // A block per SM holds the weights of its 64 output channels for all the input channels (four chunks, 144 KB,
 // staged once), and two warpgroups, each with two image buffers and an output region of its own: each takes every

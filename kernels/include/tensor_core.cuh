@@ -117,6 +117,33 @@ __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
+// An mbarrier in shared memory: a phase completes once `count` threads have arrived (init), each arrive
+// releasing what its thread wrote before it; wait_parity returns once the phase of that parity has completed,
+// acquiring what was released into it. Threads that hand buffers to each other wait on these instead of a barrier
+// of them all. (try_wait suspends the thread for a while inside the hardware; test_wait, before sm_90, polls.)
+__device__ __forceinline__ void mbarrier_init(unsigned long long* bar, int count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"((unsigned)__cvta_generic_to_shared(bar)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(unsigned long long* bar) {
+    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"((unsigned)__cvta_generic_to_shared(bar)) : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait_parity(unsigned long long* bar, int parity) {
+#if __CUDA_ARCH__ >= 900
+    asm volatile(
+        "{\n .reg .pred done;\n WAIT:\n mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra WAIT;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+        "r"(parity)
+        : "memory");
+#else
+    asm volatile(
+        "{\n .reg .pred done;\n WAIT:\n mbarrier.test_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+        " @!done bra WAIT;\n}" ::"r"((unsigned)__cvta_generic_to_shared(bar)),
+        "r"(parity)
+        : "memory");
+#endif
+}
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // ---- Hopper warpgroup MMA (PTX ISA: wgmma) --------------------------------------------------------
 // A shared-memory matrix descriptor, no swizzle: leading = bytes from one core matrix to the next along
@@ -134,6 +161,16 @@ __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_grou
 // Shared memory written by ordinary stores and cp.async (the generic proxy) is visible to wgmma (the
 // async proxy) after this fence, then a barrier.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// A warpgroup's registers per thread from here on (setmaxnreg): warpgroups that only stage data give theirs up
+// (release) for those that hold the accumulators (claim, which waits until the registers are free).
+template <int REGISTERS>
+__device__ __forceinline__ void release_registers() {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(REGISTERS));
+}
+template <int REGISTERS>
+__device__ __forceinline__ void claim_registers() {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(REGISTERS));
+}
 
 // d (64 x N, N/2 values per thread) += A (64 x 8, descriptor a) * B (8 x N, descriptor b), TF32.
 // d[4j + r] = D(row 16*warp + g + 8*(r/2), column 8j + 2t + r%2), as mma.sync's c per 8 columns.
@@ -207,6 +244,10 @@ __device__ __forceinline__ void wgmma_bf16<112>(float* d, unsigned long long a, 
 }
 #else
 __device__ __forceinline__ void fence_proxy_async() {}
+template <int REGISTERS>
+__device__ __forceinline__ void release_registers() {}
+template <int REGISTERS>
+__device__ __forceinline__ void claim_registers() {}
 // Four 8 x 8 tiles of 16-bit values (= 8 x 4 of 32-bit ones) from shared memory: lane l gives the
 // address of row l % 8 of tile l / 8 (16 bytes), and receives 32-bit element l % 4 of row l / 4 of each
 // tile: as mma's fragments need them (see below).

@@ -124,7 +124,7 @@ def conv_forward_case(layer, version="naive", forward="forward", persistent=Fals
     """conv2d_forward_naive (layer 1 or 2), or conv2's fast forward `forward` ("forward": conv2_forward_fast, or
     "forward_stacked": conv2_forward_stacked_fast, fp32 only) at precision `version` (layer 2); persistent: the
     forward's persistent form, conv2_forward_persistent_fast (conv2_implicit_gemm.PERSISTENT_PRECISIONS; in fp32
-    conv2_forward_warpgroup_pair_fast), at every batch size."""
+    conv2_forward_warp_specialized_fast, or by name one of FP32_PERSISTENT_FORMS), at every batch size."""
     if version != "naive":
         _check_precision(version)
         assert layer == 2, "the implicit-GEMM products are conv2's"
@@ -149,7 +149,7 @@ def conv_forward_case(layer, version="naive", forward="forward", persistent=Fals
         if version == "naive"
         else "conv2_forward_stacked_fast"
         if forward == "forward_stacked"
-        else _persistent_name(version, moments=False)
+        else _persistent_name(version, False, persistent)
         if persistent
         else f"conv2_forward_fast<{version}>"
     )
@@ -162,21 +162,24 @@ def _pair_in_channels(c: int) -> int:
     return min(c, conv2.PAIR_MAX_IN_CHANNELS)
 
 
-def _persistent_name(version: str, moments: bool) -> str:
-    """The forward's persistent kernel at precision `version`: in fp32 the warpgroup pair."""
+def _persistent_name(version: str, moments: bool, persistent: bool | str = True) -> str:
+    """The forward's persistent kernel at precision `version`: in fp32 the form `persistent` names
+    (conv2_implicit_gemm.FP32_PERSISTENT_FORMS; True: the step's, the warp-specialised pair)."""
     if version == "fp32":
-        return f"conv2_forward_warpgroup_pair_fast<{str(moments).lower()}>"
+        form = conv2.FP32_PERSISTENT_FORMS[0] if persistent is True else persistent
+        kernel = {"warp_specialized": "warp_specialized", "pair": "warpgroup_pair"}[form]
+        return f"conv2_forward_{kernel}_fast<{str(moments).lower()}>"
     return f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, {str(moments).lower()}>"
 
 
-def conv_forward_moments_case(version: str, form: str | None = None, persistent: bool | None = None):
+def conv_forward_moments_case(version: str, form: str | None = None, persistent: bool | str | None = None):
     """conv2's forward with its output's moments, then BN2's statistics merged from them, at every batch size: the
     persistent form's blocks' (form "blocks": conv2_forward_persistent_fast<P, true>, batchnorm_stats_from_parts_fast)
-    or, in fp32, a tile's ("tiles", batchnorm_stats_from_tiles_fast after conv2_forward_tile_moments_fast, a block
-    per tile, or persistent conv2_forward_warpgroup_pair_fast<true>). y is held to the product's tolerance against
-    the float64 convolution; the statistics to float32's against y as the kernel stored it (the values BN2
-    normalises), which the float64 reference takes. By default: "tiles" in fp32, "blocks" otherwise; the blocks'
-    form is always persistent."""
+    or, in fp32, a tile's ("tiles", batchnorm_stats_from_tiles_fast after conv2_forward_tile_moments_fast, a block per
+    tile, or persistent conv2_forward_warp_specialized_fast<true>, or the form `persistent` names). y is held to the
+    product's tolerance against the float64 convolution; the statistics to float32's against y as the kernel stored it
+    (the values BN2 normalises), which the float64 reference takes. By default: "tiles" in fp32, "blocks" otherwise; the
+    blocks' form is always persistent."""
     form = form or ("tiles" if version == "fp32" else "blocks")
     persistent = form == "blocks" if persistent is None else persistent
     assert form == "blocks" or version == "fp32", "a tile's moments are the 3xTF32 forward's"
@@ -227,7 +230,7 @@ def conv_forward_moments_case(version: str, form: str | None = None, persistent:
             compare={name: of_stored_y(name) for name in outs},
         )
 
-    forward = _persistent_name(version, moments=True) if persistent else "conv2_forward_tile_moments_fast"
+    forward = _persistent_name(version, True, persistent) if persistent else "conv2_forward_tile_moments_fast"
     kernels = f"{forward}+batchnorm_stats_from_{'tiles' if form == 'tiles' else 'parts'}_fast"
     return Case(f"{kernels}[conv2]", make, _tol(version), ops=("conv2d", "batchnorm"))
 
@@ -320,14 +323,17 @@ def conv2_product_cases(version: str) -> list[Case]:
         if version == "fp32"
         else []
     )
-    persistent = (
-        [
-            conv_forward_case(2, version, persistent=True),
-            conv_forward_moments_case(version, persistent=True),
-        ]
-        if version in conv2.PERSISTENT_PRECISIONS
-        else []
+    forms = (
+        conv2.FP32_PERSISTENT_FORMS if version == "fp32" else (True,) if version in conv2.PERSISTENT_PRECISIONS else ()
     )
+    persistent = [
+        case
+        for form in forms
+        for case in (
+            conv_forward_case(2, version, persistent=form),
+            conv_forward_moments_case(version, persistent=form),
+        )
+    ]
     paired = [conv_backward_input_case(version, "backward_input_paired")] if version == "fp32" else []
     unprefetched = [conv_backward_weight_case(2, version, l2_prefetch=False)] if version == "fp32" else []
     return (

@@ -60,12 +60,16 @@ PERSISTENT_OUTPUT_BYTES = 32 * (CONV_ROWS * (CONV2_SIZE + 2) + 8) * 4  # 32 rows
 MOMENT_PARTS_MAX = FROM_PARTS_MAX
 PERSISTENT_FORWARD_MIN_BATCH = 1024
 # In fp32 the forward's persistent form is a block per SM of two warpgroups, each running its own tiles, with every
-# chunk's weights resident in shared memory (conv2_forward_warpgroup_pair_fast): no weights' refill between chunks, and
-# one warpgroup's output stored while the other multiplies. It takes PAIR_THREADS threads, the weights of
-# ceil(c_in / CONV_CHUNK) chunks and two image buffers and an output region per warpgroup, so it fits the network's
-# 32 input channels (215.5 KB) but not many more; from PAIR_FORWARD_MIN_BATCH images on it runs where it fits (alone
-# it measured the same as a block per tile at 512 and slower at 64: docs/performance.md)
+# chunk's weights resident in shared memory (the warpgroup pair, conv2_forward_warpgroup_pair_fast): no weights' refill
+# between chunks, and one warpgroup's output stored while the other multiplies. The step's form adds a producer
+# warpgroup for each, which stages its chunks (conv2_forward_warp_specialized_fast): the same tiles, shared memory and
+# bits. Both take the weights of ceil(c_in / CONV_CHUNK) chunks and two image buffers and an output region per
+# warpgroup, so they fit the network's 32 input channels (215.5 KB) but not many more; from PAIR_FORWARD_MIN_BATCH
+# images on the step's runs where it fits (alone the pair measured the same as a block per tile at 512 and slower at
+# 64: docs/performance.md). forward(persistent=...) takes either by name (FP32_PERSISTENT_FORMS, the step's first).
 PAIR_THREADS = 2 * CONV_THREADS
+WARP_SPECIALIZED_THREADS = 4 * CONV_THREADS
+FP32_PERSISTENT_FORMS = ("warp_specialized", "pair")
 PAIR_FORWARD_MIN_BATCH = PERSISTENT_FORWARD_MIN_BATCH
 # the dynamic shared memory a block may ask for on sm_90 (227 KB); a GPU with less gets a block per tile instead
 PAIR_SHARED_LIMIT = 227 * 1024
@@ -120,8 +124,15 @@ _persistent_forward = {
 }
 # the 3xTF32 forward with its output's moments, a block per tile (forward's moment_parts in fp32)
 _tile_moments_forward = _src.kernel("conv2_forward_tile_moments_fast")
-# the 3xTF32 forward's persistent form, the warpgroup pair, without and with its output's moments
-_pair_forward = {m: _src.kernel(f"conv2_forward_warpgroup_pair_fast<{str(m).lower()}>") for m in (False, True)}
+# the 3xTF32 forward's persistent forms (FP32_PERSISTENT_FORMS): their threads, and their kernels without and with
+# their output's moments
+_fp32_persistent = {
+    form: (threads, {m: _src.kernel(f"conv2_forward_{kernel}_fast<{str(m).lower()}>") for m in (False, True)})
+    for form, kernel, threads in (
+        ("warp_specialized", "warp_specialized", WARP_SPECIALIZED_THREADS),
+        ("pair", "warpgroup_pair", PAIR_THREADS),
+    )
+}
 # the 3xTF32 weight gradient with its staging's loads plain, without the L2's 256-byte fetch: the ladder's rung below
 # the product (dev/ladder/conv2_weight_grad)
 _weight_grad_without_l2_prefetch = _src.kernel("conv2_backward_weight_fast<Precision::Fp32, false>")
@@ -354,8 +365,13 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
             f"only the forward has a persistent form, in {PERSISTENT_PRECISIONS}, for one model; "
             f"got {name} in {precision} for {models} model(s)"
         )
+    if persistent is not True and (precision != "fp32" or persistent not in FP32_PERSISTENT_FORMS):
+        raise ValueError(
+            f"persistent is True, False, None or in fp32 one of {FP32_PERSISTENT_FORMS}; got {persistent!r}"
+        )
     if precision == "fp32":
-        _pair_tiles(n, in_channels, out_channels, *args, moment_parts=moment_parts)
+        form = FP32_PERSISTENT_FORMS[0] if persistent is True else persistent
+        _pair_tiles(n, in_channels, out_channels, *args, moment_parts=moment_parts, form=form)
         return
     shared = image_tile_shared_bytes(name, precision, persistent=True)
     grid = _persistent_grid_here(n, channel_tiles, shared)
@@ -366,9 +382,9 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
     )
 
 
-def _pair_tiles(n: int, c_in: int, c_out: int, *args, moment_parts=None):
-    """The fp32 forward's warpgroup pair: a block of PAIR_THREADS per SM and output channel tile (pair_grid), with
-    moment_parts each tile's moments, as a block per tile leaves them."""
+def _pair_tiles(n: int, c_in: int, c_out: int, *args, moment_parts=None, form: str = FP32_PERSISTENT_FORMS[0]):
+    """The fp32 forward's persistent form `form` (FP32_PERSISTENT_FORMS): a block per SM and output channel tile
+    (pair_grid), with moment_parts each tile's moments, as a block per tile leaves them."""
     shared = pair_shared_bytes(c_in)
     if not pair_fits(c_in, shared_memory_per_block()):
         raise ValueError(
@@ -378,8 +394,9 @@ def _pair_tiles(n: int, c_in: int, c_out: int, *args, moment_parts=None):
     grid = pair_grid(n, ceil_div(c_out, CONV_TILE_CHANNELS), sm_count())
     if moment_parts is not None:
         _check_moment_parts(moment_parts, c_out, moment_counts(n)[0])
-    _pair_forward[moment_parts is not None].launch(
-        grid, PAIR_THREADS, *args, NULL if moment_parts is None else moment_parts, shared_mem=shared
+    threads, kernels = _fp32_persistent[form]
+    kernels[moment_parts is not None].launch(
+        grid, threads, *args, NULL if moment_parts is None else moment_parts, shared_mem=shared
     )
 
 
@@ -461,12 +478,13 @@ def forward(
     precision: str,
     product: str = "forward",
     models: int = 1,
-    persistent: bool | None = None,
+    persistent: bool | str | None = None,
     moment_parts=None,
 ):
     """y [n, c_out, 14, 14] = conv3x3(x [n, c_in, 14, 14]) by `product` ("forward" or "forward_stacked"), with the
     weights staged for it by stage_weights. For `models` models: x, y, forward_quads [models][...], n per model.
-    persistent: its persistent form or not (None: persistent_tiles), the same bits either way.
+    persistent: its persistent form or not (None: persistent_tiles), the same bits either way; in fp32 also a form
+    by name (FP32_PERSISTENT_FORMS: True is the first, the step's).
     moment_parts (float32, moment_parts_size; where moment_form is not None): the (mean, M2) of each channel of y, as y
     holds it, by part: the persistent form's blocks, [c_out, moment_part_count(n, c_out, precision), 2]
     (bn_relu_pool.stats_from_parts merges them), or in fp32 a block per tile, [c_out, moment_counts(n)[0], 2]

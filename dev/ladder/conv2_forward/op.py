@@ -153,13 +153,13 @@ def prepare_product_bf16_moments(s: Conv, x, w, y):
     return prepare_product_bf16(s, x, w, y, persistent=True, moments=True)
 
 
-def prepare_product_tile_moments(s: Conv, x, w, y, persistent: bool = False):
+def prepare_product_tile_moments(s: Conv, x, w, y, persistent: bool | str = False):
     """Rung 13: rung 09's 3xTF32 product (its form for 64 channels a block, at every batch size) with its output's
     moments, then BN2's statistics merged from them, as the step ran its forward in fp32 from
     conv2_implicit_gemm.MOMENTS_MIN_BATCH images on before rung 14: each block, one tile, sums the deviations of the
     values it stores and their squares, and leaves its tile's (mean, M2) per channel; batchnorm_stats_from_tiles_fast,
     a block per channel, merges them. Its time is what stands in the step for rung 09 and bn_stats' product together.
-    persistent: the product as the warpgroup pair (rung 14)."""
+    persistent: the product in that persistent form (conv2_implicit_gemm.FP32_PERSISTENT_FORMS: rungs 14 and 15)."""
     import cupy
 
     forward_quads = cupy.empty((conv2.weight_quads(s.c, s.k, "fp32", "forward"), 4), cupy.float32)
@@ -178,10 +178,18 @@ def prepare_product_tile_moments(s: Conv, x, w, y, persistent: bool = False):
 
 
 def prepare_product_warpgroup_pair(s: Conv, x, w, y):
-    """Rung 14: rung 13 as the step runs it from conv2_implicit_gemm.PAIR_FORWARD_MIN_BATCH images on, at every batch
-    size here: the product as a persistent block of two warpgroups per SM, every chunk's weights resident in its
-    shared memory, each warpgroup running every other tile's chunks as one stream; the same bits and moments."""
-    return prepare_product_tile_moments(s, x, w, y, persistent=True)
+    """Rung 14: rung 13 with the product as a persistent block of two warpgroups per SM, at every batch size here:
+    every chunk's weights resident in its shared memory, each warpgroup running every other tile's chunks as one
+    stream, staging each next chunk between issuing its products and waiting for them; the same bits and moments."""
+    return prepare_product_tile_moments(s, x, w, y, persistent="pair")
+
+
+def prepare_product_warp_specialized(s: Conv, x, w, y):
+    """Rung 15: rung 14 as the step runs it from conv2_implicit_gemm.PAIR_FORWARD_MIN_BATCH images on, at every batch
+    size here: each of the two warpgroups (the consumers) only issues products and stores its tiles' output, and a
+    producer warpgroup of its own stages its chunks, the buffers handed between them through mbarriers, the registers
+    moved from the producers to the consumers by setmaxnreg; the same bits and moments."""
+    return prepare_product_tile_moments(s, x, w, y, persistent="warp_specialized")
 
 
 def _work_bf16(s: Conv) -> tuple[float, float]:
@@ -258,6 +266,13 @@ OP = Op(
             "fast/2_conv2_implicit_gemm.cu",
             "conv2_forward_warpgroup_pair_fast<true>",
             prepare_product_warpgroup_pair,
+            is_conv2,
+        ),
+        ProductRung(
+            "15_product_warp_specialized",
+            "fast/2_conv2_implicit_gemm.cu",
+            "conv2_forward_warp_specialized_fast<true>",
+            prepare_product_warp_specialized,
             is_conv2,
         ),
     ),
