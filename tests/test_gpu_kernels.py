@@ -118,8 +118,9 @@ def test_conv2_persistent_forward_is_the_block_per_tile_forward_bit_for_bit(n, c
     if precision == "fp32" and not _pair_fits(c):
         quads = cupy.empty((conv2.weight_quads(c, k, precision, "forward"), 4), cupy.float32)
         x, y = cupy.zeros((n, c, 14, 14), cupy.float32), cupy.zeros((n, k, 14, 14), cupy.float32)
-        with pytest.raises(ValueError, match="shared memory for"):
-            conv2.forward(x, quads, y, n, c, k, precision, persistent=True)
+        for persistent in (True, *conv2.FP32_PERSISTENT_FORMS):
+            with pytest.raises(ValueError, match="shared memory for"):
+                conv2.forward(x, quads, y, n, c, k, precision, persistent=persistent)
         return
 
     rng, stored = np.random.default_rng(n + c + k), conv2.stored_dtype(precision)
@@ -180,7 +181,7 @@ def test_conv2_forward_moments_keep_y_and_give_bn2_statistics(monkeypatch, n, c,
     quads = cupy.empty((conv2.weight_quads(c, k, precision, "forward"), 4), cupy.float32)
     unused = cupy.empty((conv2.weight_quads(k, c, precision, "backward_input"), 4), cupy.float32)
     conv2.stage_weights(w, c, k, quads, unused, precision)
-    form, persistent = ("tiles", sms and sms.rstrip("1")) if precision == "fp32" else ("blocks", True)
+    form, persistent = ("tiles", sms.rstrip("1") if sms else False) if precision == "fp32" else ("blocks", True)
     parts = cupy.full(conv2.moment_parts_size(k, n, form), np.nan, cupy.float32)
     ys = [cupy.full((n, k, 14, 14), 7, stored) for _ in range(2)]
     conv2.forward(x, quads, ys[0], n, c, k, precision, persistent=persistent)

@@ -308,11 +308,11 @@ def test_conv2_forward_form_by_batch():
 
 
 def test_conv2_persistent_forward_by_batch_precision_and_models():
-    """The forward's persistent form is taken from PERSISTENT_FORWARD_MIN_BATCH images (PAIR_FORWARD_MIN_BATCH in
-    fp32, where its block must hold every chunk's weights), for one model; never for the input gradient or for several
-    models, where asking for it is refused in one line before any launch. In plain TF32 and bf16 its block needs the
-    output's region of shared memory besides the tile's; in fp32 the warpgroup pair's holds the weights of all the
-    input channels, and two image buffers and an output region per warpgroup."""
+    """The forward's persistent form is taken from PERSISTENT_FORWARD_MIN_BATCH images (PAIR_FORWARD_MIN_BATCH in fp32,
+    where its block must hold every chunk's weights), for one model; never for the input gradient or for several models,
+    where asking for it is refused in one line before any launch, as is a form by a name its precision lacks. In plain
+    TF32 and bf16 its block needs the output's region of shared memory besides the tile's; in fp32 the warpgroup pair's
+    holds the weights of all the input channels, and two image buffers and an output region per warpgroup."""
     import numpy as np
 
     from mnist_cuda.ops import conv2_implicit_gemm as conv2
@@ -355,6 +355,10 @@ def test_conv2_persistent_forward_by_batch_precision_and_models():
     quads = np.empty((2 * conv2.weight_quads(32, 64, "tf32", "forward"), 4), np.float32)
     with pytest.raises(ValueError, match="for one model"):
         conv2.forward(x, quads, y, 1, 32, 64, "tf32", models=2, persistent=True)
+    for precision, form in (("tf32", "pair"), ("fp32", "pairs"), ("fp32", "")):  # a form by name: fp32's only
+        quads = np.empty((conv2.weight_quads(32, 64, precision, "forward"), 4), np.float32)
+        with pytest.raises(ValueError, match="names a form of the fp32 forward"):
+            conv2.forward(x, quads, y, 1, 32, 64, precision, persistent=form)
 
 
 def test_conv2_forward_moments_only_in_their_forms():

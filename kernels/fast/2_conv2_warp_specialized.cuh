@@ -74,6 +74,8 @@ __device__ __forceinline__ void conv3x3_image_tiles_warp_specialized(const float
         for (int i = tid; i < 2 * PLANE; i += CONV_THREADS)  // both image buffers; the border stays zero
             reinterpret_cast<float4*>(in_s)[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     cp_async_wait_all();
+    // each thread's copies of the weights are visible to every consumer's wgmma after the barrier below
+    fence_proxy_async();
     if (producer && tid < 2) {  // set up once no copy is in flight (compute-sanitizer's racecheck counts them)
         mbarrier_init(&handover.staged[tid], CONV_THREADS);
         mbarrier_init(&handover.freed[tid], CONV_THREADS);

@@ -1,6 +1,7 @@
 // tensor_core.cuh: the tensor-core building blocks of the fast products: TF32 splitting for 3xTF32,
 // bf16 packing, the products' Precision, mma.sync (any GPU since Ampere), Hopper's warpgroup MMA (wgmma,
-// compiled for sm_90a only), ldmatrix, and cp.async copies from global to shared memory.
+// compiled for sm_90a only), ldmatrix, cp.async copies from global to shared memory, mbarriers, and the
+// warpgroups' register split (setmaxnreg, sm_90a).
 #pragma once
 
 // Tensor cores. mma.sync m16n8k8 multiplies a 16x8 tile of A by an 8x8 tile of B into a 16x8 tile of

@@ -167,8 +167,7 @@ def _persistent_name(version: str, moments: bool, persistent: bool | str = True)
     (conv2_implicit_gemm.FP32_PERSISTENT_FORMS; True: the step's, the warp-specialised pair)."""
     if version == "fp32":
         form = conv2.FP32_PERSISTENT_FORMS[0] if persistent is True else persistent
-        kernel = {"warp_specialized": "warp_specialized", "pair": "warpgroup_pair"}[form]
-        return f"conv2_forward_{kernel}_fast<{str(moments).lower()}>"
+        return conv2._fp32_persistent[form][1][moments].name
     return f"conv2_forward_persistent_fast<{conv2.KERNEL_PRECISION[version]}, {str(moments).lower()}>"
 
 

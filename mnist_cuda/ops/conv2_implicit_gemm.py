@@ -340,6 +340,13 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
     last argument), output channel tile and half image; or, persistent (None: persistent_tiles), a block per SM
     slot and output channel tile, each taking every gridDim.x-th half image (in fp32 _pair_tiles). With moment_parts,
     each block's moments of its output into it: the persistent form's, or the fp32 forward's a tile's (one model)."""
+    if isinstance(persistent, str) and (precision != "fp32" or persistent not in FP32_PERSISTENT_FORMS):
+        raise ValueError(
+            f"persistent names a form of the fp32 forward, one of {FP32_PERSISTENT_FORMS}; got {persistent!r} in "
+            f"{precision}"
+        )
+    if persistent is not None and not isinstance(persistent, str):
+        persistent = bool(persistent)
     if persistent is None:
         persistent = persistent_tiles(name, precision, n, models, in_channels)
         persistent = persistent and (precision != "fp32" or pair_fits(in_channels, shared_memory_per_block()))
@@ -365,12 +372,8 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
             f"only the forward has a persistent form, in {PERSISTENT_PRECISIONS}, for one model; "
             f"got {name} in {precision} for {models} model(s)"
         )
-    if persistent is not True and (precision != "fp32" or persistent not in FP32_PERSISTENT_FORMS):
-        raise ValueError(
-            f"persistent is True, False, None or in fp32 one of {FP32_PERSISTENT_FORMS}; got {persistent!r}"
-        )
     if precision == "fp32":
-        form = FP32_PERSISTENT_FORMS[0] if persistent is True else persistent
+        form = None if persistent is True else persistent
         _pair_tiles(n, in_channels, out_channels, *args, moment_parts=moment_parts, form=form)
         return
     shared = image_tile_shared_bytes(name, precision, persistent=True)
@@ -382,9 +385,9 @@ def _image_tiles(name, precision, n, models, out_channels, persistent, *args, mo
     )
 
 
-def _pair_tiles(n: int, c_in: int, c_out: int, *args, moment_parts=None, form: str = FP32_PERSISTENT_FORMS[0]):
-    """The fp32 forward's persistent form `form` (FP32_PERSISTENT_FORMS): a block per SM and output channel tile
-    (pair_grid), with moment_parts each tile's moments, as a block per tile leaves them."""
+def _pair_tiles(n: int, c_in: int, c_out: int, *args, moment_parts=None, form: str | None = None):
+    """The fp32 forward's persistent form `form` (FP32_PERSISTENT_FORMS; None: the step's, the first): a block per SM
+    and output channel tile (pair_grid), with moment_parts each tile's moments, as a block per tile leaves them."""
     shared = pair_shared_bytes(c_in)
     if not pair_fits(c_in, shared_memory_per_block()):
         raise ValueError(
@@ -394,7 +397,7 @@ def _pair_tiles(n: int, c_in: int, c_out: int, *args, moment_parts=None, form: s
     grid = pair_grid(n, ceil_div(c_out, CONV_TILE_CHANNELS), sm_count())
     if moment_parts is not None:
         _check_moment_parts(moment_parts, c_out, moment_counts(n)[0])
-    threads, kernels = _fp32_persistent[form]
+    threads, kernels = _fp32_persistent[form or FP32_PERSISTENT_FORMS[0]]
     kernels[moment_parts is not None].launch(
         grid, threads, *args, NULL if moment_parts is None else moment_parts, shared_mem=shared
     )
